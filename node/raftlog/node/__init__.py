@@ -1,0 +1,1 @@
+"""The raftlog node: Raft core, storage, simulator and (later) the server process."""

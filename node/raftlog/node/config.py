@@ -1,0 +1,112 @@
+"""One validated configuration for a partition's Raft core.
+
+The names are the source documents' (Kommander's BackfillThreshold, MaxBackfillEntriesPerRound,
+CompactEveryOperations, CompactNumberEntries, MaxEntriesPerCompaction, LearnerPromotionLag,
+LearnerPromotionStableWindow) in snake case, so that the CRD, the node's flags and environment
+(`RAFTLOG_` prefix) and the docs all say the same thing. Time inside the core is logical ticks.
+"""
+
+from __future__ import annotations
+
+from typing import Self
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class RaftConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    election_ticks: int = Field(
+        10,
+        ge=3,
+        le=10_000,
+        description="Ticks without a leader before a follower campaigns; "
+        "each node randomizes its timeout in [election_ticks, 2*election_ticks).",
+    )
+    heartbeat_ticks: int = Field(
+        1, ge=1, le=1_000, description="Ticks between the leader's heartbeats."
+    )
+    pre_vote: bool = Field(
+        True,
+        description="Ask for a pre-vote before campaigning so a partitioned node cannot "
+        "disturb a healthy leader by raising its term.",
+    )
+    check_quorum: bool = Field(
+        True, description="A leader that has not heard from a quorum for election_ticks steps down."
+    )
+    backfill_threshold: int = Field(
+        10,
+        ge=0,
+        le=1_000_000,
+        description="Follower lag (leader commit minus follower match) above "
+        "which the leader switches from live replication to bounded backfill rounds.",
+    )
+    max_backfill_entries_per_round: int = Field(
+        128, ge=1, le=100_000, description="Most committed entries sent in one backfill round."
+    )
+    max_entries_per_append: int = Field(
+        64, ge=1, le=100_000, description="Most entries in one live (pipelined) append."
+    )
+    max_inflight_appends: int = Field(
+        32,
+        ge=1,
+        le=10_000,
+        description="Live appends sent to a follower before an acknowledgement.",
+    )
+    max_message_entries: int = Field(
+        100_000, ge=1, description="Peer appends with more entries are rejected as malformed."
+    )
+    max_message_bytes: int = Field(
+        64 * 1024 * 1024, ge=1024, description="Peer appends larger than this are rejected."
+    )
+    compact_every_operations: int = Field(
+        1_000, ge=1, description="Applied operations between two snapshot-and-compaction passes."
+    )
+    compact_number_entries: int = Field(
+        1_000,
+        ge=0,
+        description="Most recent applied entries always kept in the log after a "
+        "compaction, so that briefly lagging followers catch up by backfill, not by snapshot.",
+    )
+    max_entries_per_compaction: int = Field(
+        100_000, ge=1, description="Most entries one compaction pass removes."
+    )
+    learner_promotion_lag: int = Field(
+        10, ge=0, description="A learner is promoted only while its lag is at most this."
+    )
+    learner_promotion_stable_window: float = Field(
+        3.0,
+        gt=0,
+        le=3600,
+        description="Seconds the learner's lag must stay within "
+        "learner_promotion_lag before the operator asks for the promotion.",
+    )
+    snapshot_retry_ticks: int = Field(
+        20,
+        ge=1,
+        description="Ticks before a snapshot install that has not completed is asked again; "
+        "doubles after each attempt up to snapshot_retry_max_ticks.",
+    )
+    snapshot_retry_max_ticks: int = Field(
+        400, ge=1, description="Cap of the snapshot install retry back-off, in ticks."
+    )
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Self:
+        if self.heartbeat_ticks >= self.election_ticks:
+            raise ValueError(
+                f"heartbeat_ticks ({self.heartbeat_ticks}) must be below election_ticks "
+                f"({self.election_ticks}), or followers campaign between heartbeats"
+            )
+        if self.snapshot_retry_max_ticks < self.snapshot_retry_ticks:
+            raise ValueError("snapshot_retry_max_ticks must be at least snapshot_retry_ticks")
+        return self
+
+
+def describe_validation_error(err: ValidationError) -> str:
+    """`field: reason` lines, the form every boundary of raftlog reports bad config in."""
+    lines = []
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "config"
+        lines.append(f"{where}: {e['msg']}")
+    return "; ".join(lines)

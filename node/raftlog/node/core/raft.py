@@ -1,0 +1,883 @@
+"""The Raft state machine of one partition: sans-I/O and deterministic.
+
+Drivers call `tick()`, `step(message)`, `propose(...)`, then loop on `ready()` / `advance()`:
+
+    rd = raft.ready()
+    storage.save(rd.hard_state, rd.entries)     # durable first (fsync)
+    install rd.snapshot if any                  # data received by the driver beforehand
+    send rd.messages                            # only now: they depend on what was persisted
+    apply rd.committed                          # never above the durable high-water mark
+    serve rd.snapshot_requests                  # stream a snapshot to a lagging follower
+    raft.advance(rd)
+
+Randomness (election timeouts) comes from a seeded RNG, time from ticks: the same inputs give the
+same outputs, which is what lets the simulator replay a failing seed exactly.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Literal
+
+from raftlog.node.config import RaftConfig
+from raftlog.node.core.errors import (
+    InvalidMessage,
+    MembershipError,
+    NotLeader,
+    ProposalRefused,
+    SafetyViolation,
+)
+from raftlog.node.core.log import RaftLog
+from raftlog.node.core.messages import (
+    AppendRequest,
+    AppendResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    InstallSnapshot,
+    Message,
+    PreVoteRequest,
+    PreVoteResponse,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+from raftlog.node.core.progress import Progress, ProgressState
+from raftlog.node.core.types import (
+    Entry,
+    EntryKind,
+    Event,
+    HardState,
+    Membership,
+    SnapshotMeta,
+    SnapshotRequest,
+)
+from raftlog.node.core.validate import validate_message
+from raftlog.node.storage.base import LogStorage
+
+MembershipOp = Literal["add_learner", "promote", "remove"]
+
+# Most committed entries handed out for apply in one Ready, so one Ready stays bounded.
+MAX_APPLY_PER_READY = 4096
+
+
+class Role(StrEnum):
+    FOLLOWER = "follower"
+    PRE_CANDIDATE = "pre_candidate"
+    CANDIDATE = "candidate"
+    LEADER = "leader"
+
+
+@dataclass
+class Ready:
+    """What the driver must do, in this order: persist, install, send, apply, serve."""
+
+    hard_state: HardState | None = None
+    entries: list[Entry] = field(default_factory=list)
+    snapshot: SnapshotMeta | None = None
+    messages: list[Message] = field(default_factory=list)
+    committed: list[Entry] = field(default_factory=list)
+    snapshot_requests: list[SnapshotRequest] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class FollowerStatus:
+    node: str
+    learner: bool
+    state: ProgressState
+    match: int
+    next: int
+    lag: int | None
+    snapshot_required: bool
+    recent_active: bool
+    last_response_tick: int
+    follower_commit: int
+    inflight: int
+    backfilling: bool
+    backfill_rounds: int
+    backfill_entries: int
+    snapshots_installed: int
+
+
+@dataclass(frozen=True)
+class PartitionStatus:
+    node: str
+    role: Role
+    member: Literal["voter", "learner", "none"]
+    term: int
+    leader: str | None
+    high_water_mark: int
+    applied: int
+    compaction_floor: int
+    last_index: int
+    membership: Membership
+    transferee: str | None
+    followers: dict[str, FollowerStatus]
+
+
+class Raft:
+    def __init__(
+        self, node_id: str, config: RaftConfig, storage: LogStorage, seed: int = 0
+    ) -> None:
+        self.id = node_id
+        self.cfg = config
+        hs, snap = storage.initial_state()
+        self.log = RaftLog(storage, hs.commit, snap.index)
+        self.term = hs.term
+        self.vote = hs.vote
+        self._prev_hs = HardState(hs.term, hs.vote, self.log.committed)
+        self.role = Role.FOLLOWER
+        self.leader: str | None = None
+        self._rng = random.Random(f"{seed}/{node_id}")
+        # Membership takes effect when its entry is appended (Raft dissertation, 4.1), so every
+        # config entry in the log is remembered and a truncation can fall back to the previous.
+        self._config_history: list[tuple[int, Membership]] = [(snap.index, snap.membership)]
+        first, last = storage.first_index(), storage.last_index()
+        for e in storage.entries(max(first, snap.index + 1), last + 1) if last >= first else []:
+            if e.kind == EntryKind.CONFIG:
+                self._config_history.append((e.index, Membership.decode(e.data)))
+        self.membership = self._config_history[-1][1]
+        self.progress: dict[str, Progress] = {}
+        self._votes: dict[str, bool] = {}
+        self.ticks = 0
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self._randomized_timeout = self._random_timeout()
+        self.pending_conf_index = 0
+        self.transferee: str | None = None
+        self._transfer_elapsed = 0
+        # Follower: the highest index known to match the current leader's log. The high-water
+        # mark a follower accepts is never above it.
+        self._leader_match = 0
+        self._needs_broadcast = False
+        self._msgs: list[Message] = []
+        self._events: list[Event] = []
+        self._snapshot_requests: list[SnapshotRequest] = []
+        self._ready_out = False
+        self.rejected: dict[str, int] = {}
+
+    # ===================================================================== public interface
+    @property
+    def commit(self) -> int:
+        return self.log.committed
+
+    def tick(self) -> None:
+        self.ticks += 1
+        if self.role == Role.LEADER:
+            self._tick_leader()
+        else:
+            self.election_elapsed += 1
+            if self._promotable() and self.election_elapsed >= self._randomized_timeout:
+                self.election_elapsed = 0
+                self.hup()
+
+    def step(self, m: object) -> None:
+        """Feed one peer message. Malformed or stale ones are counted and ignored."""
+        try:
+            msg = validate_message(m, self.id, self.cfg)
+        except InvalidMessage as exc:
+            self._count_rejected(f"invalid {exc.field}")
+            self._event("message_rejected", src=getattr(m, "src", "?"), reason=str(exc))
+            return
+        if not self._check_term(msg):
+            return
+        match msg:
+            case PreVoteRequest():
+                self._on_pre_vote_request(msg)
+            case VoteRequest():
+                self._on_vote_request(msg)
+            case PreVoteResponse():
+                self._on_pre_vote_response(msg)
+            case VoteResponse():
+                self._on_vote_response(msg)
+            case AppendRequest():
+                self._on_append(msg)
+            case HeartbeatRequest():
+                self._on_heartbeat(msg)
+            case InstallSnapshot():
+                self._on_install_snapshot(msg)
+            case AppendResponse():
+                self._on_append_response(msg)
+            case HeartbeatResponse():
+                self._on_heartbeat_response(msg)
+            case TimeoutNow():
+                self._on_timeout_now(msg)
+
+    def propose(self, data: bytes) -> tuple[int, int]:
+        """Append a record on the leader. Returns (index, term); it is acknowledged once an
+        entry with that index and term is in `Ready.committed`."""
+        return self.propose_batch([data])[0]
+
+    def propose_batch(self, records: list[bytes]) -> list[tuple[int, int]]:
+        self._check_can_propose()
+        start = self.log.last_index() + 1
+        entries = [Entry(start + i, self.term, EntryKind.NORMAL, d) for i, d in enumerate(records)]
+        self._append_as_leader(entries)
+        return [(e.index, e.term) for e in entries]
+
+    def propose_membership(self, op: MembershipOp, node: str) -> tuple[int, int]:
+        """One membership change at a time, through the log. Raises MembershipError with the
+        reason when the change is not allowed now (e.g. a learner that still lags)."""
+        self._check_can_propose()
+        if self.pending_conf_index > self.log.applied:
+            raise MembershipError(
+                f"membership change at index {self.pending_conf_index} is not applied yet; "
+                "changes are made one at a time"
+            )
+        m = self.membership
+        if op == "add_learner":
+            if node in m.members:
+                kind = "voter" if node in m.voters else "learner"
+                raise MembershipError(f"{node} is already a {kind}")
+            new = Membership(m.voters, m.learners | {node})
+        elif op == "promote":
+            if node in m.voters:
+                raise MembershipError(f"{node} is already a voter")
+            if node not in m.learners:
+                raise MembershipError(f"{node} is not a learner; add it as a learner first")
+            lag = self.progress[node].lag(self.log.committed)
+            if lag is None:
+                raise MembershipError(f"learner {node} has not answered this leader; lag unknown")
+            if lag > self.cfg.learner_promotion_lag:
+                raise MembershipError(
+                    f"learner {node} lags by {lag} entries, more than "
+                    f"learner_promotion_lag={self.cfg.learner_promotion_lag}"
+                )
+            new = Membership(m.voters | {node}, m.learners - {node})
+        elif op == "remove":
+            if node not in m.members:
+                raise MembershipError(f"{node} is not a member")
+            if m.voters == {node}:
+                raise MembershipError(f"{node} is the last voter and cannot be removed")
+            new = Membership(m.voters - {node}, m.learners - {node})
+        else:
+            raise MembershipError(f"unknown membership operation {op!r}")
+        entry = Entry(self.log.last_index() + 1, self.term, EntryKind.CONFIG, new.encode())
+        self._append_as_leader([entry])
+        self.pending_conf_index = entry.index
+        self._event("membership_proposed", op=op, member=node, index=entry.index)
+        return entry.index, entry.term
+
+    def transfer_leadership(self, target: str) -> None:
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if target == self.id:
+            raise ProposalRefused(f"{target} is already the leader")
+        if target not in self.membership.voters:
+            raise ProposalRefused(f"{target} is not a voter of this partition")
+        self.transferee = target
+        self._transfer_elapsed = 0
+        self._event("transfer_started", target=target)
+        if self.progress[target].match == self.log.last_index():
+            self._send(TimeoutNow(self.id, target, self.term))
+        else:
+            self._send_append(target)
+
+    def report_snapshot(self, target: str, success: bool) -> None:
+        """The driver's verdict on a snapshot transfer it ran for `target`."""
+        pr = self.progress.get(target)
+        if self.role != Role.LEADER or pr is None or pr.state != ProgressState.SNAPSHOT:
+            return
+        if not success:
+            self._event("snapshot_failed", target=target, attempt=pr.snapshot_attempt)
+            pr.snapshot_retry_at = self.ticks + self._snapshot_backoff(pr.snapshot_attempt)
+
+    def hup(self) -> None:
+        """Start an election now (the timeout fired, or a test or operator asks)."""
+        if self.role == Role.LEADER or not self._promotable():
+            return
+        if self.cfg.pre_vote:
+            self._become_pre_candidate()
+        else:
+            self._campaign(transfer=False)
+
+    def has_ready(self) -> bool:
+        return bool(
+            self._msgs
+            or self._events
+            or self._snapshot_requests
+            or self.log.unstable
+            or self.log.pending_snapshot is not None
+            or self.log.committed > self.log.applied
+            or self._needs_broadcast
+            or self._hard_state() != self._prev_hs
+        )
+
+    def ready(self) -> Ready:
+        if self._ready_out:
+            raise RuntimeError("ready() called twice without advance()")
+        if self._needs_broadcast:
+            self._needs_broadcast = False
+            if self.role == Role.LEADER:
+                self._broadcast_append()
+        hs = self._hard_state()
+        rd = Ready(
+            hard_state=hs if hs != self._prev_hs else None,
+            entries=list(self.log.unstable),
+            snapshot=self.log.pending_snapshot,
+            messages=self._msgs,
+            committed=self.log.committed_entries_to_apply(MAX_APPLY_PER_READY),
+            snapshot_requests=self._snapshot_requests,
+            events=self._events,
+        )
+        self._msgs, self._events, self._snapshot_requests = [], [], []
+        self._ready_out = True
+        return rd
+
+    def advance(self, rd: Ready) -> None:
+        self._ready_out = False
+        if rd.hard_state is not None:
+            self._prev_hs = rd.hard_state
+        if rd.snapshot is not None:
+            self.log.snapshot_persisted(rd.snapshot.index)
+        if rd.entries:
+            last = rd.entries[-1]
+            self.log.stable_to(last.index, last.term)
+            if self.role == Role.LEADER and self._maybe_commit():
+                self._needs_broadcast = True
+        if rd.committed:
+            self.log.applied_to(rd.committed[-1].index)
+            if (
+                self.role == Role.LEADER
+                and self.id not in self.membership.voters
+                and self._config_history[-1][0] <= self.log.applied
+            ):
+                self._become_follower(self.term, None, reason="removed from the voters")
+
+    def read_committed(self, lo: int, hi: int) -> list[Entry]:
+        """Entries in [lo, hi) that are at or below this node's high-water mark, never above."""
+        return self.log.entries(lo, min(hi, self.log.committed + 1))
+
+    def follower_lag(self, node: str) -> int | None:
+        """Leader's commit minus the follower's match; None when unknown here."""
+        pr = self.progress.get(node) if self.role == Role.LEADER else None
+        return pr.lag(self.log.committed) if pr else None
+
+    def membership_at(self, index: int) -> Membership:
+        current = self._config_history[0][1]
+        for i, m in self._config_history:
+            if i > index:
+                break
+            current = m
+        return current
+
+    def status(self) -> PartitionStatus:
+        m = self.membership
+        member: Literal["voter", "learner", "none"] = (
+            "voter" if self.id in m.voters else "learner" if self.id in m.learners else "none"
+        )
+        followers = {}
+        if self.role == Role.LEADER:
+            for node, pr in sorted(self.progress.items()):
+                followers[node] = FollowerStatus(
+                    node=node,
+                    learner=pr.is_learner,
+                    state=pr.state,
+                    match=pr.match,
+                    next=pr.next,
+                    lag=pr.lag(self.log.committed),
+                    snapshot_required=pr.state == ProgressState.SNAPSHOT,
+                    recent_active=pr.recent_active,
+                    last_response_tick=pr.last_response_tick,
+                    follower_commit=pr.follower_commit,
+                    inflight=len(pr.inflight),
+                    backfilling=pr.backfilling,
+                    backfill_rounds=pr.backfill_rounds,
+                    backfill_entries=pr.backfill_entries,
+                    snapshots_installed=pr.snapshots_installed,
+                )
+        return PartitionStatus(
+            node=self.id,
+            role=self.role,
+            member=member,
+            term=self.term,
+            leader=self.leader,
+            high_water_mark=self.log.committed,
+            applied=self.log.applied,
+            compaction_floor=self.log.first_index(),
+            last_index=self.log.last_index(),
+            membership=m,
+            transferee=self.transferee,
+            followers=followers,
+        )
+
+    # ===================================================================== term and roles
+    def _check_term(self, m: Message) -> bool:
+        if m.term > self.term:
+            if isinstance(m, PreVoteRequest) or (isinstance(m, PreVoteResponse) and m.granted):
+                return True  # pre-votes never change anybody's term
+            if isinstance(m, VoteRequest) and not m.transfer and self._in_lease():
+                self._count_rejected("vote during leader lease")
+                return False
+            leader = (
+                m.src if isinstance(m, AppendRequest | HeartbeatRequest | InstallSnapshot) else None
+            )
+            self._become_follower(m.term, leader)
+            return True
+        if m.term < self.term:
+            # Answer with our term so that a stale leader or candidate steps down.
+            if isinstance(m, AppendRequest | InstallSnapshot):
+                self._send(AppendResponse(self.id, m.src, self.term, False, 0))
+            elif isinstance(m, HeartbeatRequest):
+                self._send(HeartbeatResponse(self.id, m.src, self.term))
+            elif isinstance(m, PreVoteRequest):
+                self._send(PreVoteResponse(self.id, m.src, self.term, False))
+            elif isinstance(m, VoteRequest):
+                self._send(VoteResponse(self.id, m.src, self.term, False))
+            self._count_rejected("stale term")
+            return False
+        return True
+
+    def _in_lease(self) -> bool:
+        return (
+            self.cfg.check_quorum
+            and self.leader is not None
+            and self.election_elapsed < self.cfg.election_ticks
+        )
+
+    def _promotable(self) -> bool:
+        return self.id in self.membership.voters
+
+    def _random_timeout(self) -> int:
+        return self.cfg.election_ticks + self._rng.randrange(self.cfg.election_ticks)
+
+    def _become_follower(self, term: int, leader: str | None, reason: str = "higher term") -> None:
+        was = self.role
+        if term != self.term:
+            self.term = term
+            self.vote = None
+            self._leader_match = 0
+        self.role = Role.FOLLOWER
+        self.leader = leader
+        self.election_elapsed = 0
+        self._randomized_timeout = self._random_timeout()
+        self.transferee = None
+        self.progress = {}
+        if was == Role.LEADER:
+            self._event("stepped_down", reason=reason)
+
+    def _become_pre_candidate(self) -> None:
+        self.role = Role.PRE_CANDIDATE
+        self.leader = None
+        self._votes = {self.id: True}
+        self._event("pre_vote_started")
+        if self._tally() == "won":
+            self._campaign(transfer=False)
+            return
+        for v in sorted(self.membership.voters - {self.id}):
+            self._send(
+                PreVoteRequest(
+                    self.id, v, self.term + 1, self.log.last_index(), self.log.last_term()
+                )
+            )
+
+    def _campaign(self, transfer: bool) -> None:
+        self.term += 1
+        self.vote = self.id
+        self.role = Role.CANDIDATE
+        self.leader = None
+        self._leader_match = 0
+        self._votes = {self.id: True}
+        self.election_elapsed = 0
+        self._randomized_timeout = self._random_timeout()
+        self._event("campaign", transfer=transfer)
+        if self._tally() == "won":
+            self._become_leader()
+            return
+        for v in sorted(self.membership.voters - {self.id}):
+            self._send(
+                VoteRequest(
+                    self.id, v, self.term, self.log.last_index(), self.log.last_term(), transfer
+                )
+            )
+
+    def _become_leader(self) -> None:
+        self.role = Role.LEADER
+        self.leader = self.id
+        self.election_elapsed = 0
+        self.heartbeat_elapsed = 0
+        self.transferee = None
+        self.progress = {}
+        self._sync_progress()
+        # A no-op of the new term: entries of earlier terms commit only under it, and no
+        # membership change is accepted before it commits (the single-server change fix).
+        noop = Entry(self.log.last_index() + 1, self.term, EntryKind.NOOP)
+        self.pending_conf_index = noop.index
+        self._event("elected", last_index=self.log.last_index())
+        self._append_as_leader([noop])
+
+    def _tally(self) -> Literal["won", "lost", "pending"]:
+        voters = self.membership.voters
+        need = len(voters) // 2 + 1
+        granted = sum(1 for v in voters if self._votes.get(v) is True)
+        rejected = sum(1 for v in voters if self._votes.get(v) is False)
+        if granted >= need:
+            return "won"
+        if rejected >= need:
+            return "lost"
+        return "pending"
+
+    # ===================================================================== elections
+    def _on_pre_vote_request(self, m: PreVoteRequest) -> None:
+        grant = (
+            m.term > self.term
+            and not self._in_lease()
+            and self.log.is_up_to_date(m.last_index, m.last_term)
+        )
+        self._send(PreVoteResponse(self.id, m.src, m.term if grant else self.term, grant))
+
+    def _on_vote_request(self, m: VoteRequest) -> None:
+        can_vote = self.vote == m.src or (self.vote is None and self.leader is None)
+        grant = can_vote and self.log.is_up_to_date(m.last_index, m.last_term)
+        if grant:
+            self.vote = m.src
+            self.election_elapsed = 0
+        self._send(VoteResponse(self.id, m.src, self.term, grant))
+
+    def _on_pre_vote_response(self, m: PreVoteResponse) -> None:
+        if self.role != Role.PRE_CANDIDATE:
+            return
+        if m.granted and m.term != self.term + 1:
+            return
+        self._votes[m.src] = m.granted
+        result = self._tally()
+        if result == "won":
+            self._campaign(transfer=False)
+        elif result == "lost":
+            self._become_follower(self.term, None)
+
+    def _on_vote_response(self, m: VoteResponse) -> None:
+        if self.role != Role.CANDIDATE:
+            return
+        self._votes[m.src] = m.granted
+        result = self._tally()
+        if result == "won":
+            self._become_leader()
+        elif result == "lost":
+            self._become_follower(self.term, None)
+
+    def _on_timeout_now(self, m: TimeoutNow) -> None:
+        if self.role != Role.LEADER and self._promotable():
+            self._event("transfer_received", src=m.src)
+            self._campaign(transfer=True)
+
+    # ===================================================================== follower side
+    def _accept_leader(self, m: AppendRequest | HeartbeatRequest | InstallSnapshot) -> None:
+        if self.role == Role.LEADER:
+            raise SafetyViolation(f"two leaders in term {self.term}: {self.id} and {m.src}")
+        if self.role != Role.FOLLOWER:
+            self._become_follower(m.term, m.src)
+        self.leader = m.src
+        self.election_elapsed = 0
+
+    def _on_append(self, m: AppendRequest) -> None:
+        self._accept_leader(m)
+        result = self.log.maybe_append(m.prev_index, m.prev_term, m.entries)
+        if result is None:
+            hint_index, hint_term = self.log.find_conflict_by_term(
+                min(m.prev_index, self.log.last_index()), m.prev_term
+            )
+            self._event(
+                "log_mismatch", leader=m.src, prev_index=m.prev_index, hint_index=hint_index
+            )
+            self._send(
+                AppendResponse(
+                    self.id,
+                    m.src,
+                    self.term,
+                    False,
+                    m.prev_index,
+                    hint_index,
+                    hint_term,
+                    self.log.committed,
+                )
+            )
+            return
+        last_new, written = result
+        if written:
+            self._config_truncated_from(written)
+            for e in m.entries[written - m.entries[0].index :]:
+                if e.kind == EntryKind.CONFIG:
+                    self._config_appended(e)
+            if written <= self.log.storage.last_index():
+                self._event("truncated", from_index=written)
+        self._leader_match = max(self._leader_match, last_new)
+        self.log.commit_to(min(m.commit, last_new))
+        self._send(
+            AppendResponse(self.id, m.src, self.term, True, last_new, commit=self.log.committed)
+        )
+
+    def _on_heartbeat(self, m: HeartbeatRequest) -> None:
+        self._accept_leader(m)
+        self.log.commit_to(min(m.commit, self._leader_match))
+        self._send(HeartbeatResponse(self.id, m.src, self.term))
+
+    def _on_install_snapshot(self, m: InstallSnapshot) -> None:
+        self._accept_leader(m)
+        meta = m.meta
+        if meta.index <= self.log.committed:
+            self._event("snapshot_not_needed", index=meta.index, commit=self.log.committed)
+            index = self.log.committed
+        elif self.log.term_or_none(meta.index) == meta.term:
+            # The log already holds the snapshot's last entry: keep it, just commit up to it.
+            self._leader_match = max(self._leader_match, meta.index)
+            self.log.commit_to(meta.index)
+            index = meta.index
+        else:
+            self.log.restore(meta)
+            self._config_history = [(meta.index, meta.membership)]
+            self.membership = meta.membership
+            self._leader_match = meta.index
+            self._event("snapshot_installed", index=meta.index, term=meta.term)
+            index = meta.index
+        self._send(
+            AppendResponse(self.id, m.src, self.term, True, index, commit=self.log.committed)
+        )
+
+    # ===================================================================== leader side
+    def _tick_leader(self) -> None:
+        self.heartbeat_elapsed += 1
+        self.election_elapsed += 1
+        if self.transferee is not None:
+            self._transfer_elapsed += 1
+            if self._transfer_elapsed >= self.cfg.election_ticks:
+                self._event("transfer_aborted", target=self.transferee)
+                self.transferee = None
+        if self.election_elapsed >= self.cfg.election_ticks:
+            self.election_elapsed = 0
+            if self.cfg.check_quorum and not self._quorum_active():
+                self._become_follower(self.term, None, reason="check_quorum: no quorum heard from")
+                return
+            for pr in self.progress.values():
+                pr.recent_active = False
+        if self.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
+            self.heartbeat_elapsed = 0
+            for node, pr in self.progress.items():
+                commit = min(pr.match, self.log.committed)
+                self._send(HeartbeatRequest(self.id, node, self.term, commit))
+        for node, pr in self.progress.items():
+            if pr.state == ProgressState.SNAPSHOT and self.ticks >= pr.snapshot_retry_at:
+                self._request_snapshot(node, pr)
+
+    def _quorum_active(self) -> bool:
+        voters = self.membership.voters
+        active = sum(
+            1
+            for v in voters
+            if v == self.id or (v in self.progress and self.progress[v].recent_active)
+        )
+        return active >= len(voters) // 2 + 1
+
+    def _check_can_propose(self) -> None:
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if self.transferee is not None:
+            raise ProposalRefused(f"leadership transfer to {self.transferee} is in progress")
+
+    def _append_as_leader(self, entries: list[Entry]) -> None:
+        self.log.append(entries)
+        for e in entries:
+            if e.kind == EntryKind.CONFIG:
+                self._config_appended(e)
+        self._needs_broadcast = True
+
+    def _self_match(self) -> int:
+        return self.log.stable_index()
+
+    def _maybe_commit(self) -> bool:
+        voters = self.membership.voters
+        matches = sorted(
+            (self._self_match() if v == self.id else self.progress[v].match for v in voters),
+            reverse=True,
+        )
+        index = matches[len(matches) // 2]
+        if index > self.log.committed and self._may_commit_at(index):
+            self.log.commit_to(index)
+            return True
+        return False
+
+    def _may_commit_at(self, index: int) -> bool:
+        """Raft's rule (paper, 5.4.2): only an entry of the leader's own term is committed by
+        counting replicas; earlier ones commit with it."""
+        return self.log.term(index) == self.term
+
+    def _broadcast_append(self) -> None:
+        for node in self.progress:
+            self._send_append(node, send_empty=True)
+            while self._send_append(node):
+                pass
+
+    def _send_append(self, node: str, send_empty: bool = False) -> bool:
+        """Send the next anchored append to `node` if its progress allows. Returns whether an
+        append carrying entries went out in the live pipeline (so the caller may send more)."""
+        pr = self.progress[node]
+        if pr.state == ProgressState.SNAPSHOT:
+            return False
+        if pr.state == ProgressState.PROBE and pr.probe_sent:
+            return False
+        if (
+            pr.state == ProgressState.REPLICATE
+            and len(pr.inflight) >= self.cfg.max_inflight_appends
+        ):
+            return False
+        if pr.next < self.log.first_index():
+            self._enter_snapshot(node, pr)
+            return False
+        prev = pr.next - 1
+        prev_term = self.log.term(prev)
+        last = self.log.last_index()
+        commit = self.log.committed
+        lag = pr.lag(commit)
+        backfill = lag is not None and lag > self.cfg.backfill_threshold
+        if backfill:
+            if pr.state == ProgressState.REPLICATE and pr.inflight:
+                return False  # one bounded round at a time; heartbeats continue meanwhile
+            upto = commit if commit > prev else last  # rounds carry committed entries
+            hi = min(upto, prev + self.cfg.max_backfill_entries_per_round)
+        else:
+            hi = min(last, prev + self.cfg.max_entries_per_append)
+        if hi <= prev and pr.state == ProgressState.REPLICATE:
+            if send_empty and pr.commit_sent < commit:
+                pr.commit_sent = commit
+                self._send(AppendRequest(self.id, node, self.term, prev, prev_term, (), commit))
+            return False
+        entries = tuple(self.log.entries(prev + 1, hi + 1))
+        self._send(
+            AppendRequest(self.id, node, self.term, prev, prev_term, entries, commit, backfill)
+        )
+        pr.commit_sent = commit
+        pr.backfilling = backfill
+        if backfill and entries:
+            pr.backfill_rounds += 1
+            pr.backfill_entries += len(entries)
+            self._event("backfill_round", follower=node, first=entries[0].index, last=hi, lag=lag)
+        if pr.state == ProgressState.PROBE:
+            pr.probe_sent = True
+            return False
+        pr.next = hi + 1
+        pr.inflight.append(hi)
+        return bool(entries) and not backfill
+
+    def _on_append_response(self, m: AppendResponse) -> None:
+        if self.role != Role.LEADER:
+            return
+        pr = self.progress.get(m.src)
+        if pr is None:
+            return
+        pr.recent_active = True
+        pr.known = True
+        pr.last_response_tick = self.ticks
+        pr.follower_commit = m.commit
+        if not m.success:
+            next_probe = m.hint_index
+            if m.hint_term > 0:
+                next_probe, _ = self.log.find_conflict_by_term(m.hint_index, m.hint_term)
+            if pr.maybe_decrease_to(m.index, next_probe):
+                self._event("log_mismatch_backoff", follower=m.src, next=pr.next)
+                if pr.state == ProgressState.REPLICATE:
+                    pr.become_probe()
+                self._send_append(m.src)
+            return
+        updated = pr.maybe_update(m.index)
+        if updated:
+            pr.last_progress_tick = self.ticks
+        if pr.state == ProgressState.PROBE:
+            pr.become_replicate()
+        elif pr.state == ProgressState.SNAPSHOT and (
+            pr.match >= pr.pending_snapshot or pr.match + 1 >= self.log.first_index()
+        ):
+            pr.snapshots_installed += 1
+            self._event("snapshot_caught_up", follower=m.src, match=pr.match)
+            pr.become_probe()
+            pr.become_replicate()
+        if updated and self._maybe_commit():
+            self._needs_broadcast = True
+        while self._send_append(m.src):
+            pass
+        if m.src == self.transferee and pr.match == self.log.last_index():
+            self._send(TimeoutNow(self.id, m.src, self.term))
+
+    def _on_heartbeat_response(self, m: HeartbeatResponse) -> None:
+        if self.role != Role.LEADER:
+            return
+        pr = self.progress.get(m.src)
+        if pr is None:
+            return
+        pr.recent_active = True
+        pr.last_response_tick = self.ticks
+        if pr.state == ProgressState.PROBE:
+            pr.probe_sent = False
+        elif (
+            pr.state == ProgressState.REPLICATE
+            and pr.inflight
+            and self.ticks - pr.last_progress_tick > max(2, self.cfg.election_ticks // 2)
+        ):
+            # Appends in flight but no progress for a while: assume they were lost, probe again.
+            pr.become_probe()
+        if pr.match < self.log.last_index() or pr.state == ProgressState.PROBE:
+            self._send_append(m.src)
+
+    def _enter_snapshot(self, node: str, pr: Progress) -> None:
+        required = self.log.first_index() - 1
+        pr.become_snapshot(required)
+        self._event("snapshot_required", follower=node, next=pr.next, floor=required + 1)
+        self._request_snapshot(node, pr)
+
+    def _request_snapshot(self, node: str, pr: Progress) -> None:
+        pr.snapshot_attempt += 1
+        pr.snapshot_retry_at = self.ticks + self._snapshot_backoff(pr.snapshot_attempt)
+        self._snapshot_requests.append(
+            SnapshotRequest(node, pr.pending_snapshot, self.term, pr.snapshot_attempt)
+        )
+
+    def _snapshot_backoff(self, attempt: int) -> int:
+        backoff = self.cfg.snapshot_retry_ticks * (2 ** max(attempt - 1, 0))
+        return int(min(backoff, self.cfg.snapshot_retry_max_ticks))
+
+    # ===================================================================== membership
+    def _config_appended(self, e: Entry) -> None:
+        self._config_history.append((e.index, Membership.decode(e.data)))
+        self._set_membership(self._config_history[-1][1])
+
+    def _config_truncated_from(self, index: int) -> None:
+        if self._config_history[-1][0] < index:
+            return
+        while len(self._config_history) > 1 and self._config_history[-1][0] >= index:
+            self._config_history.pop()
+        self._set_membership(self._config_history[-1][1])
+
+    def _set_membership(self, m: Membership) -> None:
+        if m == self.membership:
+            return
+        self._event("membership_changed", membership=m.describe())
+        self.membership = m
+        if self.role == Role.LEADER:
+            self._sync_progress()
+
+    def _sync_progress(self) -> None:
+        m = self.membership
+        for node in sorted(m.members - {self.id}):
+            pr = self.progress.get(node)
+            if pr is None:
+                pr = Progress(next=self.log.last_index() + 1)
+                pr.last_progress_tick = self.ticks
+                self.progress[node] = pr
+            pr.is_learner = node in m.learners
+        for node in list(self.progress):
+            if node not in m.members:
+                del self.progress[node]
+
+    # ===================================================================== plumbing
+    def _hard_state(self) -> HardState:
+        return HardState(self.term, self.vote, self.log.committed)
+
+    def _send(self, m: Message) -> None:
+        self._msgs.append(m)
+
+    def _event(self, kind: str, **detail: Any) -> None:
+        self._events.append(Event(kind, self.id, self.term, detail))
+
+    def _count_rejected(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1

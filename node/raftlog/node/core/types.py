@@ -1,0 +1,102 @@
+"""Plain values shared by the core, its storage and its drivers."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import Any
+
+
+class EntryKind(IntEnum):
+    NORMAL = 0  # an application record
+    NOOP = 1  # appended by each new leader so that entries of older terms can commit
+    CONFIG = 2  # a membership change; its data is an encoded `Membership`
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    index: int
+    term: int
+    kind: EntryKind = EntryKind.NORMAL
+    data: bytes = b""
+
+    @property
+    def size(self) -> int:
+        return len(self.data) + 24
+
+
+@dataclass(frozen=True, slots=True)
+class Membership:
+    """Voters count for commit and elections; learners only receive the log."""
+
+    voters: frozenset[str] = frozenset()
+    learners: frozenset[str] = frozenset()
+
+    @classmethod
+    def of(cls, voters: list[str] | tuple[str, ...], learners: tuple[str, ...] = ()) -> Membership:
+        return cls(frozenset(voters), frozenset(learners))
+
+    @property
+    def members(self) -> frozenset[str]:
+        return self.voters | self.learners
+
+    def encode(self) -> bytes:
+        return json.dumps(
+            {"voters": sorted(self.voters), "learners": sorted(self.learners)}
+        ).encode()
+
+    @classmethod
+    def decode(cls, data: bytes) -> Membership:
+        raw = json.loads(data)
+        return cls(frozenset(raw["voters"]), frozenset(raw["learners"]))
+
+    def describe(self) -> str:
+        learners = f" learners={sorted(self.learners)}" if self.learners else ""
+        return f"voters={sorted(self.voters)}{learners}"
+
+
+@dataclass(frozen=True, slots=True)
+class HardState:
+    """What must be durable before any message that depends on it is sent."""
+
+    term: int = 0
+    vote: str | None = None
+    commit: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotMeta:
+    """Describes a snapshot: the last entry it covers and the membership at that point."""
+
+    index: int = 0
+    term: int = 0
+    membership: Membership = field(default_factory=Membership)
+
+
+@dataclass(frozen=True, slots=True)
+class SnapshotRequest:
+    """The leader asks its driver to get a snapshot covering `required_index` to `target`.
+
+    The core never streams snapshots itself; the driver picks a source (an eligible follower or
+    the leader), transfers the data, and the target's driver steps an `InstallSnapshot` message.
+    """
+
+    target: str
+    required_index: int
+    term: int
+    attempt: int
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """A notable transition, for timelines, logs and metrics (never needed for correctness)."""
+
+    kind: str
+    node: str
+    term: int
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def __str__(self) -> str:
+        extra = " ".join(f"{k}={v}" for k, v in self.detail.items())
+        return f"{self.node} t{self.term} {self.kind} {extra}".rstrip()

@@ -1,0 +1,1 @@
+"""Deterministic simulation of a raftlog cluster: real cores, in-memory disks, faulty network."""

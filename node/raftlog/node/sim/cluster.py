@@ -1,0 +1,468 @@
+"""A deterministic simulated cluster: real Raft cores, in-memory disks, a faulty network.
+
+Everything that varies comes from one seed: the network's faults, the workload, and every core's
+election timeouts. The same seed replays the same run exactly. After every step the invariants
+of `invariants.py` are checked; a violation raises with the seed and the recent timeline.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from raftlog.node.config import RaftConfig
+from raftlog.node.core.compaction import compaction_floor, should_snapshot
+from raftlog.node.core.errors import Compacted, MembershipError, NotLeader, ProposalRefused
+from raftlog.node.core.host import PartitionHost
+from raftlog.node.core.messages import InstallSnapshot, Message
+from raftlog.node.core.raft import MembershipOp, Raft, Ready, Role
+from raftlog.node.core.snapshot_source import rank_snapshot_sources
+from raftlog.node.core.types import Membership, SnapshotMeta
+from raftlog.node.sim.invariants import ClusterChecker, InvariantViolation
+from raftlog.node.sim.network import Faults, Network
+from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.memory import MemoryStorage
+
+SnapshotPolicy = Literal["follower-first", "leader"]
+
+
+@dataclass(frozen=True)
+class PeerMessage:
+    partition: int
+    message: Message
+
+
+@dataclass(frozen=True)
+class SnapshotTransfer:
+    """Snapshot bytes streamed by `source` on behalf of the leader (`leader`, `term`)."""
+
+    partition: int
+    leader: str
+    term: int
+    source: str
+    meta: SnapshotMeta
+    data: bytes
+
+
+@dataclass
+class SimNode:
+    id: str
+    storages: dict[int, MemoryStorage]
+    tables: dict[int, KeyedTable]
+    host: PartitionHost | None = None  # None while crashed
+    paused: bool = False
+    held: list[tuple[str, object]] = field(default_factory=list)  # delivered while paused
+    restarts: int = 0
+    retired: bool = False  # removed from the cluster for good
+    pending_snapshots: dict[int, tuple[SnapshotMeta, bytes]] = field(default_factory=dict)
+
+    @property
+    def up(self) -> bool:
+        return self.host is not None and not self.retired
+
+    def raft(self, partition: int = 0) -> Raft:
+        if self.host is None:
+            raise RuntimeError(f"{self.id} is down")
+        return self.host.partitions[partition]
+
+
+@dataclass
+class Stats:
+    proposals: int = 0
+    acked: int = 0
+    reads: int = 0
+    entries_read: int = 0
+    crashes: int = 0
+    pauses: int = 0
+    partitions: int = 0
+    snapshot_transfers: int = 0
+    snapshot_from_follower: int = 0
+    elections: int = 0
+    backfill_rounds: int = 0
+    promotions_refused: int = 0
+    membership_changes: int = 0
+    steps: int = 0
+
+
+class Cluster:
+    def __init__(
+        self,
+        voters: list[str],
+        *,
+        seed: int,
+        config: RaftConfig | None = None,
+        partitions: int = 1,
+        faults: Faults | None = None,
+        snapshot_policy: SnapshotPolicy = "follower-first",
+        raft_cls: type[Raft] = Raft,
+        trace_limit: int = 300,
+        on_trace: Callable[[str], None] | None = None,
+        compaction: bool = True,
+    ) -> None:
+        self.seed = seed
+        self.rng = random.Random(seed)
+        self.config = config or RaftConfig()
+        self.partitions = partitions
+        self.network = Network(random.Random(seed * 7919 + 1), faults or Faults())
+        self.snapshot_policy = snapshot_policy
+        self.raft_cls = raft_cls
+        self.compaction = compaction
+        self.now = 0
+        self.trace: deque[str] = deque(maxlen=trace_limit)
+        self.on_trace = on_trace
+        self.stats = Stats()
+        self.checker = ClusterChecker(partitions, self._violation)
+        self.nodes: dict[str, SimNode] = {}
+        bootstrap = Membership(frozenset(voters))
+        for node_id in voters:
+            self._create_node(node_id, bootstrap)
+        # (partition, leader) -> index -> (term, payload) awaiting commit
+        self._pending: dict[tuple[int, str], dict[int, tuple[int, bytes]]] = {}
+        self.acked: list[dict[int, tuple[int, bytes]]] = [{} for _ in range(partitions)]
+
+    # ================================================================== lifecycle
+    def _create_node(self, node_id: str, bootstrap: Membership) -> SimNode:
+        storages = {p: MemoryStorage(bootstrap) for p in range(self.partitions)}
+        tables = {p: KeyedTable() for p in range(self.partitions)}
+        node = SimNode(node_id, storages, tables)
+        self.nodes[node_id] = node
+        self._boot(node)
+        return node
+
+    def _boot(self, node: SimNode) -> None:
+        node.host = PartitionHost(
+            node.id,
+            self.config,
+            self.partitions,
+            storage_for=lambda p: node.storages[p],
+            seed=self.seed * 31 + node.restarts,
+            raft_cls=self.raft_cls,
+        )
+        for p in range(self.partitions):
+            node.tables[p] = KeyedTable.restore(node.storages[p].snapshot_data())
+            self.checker.on_boot(p, node.id, node.raft(p))
+
+    def add_node(self, node_id: str) -> SimNode:
+        """A brand-new, empty node (it knows no members until a leader adds it)."""
+        if node_id in self.nodes:
+            raise ValueError(f"{node_id} exists")
+        self.log(f"{node_id} started empty")
+        return self._create_node(node_id, Membership())
+
+    def crash(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        if node.host is None:
+            return
+        node.host = None
+        node.paused = False
+        node.held.clear()
+        node.pending_snapshots.clear()
+        self.stats.crashes += 1
+        for key in [k for k in self._pending if k[1] == node_id]:
+            del self._pending[key]
+        self.log(f"{node_id} CRASHED (volatile state lost)")
+
+    def restart(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        if node.host is not None or node.retired:
+            return
+        node.restarts += 1
+        self._boot(node)
+        self.log(f"{node_id} restarted from its disk (restart #{node.restarts})")
+
+    def retire(self, node_id: str) -> None:
+        self.crash(node_id)
+        self.nodes[node_id].retired = True
+        self.log(f"{node_id} retired (removed from the cluster)")
+
+    def pause(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        if node.up and not node.paused:
+            node.paused = True
+            self.stats.pauses += 1
+            self.log(f"{node_id} PAUSED")
+
+    def resume(self, node_id: str) -> None:
+        node = self.nodes[node_id]
+        if not node.paused:
+            return
+        node.paused = False
+        self.log(f"{node_id} resumed with {len(node.held)} held messages")
+        held, node.held = node.held, []
+        for src, payload in held:
+            self._deliver(src, node, payload)
+
+    def isolate(self, node_id: str) -> None:
+        others = [n for n in self.nodes if n != node_id]
+        self.partition([node_id], others)
+
+    def partition(self, *groups: list[str]) -> None:
+        self.network.partition(*groups)
+        self.stats.partitions += 1
+        self.log(f"network PARTITIONED {' | '.join(','.join(g) for g in groups)}")
+
+    def heal(self) -> None:
+        if self.network.partitioned:
+            self.log("network healed")
+        self.network.heal()
+
+    # ================================================================== time
+    def step(self) -> None:
+        """One tick: deliver due messages, tick every running core, handle their Ready."""
+        self.now += 1
+        self.stats.steps += 1
+        for src, dst, payload in self.network.due(self.now):
+            node = self.nodes.get(dst)
+            if node is None or not node.up:
+                continue
+            if node.paused:
+                node.held.append((src, payload))
+                continue
+            self._deliver(src, node, payload)
+        for node in self._running():
+            assert node.host is not None
+            node.host.tick()
+            self._process(node)
+        self.checker.after_step(self)
+
+    def run(self, ticks: int) -> None:
+        for _ in range(ticks):
+            self.step()
+
+    def run_until(self, predicate: Callable[[], bool], max_ticks: int, what: str) -> int:
+        for i in range(max_ticks):
+            if predicate():
+                return i
+            self.step()
+        if predicate():
+            return max_ticks
+        self._violation("liveness", f"{what} did not happen within {max_ticks} ticks")
+        raise AssertionError("unreachable")
+
+    def _running(self) -> list[SimNode]:
+        return [n for _, n in sorted(self.nodes.items()) if n.up and not n.paused]
+
+    # ================================================================== message handling
+    def _deliver(self, src: str, node: SimNode, payload: object) -> None:
+        if isinstance(payload, PeerMessage):
+            node.raft(payload.partition).step(payload.message)
+        elif isinstance(payload, SnapshotTransfer):
+            self._receive_snapshot(node, payload)
+        self._process(node)
+
+    def _process(self, node: SimNode) -> None:
+        host = node.host
+        if host is None:
+            return
+        for p, raft in host.partitions.items():
+            while raft.has_ready():
+                rd = raft.ready()
+                self._handle_ready(node, p, raft, rd)
+                raft.advance(rd)
+                self.checker.after_ready(p, node.id, raft, node.storages[p])
+            if self.compaction:
+                self._maybe_compact(node, p, raft)
+
+    def _handle_ready(self, node: SimNode, p: int, raft: Raft, rd: Ready) -> None:
+        storage = node.storages[p]
+        storage.save(rd.hard_state, rd.entries)  # durable before anything is sent
+        if rd.snapshot is not None:
+            meta, data = node.pending_snapshots.pop(p)
+            assert meta.index == rd.snapshot.index, (
+                "installed snapshot differs from the received one"
+            )
+            storage.install_snapshot(meta, data)
+            node.tables[p] = KeyedTable.restore(data)
+            self.log(f"{node.id} p{p} installed snapshot at {meta.index}")
+        else:
+            node.pending_snapshots.pop(p, None)
+        for m in rd.messages:
+            self.network.send(self.now, node.id, m.dst, PeerMessage(p, m))
+        pending = self._pending.get((p, node.id))
+        for e in rd.committed:
+            node.tables[p].apply(e)
+            self.checker.on_apply(p, node.id, e)
+            if pending and e.index in pending:
+                term, payload = pending.pop(e.index)
+                if term == e.term:
+                    self.acked[p][e.index] = (e.term, payload)
+                    self.stats.acked += 1
+                    self.checker.on_ack(p, e)
+        for ev in rd.events:
+            if ev.kind == "elected":
+                self.stats.elections += 1
+                self.checker.on_elected(p, node.id, raft)
+            elif ev.kind == "backfill_round":
+                self.stats.backfill_rounds += 1
+            self.log(f"p{p} {ev}")
+        for req in rd.snapshot_requests:
+            self._serve_snapshot(node, p, raft, req.target, req.required_index)
+
+    # ================================================================== snapshots
+    def _maybe_compact(self, node: SimNode, p: int, raft: Raft) -> None:
+        storage, table = node.storages[p], node.tables[p]
+        applied = table.applied_index
+        if not should_snapshot(applied, storage.snapshot.index, self.config):
+            return
+        if applied < storage.first_index():
+            return
+        meta = SnapshotMeta(applied, raft.log.term(applied), raft.membership_at(applied))
+        storage.create_snapshot(meta, table.snapshot())
+        floor = compaction_floor(
+            first_index=storage.first_index(),
+            snapshot_index=storage.snapshot.index,
+            applied=applied,
+            config=self.config,
+        )
+        if floor is not None:
+            dropped = storage.compact(floor)
+            self.log(
+                f"{node.id} p{p} snapshot at {applied}, compacted {dropped} entries, floor {floor}"
+            )
+
+    def _serve_snapshot(
+        self, leader: SimNode, p: int, raft: Raft, target: str, required: int
+    ) -> None:
+        source = leader
+        if self.snapshot_policy == "follower-first":
+            ranked = rank_snapshot_sources(
+                raft.status().followers.values(),
+                target=target,
+                required_index=required,
+                leader_last_index=raft.log.last_index(),
+                now_tick=raft.ticks,
+                responsive_within=self.config.election_ticks,
+            )
+            for cand in ranked:
+                c = self.nodes[cand]
+                # The follower declines (and the leader falls back) when it is unreachable
+                # or has not applied far enough to cover what the target needs.
+                if c.up and not c.paused and c.tables[p].applied_index >= required:
+                    source = c
+                    break
+        storage = source.storages[p]
+        if source is not leader or storage.snapshot.index < required:
+            table = source.tables[p]
+            meta = SnapshotMeta(
+                table.applied_index,
+                source.raft(p).log.term(table.applied_index),
+                source.raft(p).membership_at(table.applied_index),
+            )
+            data = table.snapshot()
+        else:
+            meta, data = storage.snapshot, storage.snapshot_data()
+        self.stats.snapshot_transfers += 1
+        if source is not leader:
+            self.stats.snapshot_from_follower += 1
+        self.log(
+            f"p{p} snapshot of {source.id} at {meta.index} sent to {target} "
+            f"({'follower' if source is not leader else 'leader'} source, needs >= {required})"
+        )
+        transfer = SnapshotTransfer(p, leader.id, raft.term, source.id, meta, data)
+        self.network.send(self.now, source.id, target, transfer, extra_delay=2)
+
+    def _receive_snapshot(self, node: SimNode, t: SnapshotTransfer) -> None:
+        node.pending_snapshots[t.partition] = (t.meta, t.data)
+        node.raft(t.partition).step(InstallSnapshot(t.leader, node.id, t.term, t.meta))
+
+    # ================================================================== client side
+    def leader(self, partition: int = 0) -> SimNode | None:
+        best: SimNode | None = None
+        for node in self._running():
+            r = node.raft(partition)
+            if r.role == Role.LEADER and (best is None or r.term > best.raft(partition).term):
+                best = node
+        return best
+
+    def propose(self, payload: bytes, partition: int = 0, via: str | None = None) -> int | None:
+        node = self.nodes[via] if via else self.leader(partition)
+        if node is None or not node.up or node.paused:
+            return None
+        try:
+            index, term = node.raft(partition).propose(payload)
+        except (NotLeader, ProposalRefused):
+            return None
+        self.stats.proposals += 1
+        self._pending.setdefault((partition, node.id), {})[index] = (term, payload)
+        self._process(node)
+        return index
+
+    def change_membership(self, op: MembershipOp, member: str, partition: int = 0) -> str | None:
+        """Proposes a change on the leader. Returns None, or the refusal reason."""
+        node = self.leader(partition)
+        if node is None:
+            return "no leader"
+        try:
+            node.raft(partition).propose_membership(op, member)
+        except (MembershipError, NotLeader, ProposalRefused) as exc:
+            if op == "promote":
+                self.stats.promotions_refused += 1
+            self.log(f"p{partition} {op} {member} refused: {exc}")
+            return str(exc)
+        self.stats.membership_changes += 1
+        self.log(f"p{partition} {op} {member} proposed on {node.id}")
+        self._process(node)
+        return None
+
+    def read(self, node_id: str, partition: int, lo: int, hi: int) -> None:
+        """A reader on any replica: checks it never gets an entry above the high-water mark."""
+        node = self.nodes[node_id]
+        if not node.up or node.paused:
+            return
+        raft = node.raft(partition)
+        try:
+            entries = raft.read_committed(lo, hi)
+        except Compacted:
+            return
+        self.stats.reads += 1
+        self.stats.entries_read += len(entries)
+        self.checker.on_read(partition, node_id, raft, entries)
+
+    def applied_everywhere(self, partition: int, index: int) -> bool:
+        """Every running member of the leader's configuration applied `index`."""
+        leader = self.leader(partition)
+        if leader is None:
+            return False
+        members = leader.raft(partition).membership.members
+        for m in members:
+            node = self.nodes.get(m)
+            if node is None or not node.up or node.paused:
+                return False
+            if node.tables[partition].applied_index < index:
+                return False
+        return True
+
+    # ================================================================== reporting
+    def log(self, text: str) -> None:
+        line = f"[t{self.now:05d}] {text}"
+        self.trace.append(line)
+        if self.on_trace:
+            self.on_trace(line)
+
+    def describe(self) -> list[str]:
+        """One line per node and partition: the state at this instant."""
+        lines = []
+        for node_id, node in sorted(self.nodes.items()):
+            if not node.up:
+                lines.append(f"  {node_id}: {'retired' if node.retired else 'crashed'}")
+                continue
+            for p in range(self.partitions):
+                st = node.raft(p).status()
+                followers = " ".join(
+                    f"{f.node}:{f.state}/m{f.match}/n{f.next}/lag{f.lag}/if{f.inflight}"
+                    for f in st.followers.values()
+                )
+                lines.append(
+                    f"  {node_id} p{p}{' PAUSED' if node.paused else ''}: {st.role} t{st.term} "
+                    f"leader={st.leader} hwm={st.high_water_mark} applied={st.applied} "
+                    f"last={st.last_index} floor={st.compaction_floor} "
+                    f"{st.membership.describe()} {followers}".rstrip()
+                )
+        return lines
+
+    def _violation(self, invariant: str, detail: str) -> None:
+        trace = [*self.trace, "state at the violation:", *self.describe()]
+        raise InvariantViolation(invariant, detail, self.seed, self.now, trace)

@@ -1,0 +1,1 @@
+"""Storage of a partition: log entries, hard state and snapshots."""

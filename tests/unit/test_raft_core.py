@@ -1,0 +1,352 @@
+"""Single-core behaviour, table style: a message or a call in, a Ready out."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftlog.node.config import RaftConfig
+from raftlog.node.core.errors import InvalidMessage, MembershipError, NotLeader, ProposalRefused
+from raftlog.node.core.host import PartitionHost
+from raftlog.node.core.messages import (
+    AppendRequest,
+    AppendResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    PreVoteRequest,
+    PreVoteResponse,
+    TimeoutNow,
+    VoteRequest,
+    VoteResponse,
+)
+from raftlog.node.core.progress import ProgressState
+from raftlog.node.core.raft import Raft, Role
+from raftlog.node.core.types import Entry, EntryKind, Membership
+from raftlog.node.storage.memory import MemoryStorage
+from tests.unit.helpers import CFG, drain, sent, storage_with
+
+
+def elect(raft: Raft, storage: MemoryStorage) -> None:
+    """Make `raft` leader of a 3-voter group by answering its pre-vote and vote."""
+    raft.hup()
+    drain(raft, storage)
+    raft.step(PreVoteResponse("b", raft.id, raft.term + 1, True))
+    drain(raft, storage)
+    raft.step(VoteResponse("b", raft.id, raft.term, True))
+    drain(raft, storage)
+    assert raft.role == Role.LEADER
+
+
+def test_single_voter_elects_itself_and_commits_after_persisting() -> None:
+    s = MemoryStorage(Membership.of(["a"]))
+    r = Raft("a", CFG, s)
+    for _ in range(2 * CFG.election_ticks):
+        r.tick()
+    rd = drain(r, s)
+    assert r.role == Role.LEADER and r.term == 1
+    index, term = r.propose(b"x")
+    rd = drain(r, s)
+    assert [(e.index, e.term, e.data) for e in rd.committed if e.kind == EntryKind.NORMAL] == [
+        (index, term, b"x")
+    ]
+    assert s.hard_state.commit == index  # durable before it was handed out for apply
+
+
+def test_pre_vote_does_not_raise_anyones_term() -> None:
+    s = storage_with([(1, 1)])
+    r = Raft("a", CFG, s)
+    r.hup()
+    rd = drain(r, s)
+    assert r.role == Role.PRE_CANDIDATE and r.term == 1
+    reqs = sent(rd, PreVoteRequest)
+    assert {m.dst for m in reqs} == {"b", "c"} and all(m.term == 2 for m in reqs)
+    # A voter answering a pre-vote keeps its own term too.
+    s2 = storage_with([(1, 1)])
+    voter = Raft("b", CFG, s2)
+    voter.step(reqs[0])
+    rd2 = drain(voter, s2)
+    assert voter.term == 1 and sent(rd2, PreVoteResponse)[0].granted  # type: ignore[union-attr]
+
+
+def test_vote_is_persisted_before_the_vote_is_sent() -> None:
+    s = storage_with([(1, 1)])
+    r = Raft("b", CFG, s)
+    r.step(VoteRequest("a", "b", 2, 1, 1))
+    rd = r.ready()
+    assert rd.hard_state is not None and rd.hard_state.vote == "a" and rd.hard_state.term == 2
+    assert sent(rd, VoteResponse)[0].granted  # type: ignore[union-attr]
+    r.advance(rd)
+
+
+def test_leader_lease_ignores_votes_while_a_leader_is_heard_from() -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", CFG, s)
+    r.step(HeartbeatRequest("a", "b", 1, 0))
+    drain(r, s)
+    r.step(VoteRequest("c", "b", 5, 9, 1))
+    rd = drain(r, s)
+    assert r.term == 1 and not sent(rd, VoteResponse)
+    # A leadership transfer is allowed through the lease.
+    r.step(VoteRequest("c", "b", 5, 9, 1, transfer=True))
+    rd = drain(r, s)
+    assert r.term == 5 and sent(rd, VoteResponse)[0].granted  # type: ignore[union-attr]
+
+
+def test_check_quorum_makes_an_isolated_leader_step_down() -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    for _ in range(2 * CFG.election_ticks):
+        r.tick()
+    rd = drain(r, s)
+    assert r.role == Role.FOLLOWER
+    assert any(e.kind == "stepped_down" for e in rd.events)
+
+
+def test_stale_term_messages_are_answered_with_the_current_term_and_ignored() -> None:
+    s = storage_with([(1, 1)], term=3)
+    r = Raft("b", CFG, s)
+    r.step(AppendRequest("a", "b", 2, 1, 1, (Entry(2, 2),), 2))
+    rd = drain(r, s)
+    reply = sent(rd, AppendResponse)[0]
+    assert reply.term == 3 and not reply.success  # type: ignore[union-attr]
+    assert s.last_index() == 1 and r.rejected["stale term"] == 1
+
+
+@pytest.mark.parametrize(
+    ("message", "field"),
+    [
+        (AppendRequest("a", "b", 3, 1, 1, (Entry(3, 3),), 0), "entries[0].index"),
+        (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 4),), 0), "entries[0].term"),
+        (AppendRequest("a", "b", 3, -1, 0, (), 0), "prev_index"),
+        (AppendRequest("a", "b", 3, 1, 5, (), 0), "prev_term"),
+        (AppendRequest("a", "x", 3, 1, 1, (), 0), "dst"),
+        (
+            AppendRequest("a", "b", 3, 1, 1, (Entry(2, 3, EntryKind.CONFIG, b"{"),), 0),
+            "entries[0].data",
+        ),
+        (AppendRequest("a", "b", 3, 1, 1, [Entry(2, 3)], 0), "entries"),  # type: ignore[arg-type]
+        (VoteRequest("a", "b", 3, 1, 7), "last_term"),
+        ("not a message", "type"),
+    ],
+)
+def test_malformed_messages_are_rejected_with_a_reason_and_change_nothing(
+    message: object, field: str
+) -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", CFG, s)
+    r.step(message)
+    rd = drain(r, s)
+    assert not rd.messages and s.last_index() == 1 and r.term == 1
+    rejected = [e for e in rd.events if e.kind == "message_rejected"]
+    assert rejected and rejected[0].detail["reason"].startswith(field)
+
+
+def test_oversized_append_is_rejected() -> None:
+    cfg = RaftConfig(max_message_entries=2)
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", cfg, s)
+    r.step(AppendRequest("a", "b", 1, 1, 1, tuple(Entry(i, 1) for i in (2, 3, 4)), 0))
+    rd = drain(r, s)
+    assert s.last_index() == 1
+    assert "max_message_entries=2" in rd.events[0].detail["reason"]
+
+
+def test_follower_learns_the_high_water_mark_but_never_above_its_matching_entries() -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", CFG, s)
+    r.step(HeartbeatRequest("a", "b", 1, 1))
+    drain(r, s)
+    assert r.commit == 0  # nothing is known to match this leader yet
+    r.step(AppendRequest("a", "b", 1, 1, 1, (Entry(2, 1),), 5))
+    drain(r, s)
+    assert r.commit == 2
+    assert r.read_committed(1, 100) == s.entries(1, 3)
+
+
+def test_leader_commits_only_entries_of_its_own_term_by_counting() -> None:
+    s = storage_with([(1, 1), (2, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)  # term 2, no-op at index 3
+    r.step(AppendResponse("b", "a", r.term, True, 2))
+    drain(r, s)
+    assert r.commit == 0  # index 2 is on a majority but of term 1: not committed by counting
+    r.step(AppendResponse("b", "a", r.term, True, 3))
+    drain(r, s)
+    assert r.commit == 3
+
+
+def test_follower_lag_is_unknown_until_the_follower_answers() -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    assert r.follower_lag("c") is None
+    r.step(AppendResponse("b", "a", r.term, True, 2))
+    drain(r, s)
+    r.step(AppendResponse("c", "a", r.term, True, 1))
+    drain(r, s)
+    assert r.follower_lag("b") == 0 and r.follower_lag("c") == 1
+    assert r.follower_lag("zz") is None
+
+
+def test_log_mismatch_backs_up_in_few_round_trips() -> None:
+    s = storage_with([(i, 1) for i in range(1, 51)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    # Follower b has only 1..20 of term 1: the hint sends the leader straight to 21.
+    r.step(AppendResponse("b", "a", r.term, False, 50, hint_index=20, hint_term=1))
+    rd = drain(r, s)
+    retry = [m for m in sent(rd, AppendRequest) if m.dst == "b"]
+    assert retry and retry[0].prev_index == 20  # type: ignore[union-attr]
+
+
+def test_follower_below_the_floor_goes_to_snapshot_state() -> None:
+    from raftlog.node.core.types import SnapshotMeta
+
+    s = storage_with([(i, 1) for i in range(1, 101)], term=1, commit=100)
+    s.create_snapshot(SnapshotMeta(100, 1, Membership.of(["a", "b", "c"])), b"")
+    s.compact(91)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
+    rd = drain(r, s)
+    st = r.status().followers["b"]
+    assert st.state == ProgressState.SNAPSHOT and st.snapshot_required
+    assert [(q.target, q.required_index) for q in rd.snapshot_requests] == [("b", 90)]
+    # Not answered: asked again after the back-off, with a bounded number of requests.
+    requests = []
+    for _ in range(CFG.snapshot_retry_ticks):
+        r.tick()
+        r.step(HeartbeatResponse("c", "a", r.term))  # c keeps the leader in power
+        requests += drain(r, s).snapshot_requests
+    assert [q.attempt for q in requests] == [2]
+    r.step(AppendResponse("b", "a", r.term, True, 100))
+    drain(r, s)
+    st = r.status().followers["b"]
+    assert not st.snapshot_required and st.state == ProgressState.REPLICATE
+
+
+class TestMembership:
+    def leader(self) -> tuple[Raft, MemoryStorage]:
+        s = storage_with([(1, 1)], term=1)
+        r = Raft("a", CFG, s)
+        elect(r, s)
+        r.step(AppendResponse("b", "a", r.term, True, 2))
+        drain(r, s)  # the no-op committed: changes are allowed now
+        return r, s
+
+    def test_one_change_at_a_time(self) -> None:
+        r, s = self.leader()
+        r.propose_membership("add_learner", "d")
+        drain(r, s)
+        with pytest.raises(MembershipError, match="one at a time"):
+            r.propose_membership("add_learner", "e")
+
+    @pytest.mark.parametrize(
+        ("op", "node", "reason"),
+        [
+            ("add_learner", "b", "already a voter"),
+            ("promote", "b", "already a voter"),
+            ("promote", "z", "not a learner"),
+            ("remove", "z", "not a member"),
+            ("merge", "b", "unknown membership operation"),
+        ],
+    )
+    def test_refusals_say_why(self, op: str, node: str, reason: str) -> None:
+        r, _ = self.leader()
+        with pytest.raises(MembershipError, match=reason):
+            r.propose_membership(op, node)  # type: ignore[arg-type]
+
+    def test_learner_does_not_count_for_commit_and_promotion_checks_lag(self) -> None:
+        r, s = self.leader()
+        index, _ = r.propose_membership("add_learner", "d")
+        drain(r, s)
+        assert r.membership.learners == {"d"}
+        r.step(AppendResponse("d", "a", r.term, True, index))
+        drain(r, s)
+        assert r.commit < index  # the learner's ack alone is not a quorum
+        r.step(AppendResponse("b", "a", r.term, True, index))
+        drain(r, s)
+        assert r.commit == index
+        r.propose_batch([b"x"] * 30)
+        drain(r, s)
+        r.step(AppendResponse("b", "a", r.term, True, r.log.last_index()))
+        drain(r, s)
+        with pytest.raises(MembershipError, match="lags by 30 entries"):
+            r.propose_membership("promote", "d")
+        r.step(AppendResponse("d", "a", r.term, True, r.log.last_index() - 5))
+        drain(r, s)
+        r.propose_membership("promote", "d")
+        assert r.membership.voters == {"a", "b", "c", "d"}
+
+    def test_removed_leader_steps_down_once_the_removal_commits(self) -> None:
+        r, s = self.leader()
+        index, _ = r.propose_membership("remove", "a")
+        drain(r, s)
+        assert r.role == Role.LEADER  # still leading until the change commits
+        r.step(AppendResponse("b", "a", r.term, True, index))
+        r.step(AppendResponse("c", "a", r.term, True, index))
+        rd = drain(r, s)
+        assert r.status().role == Role.FOLLOWER
+        assert any(e.kind == "stepped_down" for e in rd.events)
+        for _ in range(5 * CFG.election_ticks):
+            r.tick()
+        assert r.status().role == Role.FOLLOWER  # no longer a voter: never campaigns
+
+
+def test_leadership_transfer_catches_the_target_up_then_sends_timeout_now() -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    r.transfer_leadership("b")
+    with pytest.raises(ProposalRefused, match="transfer to b"):
+        r.propose(b"x")
+    r.step(AppendResponse("b", "a", r.term, True, r.log.last_index()))
+    rd = drain(r, s)
+    assert [m.dst for m in sent(rd, TimeoutNow)] == ["b"]
+    # The target campaigns at once, skipping pre-vote, and voters let it through the lease.
+    s2 = storage_with([(1, 1), (2, 2)], term=2)
+    b = Raft("b", CFG, s2)
+    b.step(TimeoutNow("a", "b", 2))
+    rd = drain(b, s2)
+    votes = sent(rd, VoteRequest)
+    assert b.role == Role.CANDIDATE and b.term == 3 and all(v.transfer for v in votes)  # type: ignore[union-attr]
+
+
+def test_not_leader_errors_carry_the_leader_hint() -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", CFG, s)
+    r.step(HeartbeatRequest("a", "b", 1, 0))
+    drain(r, s)
+    with pytest.raises(NotLeader) as info:
+        r.propose(b"x")
+    assert info.value.leader_hint == "a" and "the leader is a" in str(info.value)
+
+
+def test_heartbeat_response_reprobes_a_follower() -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    r.step(HeartbeatResponse("b", "a", r.term))
+    rd = drain(r, s)
+    assert [m.dst for m in sent(rd, AppendRequest)] == ["b"]
+
+
+def test_partition_host_runs_independent_groups_and_rejects_unknown_partitions() -> None:
+    storages = {p: MemoryStorage(Membership.of(["a"])) for p in range(3)}
+    host = PartitionHost("a", CFG, 3, storage_for=lambda p: storages[p])
+
+    def drive() -> None:
+        while readies := host.ready():
+            for p, rd in readies.items():
+                storages[p].save(rd.hard_state, rd.entries)
+            host.advance(readies)
+
+    for _ in range(2 * CFG.election_ticks):
+        host.tick()
+    drive()
+    assert all(r.role == Role.LEADER for r in host.partitions.values())
+    host.partitions[1].propose(b"only-in-1")
+    drive()
+    assert storages[1].last_index() == 2 and storages[0].last_index() == 1
+    with pytest.raises(InvalidMessage, match="unknown partition 7"):
+        host.step(7, HeartbeatRequest("b", "a", 1, 0))
