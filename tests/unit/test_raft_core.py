@@ -350,3 +350,14 @@ def test_partition_host_runs_independent_groups_and_rejects_unknown_partitions()
     assert storages[1].last_index() == 2 and storages[0].last_index() == 1
     with pytest.raises(InvalidMessage, match="unknown partition 7"):
         host.step(7, HeartbeatRequest("b", "a", 1, 0))
+
+
+def test_a_peer_claiming_leadership_in_the_leaders_own_term_is_refused_not_fatal() -> None:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    last = s.last_index()
+    r.step(AppendRequest("b", "a", r.term, last, r.term, (Entry(last + 1, r.term),), 0))
+    rd = drain(r, s)
+    assert r.role == Role.LEADER and s.last_index() == last
+    assert [e.kind for e in rd.events] == ["conflicting_leader"]

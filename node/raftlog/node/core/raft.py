@@ -27,7 +27,6 @@ from raftlog.node.core.errors import (
     MembershipError,
     NotLeader,
     ProposalRefused,
-    SafetyViolation,
 )
 from raftlog.node.core.log import RaftLog
 from raftlog.node.core.messages import (
@@ -564,16 +563,22 @@ class Raft:
             self._campaign(transfer=True)
 
     # ===================================================================== follower side
-    def _accept_leader(self, m: AppendRequest | HeartbeatRequest | InstallSnapshot) -> None:
+    def _accept_leader(self, m: AppendRequest | HeartbeatRequest | InstallSnapshot) -> bool:
         if self.role == Role.LEADER:
-            raise SafetyViolation(f"two leaders in term {self.term}: {self.id} and {m.src}")
+            # Impossible between correct peers (one leader per term); a confused or forged
+            # peer must not take this partition down, so the message is refused and reported.
+            self._count_rejected("leader message from another node in this leader's term")
+            self._event("conflicting_leader", src=m.src, reason=f"{m.src} claims term {m.term}")
+            return False
         if self.role != Role.FOLLOWER:
             self._become_follower(m.term, m.src)
         self.leader = m.src
         self.election_elapsed = 0
+        return True
 
     def _on_append(self, m: AppendRequest) -> None:
-        self._accept_leader(m)
+        if not self._accept_leader(m):
+            return
         result = self.log.maybe_append(m.prev_index, m.prev_term, m.entries)
         if result is None:
             hint_index, hint_term = self.log.find_conflict_by_term(
@@ -610,12 +615,14 @@ class Raft:
         )
 
     def _on_heartbeat(self, m: HeartbeatRequest) -> None:
-        self._accept_leader(m)
+        if not self._accept_leader(m):
+            return
         self.log.commit_to(min(m.commit, self._leader_match))
         self._send(HeartbeatResponse(self.id, m.src, self.term))
 
     def _on_install_snapshot(self, m: InstallSnapshot) -> None:
-        self._accept_leader(m)
+        if not self._accept_leader(m):
+            return
         meta = m.meta
         if meta.index <= self.log.committed:
             self._event("snapshot_not_needed", index=meta.index, commit=self.log.committed)

@@ -1,0 +1,1 @@
+"""Benchmarks: `make bench`. Never part of `make test`."""

@@ -1,0 +1,108 @@
+"""`make bench`: CPU cost of the Raft core and the simulator, measured in one process.
+
+No disk and no network here (those benchmarks arrive with the storage and node server issues):
+this is the ceiling the core itself puts on a node, per partition and per core of CPU.
+Results are printed as a Markdown table; bench/RESULTS.md records a run with its command.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+
+from raftlog.node.config import RaftConfig
+from raftlog.node.core.messages import Message
+from raftlog.node.core.raft import Raft, Role
+from raftlog.node.core.types import Membership
+from raftlog.node.record import Record, encode_record
+from raftlog.node.sim.scenarios import run_scenario
+from raftlog.node.storage.memory import MemoryStorage
+
+PAYLOAD = encode_record(Record(key=b"key-0001", value=b"x" * 86))  # 100 bytes encoded
+
+
+def _drive(nodes: dict[str, tuple[Raft, MemoryStorage]]) -> int:
+    """Deliver messages and process Readies until quiet. Returns entries applied."""
+    applied = 0
+    busy = True
+    while busy:
+        busy = False
+        outbox: list[Message] = []
+        for raft, storage in nodes.values():
+            while raft.has_ready():
+                busy = True
+                rd = raft.ready()
+                storage.save(rd.hard_state, rd.entries)
+                outbox.extend(rd.messages)
+                applied += len(rd.committed)
+                raft.advance(rd)
+        for m in outbox:
+            nodes[m.dst][0].step(m)
+            busy = True
+    return applied
+
+
+def _cluster(n: int) -> dict[str, tuple[Raft, MemoryStorage]]:
+    ids = [f"n{i}" for i in range(n)]
+    cfg = RaftConfig(max_entries_per_append=256, compact_every_operations=10**9)
+    nodes = {}
+    for i in ids:
+        s = MemoryStorage(Membership.of(ids))
+        nodes[i] = (Raft(i, cfg, s), s)
+    leader = nodes[ids[0]][0]
+    leader.hup()
+    _drive(nodes)
+    assert leader.role == Role.LEADER
+    return nodes
+
+
+def bench_replication(n: int, batch: int, total: int) -> float:
+    nodes = _cluster(n)
+    leader = nodes["n0"][0]
+    start = time.perf_counter()
+    done = 0
+    while done < total:
+        leader.propose_batch([PAYLOAD] * batch)
+        _drive(nodes)
+        done += batch
+    elapsed = time.perf_counter() - start
+    assert leader.commit >= total
+    return total / elapsed
+
+
+def bench_simulator(scenario: str, seeds: int) -> tuple[float, float]:
+    start = time.perf_counter()
+    steps = 0
+    for seed in range(seeds):
+        steps += run_scenario(scenario, seed).steps
+    elapsed = time.perf_counter() - start
+    return steps / elapsed, seeds / elapsed
+
+
+def best_of(runs: int, fn: Callable[[], float]) -> float:
+    return max(fn() for _ in range(runs))
+
+
+def main() -> None:
+    print(f"python {platform.python_version()} on {platform.machine()}, one process, best of 3\n")
+    print("| measurement | result |")
+    print("|---|---|")
+    for n in (1, 3):
+        for batch in (1, 16, 256):
+            total = 20_000 if batch > 1 else 5_000
+            rate = best_of(3, lambda n=n, b=batch, t=total: bench_replication(n, b, t))
+            print(
+                f"| core, {n} voter{'s' if n > 1 else ''}, proposals of {batch} x 100 B, "
+                f"in-memory storage | {rate:,.0f} entries/s committed and applied |"
+            )
+    for scenario in ("chaos", "crash"):
+        steps, seeds = bench_simulator(scenario, 40)
+        print(
+            f"| simulator, scenario `{scenario}` (all invariants checked) | "
+            f"{steps:,.0f} steps/s, {seeds:.1f} seeds/s |"
+        )
+
+
+if __name__ == "__main__":
+    main()
