@@ -767,15 +767,19 @@ class Raft:
         pr.inflight.append(hi)
         return bool(entries) and not backfill
 
+    def _responding(self, m: AppendResponse | HeartbeatResponse) -> Progress | None:
+        """The progress of a follower that answered this leader; marks it responsive."""
+        pr = self.progress.get(m.src) if self.role == Role.LEADER else None
+        if pr is not None:
+            pr.recent_active = True
+            pr.last_response_tick = self.ticks
+        return pr
+
     def _on_append_response(self, m: AppendResponse) -> None:
-        if self.role != Role.LEADER:
-            return
-        pr = self.progress.get(m.src)
+        pr = self._responding(m)
         if pr is None:
             return
-        pr.recent_active = True
         pr.known = True
-        pr.last_response_tick = self.ticks
         pr.follower_commit = m.commit
         if not m.success:
             next_probe = m.hint_index
@@ -807,13 +811,9 @@ class Raft:
             self._send(TimeoutNow(self.id, m.src, self.term))
 
     def _on_heartbeat_response(self, m: HeartbeatResponse) -> None:
-        if self.role != Role.LEADER:
-            return
-        pr = self.progress.get(m.src)
+        pr = self._responding(m)
         if pr is None:
             return
-        pr.recent_active = True
-        pr.last_response_tick = self.ticks
         if pr.state == ProgressState.PROBE:
             pr.probe_sent = False
         elif (

@@ -407,6 +407,20 @@ class Cluster:
         self._process(node)
         return None
 
+    def transfer_leadership(self, target: str, partition: int = 0) -> str | None:
+        """Asks the leader to hand over to `target`. Returns None, or the refusal reason."""
+        node = self.leader(partition)
+        if node is None:
+            return "no leader"
+        try:
+            node.raft(partition).transfer_leadership(target)
+        except (NotLeader, ProposalRefused) as exc:
+            self.log(f"p{partition} transfer to {target} refused: {exc}")
+            return str(exc)
+        self.log(f"p{partition} leadership transfer {node.id} -> {target} requested")
+        self._process(node)
+        return None
+
     def read(self, node_id: str, partition: int, lo: int, hi: int) -> None:
         """A reader on any replica: checks it never gets an entry above the high-water mark."""
         node = self.nodes[node_id]

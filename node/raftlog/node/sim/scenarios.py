@@ -217,7 +217,10 @@ class _Workload:
             return
         m = leader.raft(0).membership
         choice = rng.random()
-        if choice < 0.35 and len(m.members) < 7:
+        if choice < 0.1 and len(m.voters) > 1:
+            target = rng.choice(sorted(m.voters - {leader.id}))
+            c.transfer_leadership(target)
+        elif choice < 0.4 and len(m.members) < 7:
             spare = f"n{self.next_spare}"
             self.next_spare += 1
             c.add_node(spare)
