@@ -163,12 +163,17 @@ class PartitionChecker:
     def check_final(self, cluster: Cluster) -> None:
         """No acknowledged entry lost: every running node that still holds the index holds
         that entry, and its applied state includes it."""
+        leader = cluster.leader(self.p)
+        if leader is None:
+            self.fail("liveness", f"p{self.p} has no leader at the final check")
+            return
+        members = leader.raft(self.p).membership.members
         for node_id, node in sorted(cluster.nodes.items()):
-            if not node.up:
+            # Only members of the current configuration: a node whose addition was lost with
+            # its leader never joined and holds nothing.
+            if not node.up or node_id not in members:
                 continue
             raft = node.raft(self.p)
-            if raft.membership.members and node_id not in raft.membership.members:
-                continue
             floor = raft.log.first_index()
             for index, (term, _) in self.acked.items():
                 if index < floor:
