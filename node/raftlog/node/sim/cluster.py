@@ -392,32 +392,34 @@ class Cluster:
 
     def change_membership(self, op: MembershipOp, member: str, partition: int = 0) -> str | None:
         """Proposes a change on the leader. Returns None, or the refusal reason."""
-        node = self.leader(partition)
-        if node is None:
-            return "no leader"
-        try:
-            node.raft(partition).propose_membership(op, member)
-        except (MembershipError, NotLeader, ProposalRefused) as exc:
-            if op == "promote":
-                self.stats.promotions_refused += 1
-            self.log(f"p{partition} {op} {member} refused: {exc}")
-            return str(exc)
-        self.stats.membership_changes += 1
-        self.log(f"p{partition} {op} {member} proposed on {node.id}")
-        self._process(node)
-        return None
+        refusal = self._ask_leader(
+            partition, f"{op} {member}", "proposed", lambda r: r.propose_membership(op, member)
+        )
+        if refusal is None:
+            self.stats.membership_changes += 1
+        elif op == "promote":
+            self.stats.promotions_refused += 1
+        return refusal
 
     def transfer_leadership(self, target: str, partition: int = 0) -> str | None:
         """Asks the leader to hand over to `target`. Returns None, or the refusal reason."""
+        return self._ask_leader(
+            partition, f"transfer to {target}", "requested", lambda r: r.transfer_leadership(target)
+        )
+
+    def _ask_leader(
+        self, partition: int, subject: str, verb: str, call: Callable[[Raft], object]
+    ) -> str | None:
+        """Runs an operation on the partition's leader, logging the outcome."""
         node = self.leader(partition)
         if node is None:
             return "no leader"
         try:
-            node.raft(partition).transfer_leadership(target)
-        except (NotLeader, ProposalRefused) as exc:
-            self.log(f"p{partition} transfer to {target} refused: {exc}")
+            call(node.raft(partition))
+        except (MembershipError, NotLeader, ProposalRefused) as exc:
+            self.log(f"p{partition} {subject} refused: {exc}")
             return str(exc)
-        self.log(f"p{partition} leadership transfer {node.id} -> {target} requested")
+        self.log(f"p{partition} {subject} {verb} on {node.id}")
         self._process(node)
         return None
 
