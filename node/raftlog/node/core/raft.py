@@ -133,10 +133,8 @@ class Raft:
         # Membership takes effect when its entry is appended (Raft dissertation, 4.1), so every
         # config entry in the log is remembered and a truncation can fall back to the previous.
         self._config_history: list[tuple[int, Membership]] = [(snap.index, snap.membership)]
-        first, last = storage.first_index(), storage.last_index()
-        for e in storage.entries(max(first, snap.index + 1), last + 1) if last >= first else []:
-            if e.kind == EntryKind.CONFIG:
-                self._config_history.append((e.index, Membership.decode(e.data)))
+        for e in storage.config_entries(snap.index + 1):
+            self._config_history.append((e.index, Membership.decode(e.data)))
         self.membership = self._config_history[-1][1]
         self.progress: dict[str, Progress] = {}
         self._votes: dict[str, bool] = {}

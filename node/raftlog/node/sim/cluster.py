@@ -7,6 +7,7 @@ of `invariants.py` are checked; a violation raises with the seed and the recent 
 
 from __future__ import annotations
 
+import os
 import random
 from collections import deque
 from collections.abc import Callable
@@ -24,6 +25,8 @@ from raftlog.node.core.types import Membership, SnapshotMeta
 from raftlog.node.sim.invariants import ClusterChecker, InvariantViolation
 from raftlog.node.sim.network import Faults, Network
 from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.base import WritableStorage
+from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.memory import MemoryStorage
 
 SnapshotPolicy = Literal["follower-first", "leader"]
@@ -50,7 +53,7 @@ class SnapshotTransfer:
 @dataclass
 class SimNode:
     id: str
-    storages: dict[int, MemoryStorage]
+    storages: dict[int, WritableStorage]
     tables: dict[int, KeyedTable]
     host: PartitionHost | None = None  # None while crashed
     paused: bool = False
@@ -101,7 +104,11 @@ class Cluster:
         trace_limit: int = 300,
         on_trace: Callable[[str], None] | None = None,
         compaction: bool = True,
+        data_dir: str | None = None,
+        segment_bytes: int = 4096,
     ) -> None:
+        """`data_dir` runs every node on the durable WAL storage in that directory (a crash
+        closes it and a restart recovers it from disk) instead of the in-memory storage."""
         self.seed = seed
         self.rng = random.Random(seed)
         self.config = config or RaftConfig()
@@ -110,6 +117,8 @@ class Cluster:
         self.snapshot_policy = snapshot_policy
         self.raft_cls = raft_cls
         self.compaction = compaction
+        self.data_dir = data_dir
+        self.segment_bytes = segment_bytes
         self.now = 0
         self.trace: deque[str] = deque(maxlen=trace_limit)
         self.on_trace = on_trace
@@ -125,12 +134,24 @@ class Cluster:
 
     # ================================================================== lifecycle
     def _create_node(self, node_id: str, bootstrap: Membership) -> SimNode:
-        storages = {p: MemoryStorage(bootstrap) for p in range(self.partitions)}
+        storages = {p: self._open_storage(node_id, p, bootstrap) for p in range(self.partitions)}
         tables = {p: KeyedTable() for p in range(self.partitions)}
         node = SimNode(node_id, storages, tables)
         self.nodes[node_id] = node
         self._boot(node)
         return node
+
+    def _open_storage(self, node_id: str, p: int, bootstrap: Membership) -> WritableStorage:
+        if self.data_dir is None:
+            return MemoryStorage(bootstrap)
+        # A simulated crash is a process crash: what was written is in the page cache and
+        # survives it, so fsync is not needed for the model to hold (and is slow).
+        return DurableStorage(
+            os.path.join(self.data_dir, node_id, f"p{p}"),
+            bootstrap=bootstrap,
+            durable=False,
+            segment_bytes=self.segment_bytes,
+        )
 
     def _boot(self, node: SimNode) -> None:
         node.host = PartitionHost(
@@ -157,6 +178,13 @@ class Cluster:
         if node.host is None:
             return
         node.host = None
+        if self.data_dir is not None:
+            # Drop every open file and recover each partition from its directory, as a restarted
+            # process will (done now, so the checks can keep reading a down node's disk).
+            for p, storage in node.storages.items():
+                assert isinstance(storage, DurableStorage)
+                storage.close()
+                node.storages[p] = self._open_storage(node.id, p, Membership())
         node.paused = False
         node.held.clear()
         node.pending_snapshots.clear()
@@ -172,6 +200,13 @@ class Cluster:
         node.restarts += 1
         self._boot(node)
         self.log(f"{node_id} restarted from its disk (restart #{node.restarts})")
+
+    def close(self) -> None:
+        """Release the files of durable storages (the directory stays for inspection)."""
+        for node in self.nodes.values():
+            for storage in node.storages.values():
+                if isinstance(storage, DurableStorage):
+                    storage.close()
 
     def retire(self, node_id: str) -> None:
         self.crash(node_id)
@@ -260,21 +295,24 @@ class Cluster:
         for p, raft in host.partitions.items():
             while raft.has_ready():
                 rd = raft.ready()
-                self._handle_ready(node, p, raft, rd)
+                written = self._handle_ready(node, p, raft, rd)
                 raft.advance(rd)
-                self.checker.after_ready(p, node.id, raft, node.storages[p])
+                self.checker.after_ready(p, node.id, raft, node.storages[p], written)
             if self.compaction:
                 self._maybe_compact(node, p, raft)
 
-    def _handle_ready(self, node: SimNode, p: int, raft: Raft, rd: Ready) -> None:
+    def _handle_ready(self, node: SimNode, p: int, raft: Raft, rd: Ready) -> int | None:
+        """Carry out a Ready; returns the lowest index written to storage, if any."""
         storage = node.storages[p]
         storage.save(rd.hard_state, rd.entries)  # durable before anything is sent
+        written = rd.entries[0].index if rd.entries else None
         if rd.snapshot is not None:
             meta, data = node.pending_snapshots.pop(p)
             assert meta.index == rd.snapshot.index, (
                 "installed snapshot differs from the received one"
             )
             storage.install_snapshot(meta, data)
+            written = meta.index + 1
             node.tables[p] = KeyedTable.restore(data)
             self.log(f"{node.id} p{p} installed snapshot at {meta.index}")
         else:
@@ -300,12 +338,13 @@ class Cluster:
             self.log(f"p{p} {ev}")
         for req in rd.snapshot_requests:
             self._serve_snapshot(node, p, raft, req.target, req.required_index)
+        return written
 
     # ================================================================== snapshots
     def _maybe_compact(self, node: SimNode, p: int, raft: Raft) -> None:
         storage, table = node.storages[p], node.tables[p]
         applied = table.applied_index
-        if not should_snapshot(applied, storage.snapshot.index, self.config):
+        if not should_snapshot(applied, storage.snapshot_meta().index, self.config):
             return
         if applied < storage.first_index():
             return
@@ -313,7 +352,7 @@ class Cluster:
         storage.create_snapshot(meta, table.snapshot())
         floor = compaction_floor(
             first_index=storage.first_index(),
-            snapshot_index=storage.snapshot.index,
+            snapshot_index=storage.snapshot_meta().index,
             applied=applied,
             config=self.config,
         )
@@ -344,7 +383,7 @@ class Cluster:
                     source = c
                     break
         storage = source.storages[p]
-        if source is not leader or storage.snapshot.index < required:
+        if source is not leader or storage.snapshot_meta().index < required:
             table = source.tables[p]
             meta = SnapshotMeta(
                 table.applied_index,
@@ -353,7 +392,7 @@ class Cluster:
             )
             data = table.snapshot()
         else:
-            meta, data = storage.snapshot, storage.snapshot_data()
+            meta, data = storage.snapshot_meta(), storage.snapshot_data()
         self.stats.snapshot_transfers += 1
         if source is not leader:
             self.stats.snapshot_from_follower += 1

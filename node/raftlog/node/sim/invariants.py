@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from raftlog.node.core.raft import Raft, Role
 from raftlog.node.core.types import Entry, EntryKind
-from raftlog.node.storage.memory import MemoryStorage
+from raftlog.node.storage.base import LogStorage
 
 if TYPE_CHECKING:
     from raftlog.node.sim.cluster import Cluster
@@ -98,14 +98,13 @@ class PartitionChecker:
                     f"(term {seen[0]}; its log has {has})",
                 )
 
-    def after_ready(self, node: str, raft: Raft, storage: MemoryStorage) -> None:
+    def after_ready(self, node: str, raft: Raft, storage: LogStorage, written: int | None) -> None:
         self._check_hwm(node, raft.commit, "ready")
         if raft.role == Role.LEADER:
             for index in range(raft.commit, 0, -1):
                 if self.commit_term.get(index, raft.term + 1) <= raft.term:
                     break
                 self.commit_term[index] = raft.term
-        written = storage.take_written_from()
         if written is None:
             return
         lo = max(written, storage.first_index())
@@ -210,8 +209,10 @@ class ClusterChecker:
     def on_elected(self, p: int, node: str, raft: Raft) -> None:
         self.partitions[p].on_elected(node, raft)
 
-    def after_ready(self, p: int, node: str, raft: Raft, storage: MemoryStorage) -> None:
-        self.partitions[p].after_ready(node, raft, storage)
+    def after_ready(
+        self, p: int, node: str, raft: Raft, storage: LogStorage, written: int | None
+    ) -> None:
+        self.partitions[p].after_ready(node, raft, storage, written)
 
     def on_read(self, p: int, node: str, raft: Raft, entries: list[Entry]) -> None:
         self.partitions[p].on_read(node, raft, entries)

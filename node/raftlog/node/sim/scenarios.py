@@ -274,7 +274,9 @@ def run_scenario(
     raft_cls: type[Raft] = Raft,
     on_trace: Callable[[str], None] | None = None,
     ticks: int | None = None,
+    data_dir: str | None = None,
 ) -> RunResult:
+    """Run one seed. `data_dir` puts every node on the durable WAL storage in that directory."""
     s = SCENARIOS[scenario] if isinstance(scenario, str) else scenario
     if ticks is not None:
         s = replace(s, ticks=ticks)
@@ -288,7 +290,15 @@ def run_scenario(
         snapshot_policy=s.snapshot_policy,
         raft_cls=raft_cls,
         on_trace=on_trace,
+        data_dir=data_dir,
     )
+    try:
+        return _run(c, s, seed)
+    finally:
+        c.close()
+
+
+def _run(c: Cluster, s: Scenario, seed: int) -> RunResult:
     w = _Workload(c, s)
     c.log(f"scenario {s.name} seed {seed}: {s.description}")
     for _ in range(s.ticks):

@@ -36,6 +36,11 @@ class LogStorage(Protocol):
         """Entries in [lo, hi), within [first_index, last_index + 1)."""
         ...
 
+    def config_entries(self, lo: int) -> list[Entry]:
+        """The membership entries at or above `lo` (a restart rebuilds its config history
+        from these without reading the whole log)."""
+        ...
+
     def snapshot_meta(self) -> SnapshotMeta: ...
 
 

@@ -17,8 +17,6 @@ class MemoryStorage:
         self._snapshot_data = b""
         # ents[0] is a placeholder standing for the entry just below the floor (index and term).
         self._ents: list[Entry] = [Entry(0, 0, EntryKind.NOOP)]
-        # Lowest index written since the last call of `take_written_from` (for incremental checks).
-        self._written_from: int | None = None
 
     # ---- LogStorage ----------------------------------------------------------------------
     def initial_state(self) -> tuple[HardState, SnapshotMeta]:
@@ -46,6 +44,10 @@ class MemoryStorage:
             raise Unavailable(f"index {hi - 1} is beyond the last index {self.last_index()}")
         return self._ents[lo - base : hi - base]
 
+    def config_entries(self, lo: int) -> list[Entry]:
+        start = max(lo, self.first_index()) - self._ents[0].index
+        return [e for e in self._ents[start:] if e.kind == EntryKind.CONFIG]
+
     def snapshot_meta(self) -> SnapshotMeta:
         return self.snapshot
 
@@ -65,7 +67,6 @@ class MemoryStorage:
                 )
             del self._ents[first - base :]
             self._ents.extend(entries)
-            self._mark_written(first)
         if hard_state is not None:
             self.hard_state = hard_state
 
@@ -75,7 +76,6 @@ class MemoryStorage:
         self._ents = [Entry(meta.index, meta.term, EntryKind.NOOP)]
         if self.hard_state.commit < meta.index:
             self.hard_state = HardState(self.hard_state.term, self.hard_state.vote, meta.index)
-        self._mark_written(meta.index + 1)
 
     def create_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         if meta.index <= self.snapshot.index:
@@ -99,12 +99,3 @@ class MemoryStorage:
         b = self._ents[keep_from - base]
         self._ents = [Entry(b.index, b.term, EntryKind.NOOP), *self._ents[keep_from - base + 1 :]]
         return dropped
-
-    # ---- for the simulator's incremental checks -----------------------------------------
-    def _mark_written(self, first: int) -> None:
-        if self._written_from is None or first < self._written_from:
-            self._written_from = first
-
-    def take_written_from(self) -> int | None:
-        w, self._written_from = self._written_from, None
-        return w

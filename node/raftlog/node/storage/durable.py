@@ -1,0 +1,198 @@
+"""Durable storage of one partition: WAL + hard state + snapshots + retention holds.
+
+It implements the same `WritableStorage` protocol as the simulator's in-memory storage. Layout of
+a partition directory:
+
+    wal/         segments (see `wal.py`)
+    snap/        the latest snapshot (see `snapshots.py`)
+    hardstate    term and vote
+    holds.json   retention holds
+
+Opening it recovers from a crash at any instant: a torn WAL tail is cut, an interrupted snapshot
+install is finished, and any other damage refuses to open with an error naming file and offset.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable
+
+from raftlog.node.core.errors import SafetyViolation
+from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
+from raftlog.node.storage.errors import StorageFailed, WalCorruption
+from raftlog.node.storage.fileio import FileOps
+from raftlog.node.storage.hardstate import HardStateFile
+from raftlog.node.storage.holds import RetentionHolds
+from raftlog.node.storage.snapshots import SnapshotReceiver, SnapshotStore
+from raftlog.node.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
+
+log = logging.getLogger("raftlog.storage")
+
+
+class DurableStorage:
+    def __init__(
+        self,
+        path: str,
+        *,
+        bootstrap: Membership | None = None,
+        durable: bool = True,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        ops: FileOps | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        """Open (or create) the partition in `path`.
+
+        `bootstrap` is the initial membership of a brand-new partition (recorded as the
+        snapshot at index 0); it is ignored when the partition already exists.
+        `durable=False` skips every fsync: for tests and benchmarks only, and logged.
+        """
+        self.path = path
+        self.durable = durable
+        self.ops = ops or FileOps()
+        if not durable:
+            log.warning(
+                "%s: durability is OFF (fsync skipped): a machine crash can lose acknowledged "
+                "entries; use only for tests and benchmarks",
+                path,
+            )
+        os.makedirs(path, exist_ok=True)
+        self.snapshots = SnapshotStore(os.path.join(path, "snap"), durable=durable, ops=self.ops)
+        if self.snapshots.meta is None:
+            self.snapshots.save(SnapshotMeta(0, 0, bootstrap or Membership()), b"")
+        snap = self.snapshot_meta()
+        self.hard = HardStateFile(os.path.join(path, "hardstate"), durable=durable, ops=self.ops)
+        self.holds = RetentionHolds(
+            os.path.join(path, "holds.json"), durable=durable, ops=self.ops, clock=clock
+        )
+        self.wal = Wal.open(
+            os.path.join(path, "wal"),
+            base_index=snap.index,
+            base_term=snap.term,
+            segment_bytes=segment_bytes,
+            durable=durable,
+            ops=self.ops,
+        )
+        self.recovery = list(self.wal.recovery)
+        self._reconcile_with_snapshot(snap)
+
+    def _reconcile_with_snapshot(self, snap: SnapshotMeta) -> None:
+        wal = self.wal
+        if wal.first_index() - 1 > snap.index:
+            raise WalCorruption(
+                wal.path,
+                0,
+                wal.first_index(),
+                f"the WAL starts at {wal.first_index()} but the snapshot covers only up to "
+                f"{snap.index}: entries {snap.index + 1}..{wal.first_index() - 1} are missing",
+            )
+        if snap.index > wal.last_index() or wal.term(snap.index) != snap.term:
+            # The snapshot was installed (it is durable) but the crash came before the log was
+            # reset: finish the install.
+            wal.reset(snap.index, snap.term)
+            msg = f"finished an interrupted snapshot install at index {snap.index}"
+            self.recovery.append(msg)
+            log.warning("%s: %s", self.path, msg)
+
+    def close(self) -> None:
+        self.wal.close()
+
+    @property
+    def failed(self) -> StorageFailed | None:
+        return self.wal.failed
+
+    # ================================================================== LogStorage
+    def initial_state(self) -> tuple[HardState, SnapshotMeta]:
+        snap = self.snapshot_meta()
+        return HardState(self.hard.term, self.hard.vote, self.commit_index()), snap
+
+    def commit_index(self) -> int:
+        return max(self.wal.commit, self.snapshot_meta().index)
+
+    def first_index(self) -> int:
+        return self.wal.first_index()
+
+    def last_index(self) -> int:
+        return self.wal.last_index()
+
+    def term(self, index: int) -> int:
+        snap = self.snapshot_meta()
+        if index == snap.index:
+            return snap.term
+        return self.wal.term(index)
+
+    def entries(self, lo: int, hi: int) -> list[Entry]:
+        return self.wal.entries(lo, hi)
+
+    def config_entries(self, lo: int) -> list[Entry]:
+        return [e for i in self.wal.config_indexes if i >= lo for e in self.wal.entries(i, i + 1)]
+
+    def snapshot_meta(self) -> SnapshotMeta:
+        assert self.snapshots.meta is not None
+        return self.snapshots.meta
+
+    # ================================================================== writes
+    def save(self, hard_state: HardState | None, entries: list[Entry]) -> None:
+        """Write and make durable (one fsync for the whole batch)."""
+        self.write(hard_state, entries)
+        self.sync()
+
+    def write(self, hard_state: HardState | None, entries: list[Entry]) -> None:
+        """Write without waiting for the disk; `sync` (or group commit) makes it durable."""
+        if entries:
+            self.wal.append(entries)
+        if hard_state is not None:
+            if (hard_state.term, hard_state.vote) != (self.hard.term, self.hard.vote):
+                self._guard("hard state", lambda: self.hard.save(hard_state.term, hard_state.vote))
+            self.wal.append_commit(hard_state.commit)
+
+    def sync(self) -> None:
+        self.wal.sync()
+
+    def _guard(self, what: str, fn: Callable[[], None]) -> None:
+        if self.wal.failed is not None:
+            raise self.wal.failed
+        try:
+            fn()
+        except OSError as e:
+            self.wal.failed = StorageFailed(os.path.join(self.path, what), "write", e)
+            log.error("%s", self.wal.failed)
+            raise self.wal.failed from e
+
+    def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        """Install a received snapshot: written atomically, then the log is reset behind it."""
+        self._guard("snap", lambda: self.snapshots.save(meta, data))
+        self.wal.reset(meta.index, meta.term)
+
+    def install_received(self, receiver: SnapshotReceiver, meta: SnapshotMeta) -> None:
+        """Install a snapshot received in chunks (already verified by `receiver.verify()`)."""
+        self._guard("snap", lambda: receiver.commit(meta))
+        self.wal.reset(meta.index, meta.term)
+
+    def create_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
+        if meta.index <= self.snapshot_meta().index:
+            return
+        if meta.index > self.commit_index():
+            raise SafetyViolation(
+                f"snapshot at {meta.index} is above the commit index {self.commit_index()}"
+            )
+        self._guard("snap", lambda: self.snapshots.save(meta, data))
+
+    def snapshot_data(self) -> bytes:
+        return self.snapshots.data()
+
+    def compact(self, new_first_index: int) -> int:
+        """Delete whole segments below `new_first_index`, never past the snapshot or a hold."""
+        snap = self.snapshot_meta().index
+        if new_first_index - 1 > snap:
+            raise SafetyViolation(
+                f"compaction to {new_first_index} would pass the snapshot at {snap}"
+            )
+        hold = self.holds.floor()
+        if hold is not None:
+            new_first_index = min(new_first_index, hold)
+        return self.wal.compact(new_first_index)
+
+    def compaction_floor(self) -> int:
+        return self.wal.first_index()

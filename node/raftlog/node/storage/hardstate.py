@@ -1,0 +1,44 @@
+"""Term and vote, written atomically (temp file, fsync, rename, fsync of the directory).
+
+They change only in elections, so a whole-file rewrite costs little; the commit index, which
+changes all the time, rides in the WAL instead.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from crc32c import crc32c
+
+from raftlog.node.storage.errors import CorruptFile
+from raftlog.node.storage.fileio import FileOps, atomic_write
+
+
+class HardStateFile:
+    def __init__(self, path: str, *, durable: bool = True, ops: FileOps | None = None) -> None:
+        self.path = path
+        self.durable = durable
+        self.ops = ops or FileOps()
+        self.term, self.vote = self._load()
+
+    def _load(self) -> tuple[int, str | None]:
+        if not os.path.exists(self.path):
+            return 0, None
+        with open(self.path, "rb") as f:
+            raw = f.read()
+        body, _, crc = raw.rstrip(b"\n").rpartition(b"\n")
+        if not crc.isdigit() or crc32c(body) != int(crc):
+            # Written by rename only, so this is disk damage: never guess a term or a vote.
+            raise CorruptFile(self.path, "hard state checksum mismatch")
+        h = json.loads(body)
+        return int(h["term"]), h["vote"]
+
+    def save(self, term: int, vote: str | None) -> None:
+        if (term, vote) == (self.term, self.vote):
+            return
+        body = json.dumps({"term": term, "vote": vote}, sort_keys=True).encode()
+        atomic_write(
+            self.path, body + b"\n" + str(crc32c(body)).encode() + b"\n", self.ops, self.durable
+        )
+        self.term, self.vote = term, vote

@@ -1,0 +1,84 @@
+"""Retention holds: a reader's minimum index, with an expiry, that compaction never passes.
+
+A stream reader (Spark, a lagging consumer) sets a hold at the lowest index it still needs and
+renews it as it progresses; a hold that is not renewed expires, so a reader that went away does
+not stop compaction forever. Holds are durable (a restart must not release them) and expire by
+wall-clock time, which is what a reader's timeout means.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from raftlog.node.storage.fileio import FileOps, atomic_write
+
+
+@dataclass(frozen=True, slots=True)
+class Hold:
+    holder: str
+    min_index: int
+    expires_at: float  # seconds since the epoch
+
+
+class RetentionHolds:
+    def __init__(
+        self,
+        path: str,
+        *,
+        durable: bool = True,
+        ops: FileOps | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.path = path
+        self.durable = durable
+        self.ops = ops or FileOps()
+        self.clock = clock
+        self._holds: dict[str, Hold] = {}
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                for h in json.loads(f.read()):
+                    self._holds[h["holder"]] = Hold(h["holder"], h["min_index"], h["expires_at"])
+
+    def set(self, holder: str, min_index: int, ttl_seconds: float) -> Hold:
+        if not holder:
+            raise ValueError("holder: must not be empty")
+        if min_index < 1:
+            raise ValueError(f"min_index: must be at least 1, got {min_index}")
+        if ttl_seconds <= 0:
+            raise ValueError(f"ttl_seconds: must be positive, got {ttl_seconds}")
+        hold = Hold(holder, min_index, self.clock() + ttl_seconds)
+        self._holds[holder] = hold
+        self._save()
+        return hold
+
+    def release(self, holder: str) -> bool:
+        if self._holds.pop(holder, None) is None:
+            return False
+        self._save()
+        return True
+
+    def live(self) -> list[Hold]:
+        now = self.clock()
+        return sorted(
+            (h for h in self._holds.values() if h.expires_at > now), key=lambda h: h.min_index
+        )
+
+    def floor(self) -> int | None:
+        """The lowest index a live hold needs kept, or None."""
+        live = self.live()
+        return live[0].min_index if live else None
+
+    def _save(self) -> None:
+        now = self.clock()
+        self._holds = {k: h for k, h in self._holds.items() if h.expires_at > now}
+        body = json.dumps(
+            [
+                {"holder": h.holder, "min_index": h.min_index, "expires_at": h.expires_at}
+                for h in self._holds.values()
+            ]
+        ).encode()
+        atomic_write(self.path, body, self.ops, self.durable)

@@ -1,0 +1,166 @@
+"""The on-disk format of WAL segments, and the scan that validates one.
+
+A segment file is a 32-byte header followed by records:
+
+    header:  magic "RLOGWAL1" | first_index u64 | prev_term u64 | flags u32 | crc32c u32
+    record:  length u32 | crc32c u32 | body (length bytes)
+    body:    ENTRY  = 1 u8 | index u64 | term u64 | kind u8 | data
+             COMMIT = 2 u8 | commit u64
+
+The record checksum covers the length field and the body, so a damaged length is caught too.
+`prev_term` is the term of the entry just below `first_index` (the anchor a follower's append is
+checked against once older segments are compacted). The RESET flag marks a segment that starts
+a new log after a snapshot install: every older segment is obsolete.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.storage.errors import WalCorruption
+
+MAGIC = b"RLOGWAL1"
+HEADER = struct.Struct("<8sQQI")  # magic, first_index, prev_term, flags (then crc32c u32)
+HEADER_SIZE = HEADER.size + 4
+FLAG_RESET = 1
+
+REC_HEAD = struct.Struct("<II")  # length, crc32c
+ENTRY_HEAD = struct.Struct("<BQQB")  # type, index, term, kind
+COMMIT_BODY = struct.Struct("<BQ")
+T_ENTRY = 1
+T_COMMIT = 2
+MAX_RECORD = 64 * 1024 * 1024  # a length above this is damage, not data
+
+
+def encode_header(first_index: int, prev_term: int, flags: int) -> bytes:
+    head = HEADER.pack(MAGIC, first_index, prev_term, flags)
+    return head + crc32c(head).to_bytes(4, "little")
+
+
+def decode_header(path: str, raw: bytes) -> tuple[int, int, int]:
+    if len(raw) < HEADER_SIZE:
+        raise WalCorruption(path, 0, None, f"segment header is {len(raw)} bytes, not {HEADER_SIZE}")
+    magic, first, prev_term, flags = HEADER.unpack_from(raw)
+    if magic != MAGIC:
+        raise WalCorruption(path, 0, None, f"bad magic {magic!r}")
+    if crc32c(raw[: HEADER.size]) != int.from_bytes(raw[HEADER.size : HEADER_SIZE], "little"):
+        raise WalCorruption(path, 0, None, "segment header checksum mismatch")
+    return first, prev_term, flags
+
+
+def _frame(body: bytes) -> bytes:
+    length = len(body).to_bytes(4, "little")
+    return length + crc32c(body, crc32c(length)).to_bytes(4, "little") + body
+
+
+def encode_entry(e: Entry) -> bytes:
+    return _frame(ENTRY_HEAD.pack(T_ENTRY, e.index, e.term, e.kind) + e.data)
+
+
+def encode_commit(commit: int) -> bytes:
+    return _frame(COMMIT_BODY.pack(T_COMMIT, commit))
+
+
+def decode_entry_body(body: memoryview) -> Entry:
+    _, index, term, kind = ENTRY_HEAD.unpack_from(body)
+    return Entry(index, term, EntryKind(kind), bytes(body[ENTRY_HEAD.size :]))
+
+
+def iter_bodies(buf: bytes | memoryview, verify: bool = False) -> Iterator[memoryview]:
+    """Bodies of the well-formed records in `buf` (a range already validated at open)."""
+    view = memoryview(buf)
+    pos, end = 0, len(view)
+    while pos + REC_HEAD.size <= end:
+        length, crc = REC_HEAD.unpack_from(view, pos)
+        body = view[pos + 8 : pos + 8 + length]
+        if verify and crc32c(body, crc32c(view[pos : pos + 4])) != crc:
+            raise ValueError(f"checksum mismatch at offset {pos}")
+        yield body
+        pos += 8 + length
+
+
+@dataclass
+class ScannedRecord:
+    offset: int  # of the record's length field
+    kind: int  # T_ENTRY or T_COMMIT
+    index: int  # entry index, or the commit index
+    term: int
+    entry_kind: int
+
+
+@dataclass
+class ScanResult:
+    first_index: int
+    prev_term: int
+    flags: int
+    records: list[ScannedRecord]
+    valid_end: int  # offset just after the last valid record
+    size: int  # the file's size
+    torn: str | None  # why the bytes after valid_end are a torn tail, if any
+    corruption: WalCorruption | None  # damage that is not a torn tail
+
+
+def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
+    """Validate every record of a segment.
+
+    A damaged record is a torn tail only in the last segment, and only when nothing valid can
+    follow it: it runs past the end of the file, it is the file's final record, or everything
+    after it is zeros (space the filesystem extended but the write never filled). Anything else is
+    corruption: the scan stops there and reports it, and the caller refuses to open.
+    """
+    first, prev_term, flags = decode_header(path, raw)
+    records: list[ScannedRecord] = []
+    pos, size = HEADER_SIZE, len(raw)
+    expected = first
+    view = memoryview(raw)
+
+    def result(torn: str | None, corruption: WalCorruption | None) -> ScanResult:
+        return ScanResult(first, prev_term, flags, records, pos, size, torn, corruption)
+
+    while pos < size:
+        damage = _check_record(view, pos, size)
+        if damage is not None:
+            reason, final = damage
+            if is_last and (final or not any(raw[pos:])):
+                return result(f"{reason} at offset {pos} ({size - pos} bytes dropped)", None)
+            return result(None, WalCorruption(path, pos, expected, reason))
+        length = REC_HEAD.unpack_from(view, pos)[0]
+        body = view[pos + 8 : pos + 8 + length]
+        rtype = body[0]
+        if rtype == T_ENTRY and length >= ENTRY_HEAD.size:
+            _, index, term, kind = ENTRY_HEAD.unpack_from(body)
+            if index != expected:
+                return result(
+                    None, WalCorruption(path, pos, index, f"entry {index} where {expected} belongs")
+                )
+            if kind not in (0, 1, 2):
+                return result(None, WalCorruption(path, pos, index, f"unknown entry kind {kind}"))
+            records.append(ScannedRecord(pos, T_ENTRY, index, term, kind))
+            expected += 1
+        elif rtype == T_COMMIT and length == COMMIT_BODY.size:
+            _, commit = COMMIT_BODY.unpack_from(body)
+            records.append(ScannedRecord(pos, T_COMMIT, commit, 0, 0))
+        else:
+            return result(None, WalCorruption(path, pos, expected, f"unknown record type {rtype}"))
+        pos += 8 + length
+    return result(None, None)
+
+
+def _check_record(view: memoryview, pos: int, size: int) -> tuple[str, bool] | None:
+    """Why the record at `pos` is damaged, and whether it is the file's final bytes; or None."""
+    if pos + REC_HEAD.size > size:
+        return "record header cut short", True
+    length, crc = REC_HEAD.unpack_from(view, pos)
+    end = pos + REC_HEAD.size + length
+    if length == 0 or length > MAX_RECORD:
+        return f"impossible record length {length}", False
+    if end > size:
+        return f"record of {length} bytes cut short", True
+    if crc32c(view[pos + 8 : end], crc32c(view[pos : pos + 4])) != crc:
+        return "record checksum mismatch", end == size
+    return None

@@ -1,0 +1,231 @@
+"""Snapshots on disk: written atomically, read as chunks, installed from chunks.
+
+A snapshot file is
+
+    magic "RLOGSNP1" | header length u32 | header (JSON) | header crc32c u32 | data
+
+where the header holds the last included index and term, the membership at that index, and the
+data's length and crc32c. A transfer sends the file's bytes in chunks, each with its offset and
+crc32c; the receiver appends them to a `.partial` file (so a transfer can resume at the size
+received), verifies the whole file when the last chunk is in, and only when the core accepts it is
+it renamed into place.
+A half-received snapshot never replaces a good one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from crc32c import crc32c
+
+from raftlog.node.core.types import Membership, SnapshotMeta
+from raftlog.node.storage.errors import SnapshotCorruption
+from raftlog.node.storage.fileio import FileOps, atomic_write
+
+MAGIC = b"RLOGSNP1"
+SNAP_NAME = re.compile(r"^([0-9]{20})-([0-9]{20})\.snap$")
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+
+
+def snapshot_name(index: int, term: int) -> str:
+    return f"{index:020d}-{term:020d}.snap"
+
+
+def encode_snapshot(meta: SnapshotMeta, data: bytes) -> bytes:
+    header = json.dumps(
+        {
+            "index": meta.index,
+            "term": meta.term,
+            "voters": sorted(meta.membership.voters),
+            "learners": sorted(meta.membership.learners),
+            "data_bytes": len(data),
+            "data_crc32c": crc32c(data),
+        },
+        sort_keys=True,
+    ).encode()
+    return b"".join(
+        [
+            MAGIC,
+            struct.pack("<I", len(header)),
+            header,
+            struct.pack("<I", crc32c(header)),
+            data,
+        ]
+    )
+
+
+def decode_snapshot(path: str, raw: bytes) -> tuple[SnapshotMeta, bytes]:
+    """Parse and verify a whole snapshot file; raises `SnapshotCorruption` naming the reason."""
+    if raw[:8] != MAGIC:
+        raise SnapshotCorruption(path, "bad magic (not a raftlog snapshot)")
+    if len(raw) < 12:
+        raise SnapshotCorruption(path, "cut short in the header")
+    (hlen,) = struct.unpack_from("<I", raw, 8)
+    header = raw[12 : 12 + hlen]
+    if len(header) != hlen or len(raw) < 16 + hlen:
+        raise SnapshotCorruption(path, "cut short in the header")
+    (hcrc,) = struct.unpack_from("<I", raw, 12 + hlen)
+    if crc32c(header) != hcrc:
+        raise SnapshotCorruption(path, "header checksum mismatch")
+    h = json.loads(header)
+    data = raw[16 + hlen :]
+    if len(data) != h["data_bytes"]:
+        raise SnapshotCorruption(path, f"data is {len(data)} bytes, header says {h['data_bytes']}")
+    if crc32c(data) != h["data_crc32c"]:
+        raise SnapshotCorruption(path, "data checksum mismatch")
+    meta = SnapshotMeta(
+        h["index"], h["term"], Membership(frozenset(h["voters"]), frozenset(h["learners"]))
+    )
+    return meta, data
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    offset: int
+    data: bytes
+    crc32c: int
+    total: int  # the whole file's size
+
+    @property
+    def last(self) -> bool:
+        return self.offset + len(self.data) >= self.total
+
+
+class SnapshotStore:
+    """The latest durable snapshot of a partition, in `path` (one file; older ones are removed)."""
+
+    def __init__(self, path: str, *, durable: bool = True, ops: FileOps | None = None) -> None:
+        self.path = path
+        self.durable = durable
+        self.ops = ops or FileOps()
+        os.makedirs(path, exist_ok=True)
+        for name in os.listdir(path):
+            if name.endswith(".tmp"):
+                os.unlink(os.path.join(path, name))  # a local write cut short: never valid
+        self.meta, self.file = self._load_latest()
+
+    def _files(self) -> list[tuple[int, int, str]]:
+        out = []
+        for name in os.listdir(self.path):
+            m = SNAP_NAME.match(name)
+            if m:
+                out.append((int(m.group(1)), int(m.group(2)), name))
+        return sorted(out)
+
+    def _load_latest(self) -> tuple[SnapshotMeta | None, str | None]:
+        files = self._files()
+        if not files:
+            return None, None
+        full = os.path.join(self.path, files[-1][2])
+        with open(full, "rb") as f:
+            meta, _ = decode_snapshot(full, f.read())  # renamed into place only once verified
+        return meta, full
+
+    def data(self) -> bytes:
+        if self.file is None:
+            return b""
+        with open(self.file, "rb") as f:
+            return decode_snapshot(self.file, f.read())[1]
+
+    def size(self) -> int:
+        return os.path.getsize(self.file) if self.file else 0
+
+    def save(self, meta: SnapshotMeta, data: bytes) -> None:
+        """Write a snapshot of local state atomically; it becomes the latest."""
+        final = os.path.join(self.path, snapshot_name(meta.index, meta.term))
+        atomic_write(final, encode_snapshot(meta, data), self.ops, self.durable)
+        self._became_latest(meta, final)
+
+    def _became_latest(self, meta: SnapshotMeta, final: str) -> None:
+        self.meta, self.file = meta, final
+        for _, _, name in self._files():
+            full = os.path.join(self.path, name)
+            if full != final:
+                os.unlink(full)
+
+    # ---- transfer -----------------------------------------------------------------------
+    def chunks(self, chunk_bytes: int = DEFAULT_CHUNK_BYTES, start: int = 0) -> Iterator[Chunk]:
+        """The latest snapshot file as chunks, from byte `start` (to resume a transfer)."""
+        if self.file is None:
+            return
+        with open(self.file, "rb") as f:
+            total = os.fstat(f.fileno()).st_size
+            f.seek(start)
+            offset = start
+            while offset < total:
+                data = f.read(chunk_bytes)
+                yield Chunk(offset, data, crc32c(data), total)
+                offset += len(data)
+
+    def receiver(self, index: int, term: int) -> SnapshotReceiver:
+        return SnapshotReceiver(self, index, term)
+
+
+class SnapshotReceiver:
+    """Receives one snapshot's chunks into a `.partial` file; `finish` verifies and installs it."""
+
+    def __init__(self, store: SnapshotStore, index: int, term: int) -> None:
+        self.store = store
+        self.index = index
+        self.term = term
+        self.partial = os.path.join(store.path, snapshot_name(index, term) + ".partial")
+        # Resume where an earlier attempt stopped; the final verification catches any damage.
+        self.received = os.path.getsize(self.partial) if os.path.exists(self.partial) else 0
+
+    def write(self, chunk: Chunk) -> None:
+        if crc32c(chunk.data) != chunk.crc32c:
+            raise SnapshotCorruption(
+                self.partial, f"chunk at offset {chunk.offset} checksum mismatch"
+            )
+        if chunk.offset < self.received:
+            return  # a retransmission of what is already here
+        if chunk.offset > self.received:
+            raise SnapshotCorruption(
+                self.partial, f"chunk at offset {chunk.offset}, expected {self.received}"
+            )
+        fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            self.store.ops.write(fd, chunk.data)
+        finally:
+            os.close(fd)
+        self.received += len(chunk.data)
+
+    def verify(self) -> tuple[SnapshotMeta, bytes]:
+        """Check the whole received file; a damaged one is discarded (the transfer restarts)."""
+        with open(self.partial, "rb") as f:
+            raw = f.read()
+        try:
+            meta, data = decode_snapshot(self.partial, raw)
+            if (meta.index, meta.term) != (self.index, self.term):
+                raise SnapshotCorruption(
+                    self.partial,
+                    f"holds index {meta.index} term {meta.term}, expected {self.index} {self.term}",
+                )
+        except SnapshotCorruption:
+            os.unlink(self.partial)
+            self.received = 0
+            raise
+        return meta, data
+
+    def commit(self, meta: SnapshotMeta) -> None:
+        """Make the verified file the latest snapshot: fsync, rename, fsync the directory."""
+        final = os.path.join(self.store.path, snapshot_name(meta.index, meta.term))
+        if self.store.durable:
+            fd = os.open(self.partial, os.O_RDONLY)
+            try:
+                self.store.ops.fsync(fd)
+            finally:
+                os.close(fd)
+        self.store.ops.replace(self.partial, final)
+        if self.store.durable:
+            self.store.ops.fsync_dir(self.store.path)
+        self.store._became_latest(meta, final)
+
+    def abort(self) -> None:
+        if os.path.exists(self.partial):
+            os.unlink(self.partial)

@@ -1,0 +1,459 @@
+"""A segmented write-ahead log for one partition.
+
+Records are appended to the active segment; a segment is sealed (fsynced) and a new one started
+once it passes `segment_bytes`. An in-memory index holds, per segment, the file offset and term
+of every entry, so `term()` never touches the disk and a range read is one `pread` per segment
+spanned (a backfill round of 128 entries is one seek, not a scan).
+
+Writes go to the page cache; `sync()` makes everything written so far durable. The storage layer
+above decides when to sync (group commit batches many writers into one fsync). Suffix truncation
+and compaction change files in place and are durable before they return.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import os
+import re
+from array import array
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
+from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.storage import segment as fmt
+from raftlog.node.storage.errors import StorageFailed, WalCorruption
+from raftlog.node.storage.fileio import FileOps
+
+log = logging.getLogger("raftlog.storage.wal")
+
+SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.wal$")
+DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+T = TypeVar("T")
+
+
+def segment_name(seq: int, first_index: int) -> str:
+    return f"{seq:016x}-{first_index:016x}.wal"
+
+
+def list_segments(path: str) -> list[tuple[int, str]]:
+    """(sequence number, file name) of the segment files in `path`, oldest first."""
+    found = []
+    for name in os.listdir(path):
+        m = SEGMENT_NAME.match(name)
+        if m:
+            found.append((int(m.group(1), 16), name))
+    return sorted(found)
+
+
+@dataclass
+class Segment:
+    seq: int
+    path: str
+    fd: int
+    first_index: int
+    prev_term: int
+    end: int  # write position: just after the last valid record
+    offsets: array[int] = field(default_factory=lambda: array("Q"))
+    terms: array[int] = field(default_factory=lambda: array("Q"))
+
+    @property
+    def last_index(self) -> int:
+        return self.first_index + len(self.offsets) - 1
+
+    @property
+    def last_term(self) -> int:
+        return self.terms[-1] if self.terms else self.prev_term
+
+
+class Wal:
+    def __init__(
+        self,
+        path: str,
+        segments: list[Segment],
+        *,
+        segment_bytes: int,
+        durable: bool,
+        ops: FileOps,
+        commit: int,
+        config_indexes: list[int],
+        recovery: list[str],
+    ) -> None:
+        self.path = path
+        self._segments = segments
+        self._firsts = [s.first_index for s in segments]
+        self.segment_bytes = segment_bytes
+        self.durable = durable
+        self.ops = ops
+        self.commit = commit  # the highest commit record written
+        self.config_indexes = config_indexes
+        self.recovery = recovery  # what opening repaired (torn tail, interrupted install)
+        self.failed: StorageFailed | None = None
+        self._unsynced = False
+
+    # ================================================================== open and recover
+    @classmethod
+    def open(
+        cls,
+        path: str,
+        *,
+        base_index: int = 0,
+        base_term: int = 0,
+        segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+        durable: bool = True,
+        ops: FileOps | None = None,
+    ) -> Wal:
+        """Open (or create) the WAL in `path`, recovering from a crash at any instant.
+
+        `base_index`/`base_term` anchor a brand-new WAL (the entry just below its first one).
+        Raises `WalCorruption` on damage that is not a torn tail.
+        """
+        ops = ops or FileOps()
+        os.makedirs(path, exist_ok=True)
+        recovery: list[str] = []
+        names = list_segments(path)
+        heads: list[tuple[int, str, tuple[int, int, int]]] = []
+        for i, (seq, name) in enumerate(names):
+            full = os.path.join(path, name)
+            with open(full, "rb") as f:
+                raw = f.read(fmt.HEADER_SIZE)
+            try:
+                heads.append((seq, name, fmt.decode_header(full, raw)))
+            except WalCorruption:
+                # A segment is created header first and synced before it gets entries, so a bad
+                # header in the newest one is a crash during creation; anywhere else it is damage.
+                if i == len(names) - 1 and os.path.getsize(full) <= fmt.HEADER_SIZE:
+                    os.unlink(full)
+                    recovery.append(f"removed {name}: its header was torn while being created")
+                else:
+                    raise
+        resets = [i for i, (_, _, (_, _, flags)) in enumerate(heads) if flags & fmt.FLAG_RESET]
+        start = resets[-1] if resets else 0
+        for _, name, _ in heads[:start]:
+            os.unlink(os.path.join(path, name))
+            recovery.append(f"removed {name}: superseded by a snapshot install")
+        heads = heads[start:]
+        if recovery and durable:
+            ops.fsync_dir(path)
+
+        segments: list[Segment] = []
+        commit = 0
+        config_indexes: list[int] = []
+        for i, (seq, name, _) in enumerate(heads):
+            full = os.path.join(path, name)
+            with open(full, "rb") as f:
+                raw = f.read()
+            res = fmt.scan(full, raw, is_last=i == len(heads) - 1)
+            if res.corruption is not None:
+                raise res.corruption
+            seg = Segment(seq, full, -1, res.first_index, res.prev_term, res.valid_end)
+            for r in res.records:
+                if r.kind == fmt.T_ENTRY:
+                    seg.offsets.append(r.offset)
+                    seg.terms.append(r.term)
+                    if r.entry_kind == EntryKind.CONFIG:
+                        config_indexes.append(r.index)
+                else:
+                    commit = max(commit, r.index)
+            if segments:
+                prev = segments[-1]
+                if seg.first_index != prev.last_index + 1 or seg.prev_term != prev.last_term:
+                    raise WalCorruption(
+                        full,
+                        0,
+                        seg.first_index,
+                        f"segment does not continue {os.path.basename(prev.path)} "
+                        f"(expected first index {prev.last_index + 1} after term "
+                        f"{prev.last_term}, found {seg.first_index} after term {seg.prev_term})",
+                    )
+            seg.fd = os.open(full, os.O_RDWR | os.O_APPEND)
+            if res.torn is not None:
+                ops.truncate(seg.fd, res.valid_end)
+                if durable:
+                    ops.fsync(seg.fd)
+                msg = f"truncated a torn tail of {name}: {res.torn}"
+                recovery.append(msg)
+                log.warning("%s: %s", path, msg)
+            segments.append(seg)
+
+        if not segments:
+            segments.append(cls._create_segment(path, 1, base_index + 1, base_term, ops, durable))
+        last = segments[-1].last_index
+        if commit > last:
+            recovery.append(f"commit record {commit} is past the last entry {last}; using {last}")
+            commit = last
+        for msg in recovery:
+            log.warning("%s: %s", path, msg)
+        return cls(
+            path,
+            segments,
+            segment_bytes=segment_bytes,
+            durable=durable,
+            ops=ops,
+            commit=commit,
+            config_indexes=config_indexes,
+            recovery=recovery,
+        )
+
+    @staticmethod
+    def _create_segment(
+        path: str,
+        seq: int,
+        first_index: int,
+        prev_term: int,
+        ops: FileOps,
+        durable: bool,
+        flags: int = fmt.FLAG_RESET,
+    ) -> Segment:
+        full = os.path.join(path, segment_name(seq, first_index))
+        fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        try:
+            ops.write(fd, fmt.encode_header(first_index, prev_term, flags))
+            if durable:
+                ops.fsync(fd)
+                ops.fsync_dir(path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return Segment(seq, full, fd, first_index, prev_term, fmt.HEADER_SIZE)
+
+    def close(self) -> None:
+        for s in self._segments:
+            if s.fd >= 0:
+                os.close(s.fd)
+                s.fd = -1
+
+    # ================================================================== reads
+    def first_index(self) -> int:
+        return self._segments[0].first_index
+
+    def last_index(self) -> int:
+        return self._segments[-1].last_index
+
+    def segment_count(self) -> int:
+        return len(self._segments)
+
+    def _segment_of(self, index: int) -> Segment:
+        return self._segments[bisect.bisect_right(self._firsts, index) - 1]
+
+    def term(self, index: int) -> int:
+        first = self.first_index()
+        if index < first - 1:
+            raise Compacted(f"index {index} is below the compaction floor {first}")
+        if index > self.last_index():
+            raise Unavailable(f"index {index} is beyond the last index {self.last_index()}")
+        if index == first - 1:
+            return self._segments[0].prev_term
+        seg = self._segment_of(index)
+        return seg.terms[index - seg.first_index]
+
+    def entries(self, lo: int, hi: int) -> list[Entry]:
+        """Entries in [lo, hi): one pread per segment spanned."""
+        if lo < self.first_index():
+            raise Compacted(f"index {lo} is below the compaction floor {self.first_index()}")
+        if hi > self.last_index() + 1:
+            raise Unavailable(f"index {hi - 1} is beyond the last index {self.last_index()}")
+        out: list[Entry] = []
+        i = bisect.bisect_right(self._firsts, lo) - 1
+        while lo < hi:
+            seg = self._segments[i]
+            stop = min(hi, seg.last_index + 1)
+            if stop > lo:
+                start_off = seg.offsets[lo - seg.first_index]
+                end_off = seg.offsets[stop - seg.first_index] if stop <= seg.last_index else seg.end
+                buf = os.pread(seg.fd, end_off - start_off, start_off)
+                for body in fmt.iter_bodies(buf):
+                    if body[0] == fmt.T_ENTRY:
+                        out.append(fmt.decode_entry_body(body))
+                lo = stop
+            i += 1
+        return out
+
+    # ================================================================== writes
+    def _io(self, op: str, path: str, fn: Callable[[], T]) -> T:
+        if self.failed is not None:
+            raise self.failed
+        try:
+            return fn()
+        except OSError as e:
+            self.failed = StorageFailed(path, op, e)
+            log.error("%s", self.failed)
+            raise self.failed from e
+
+    def _check_writable(self) -> None:
+        if self.failed is not None:
+            raise self.failed
+
+    def append(self, entries: list[Entry]) -> None:
+        """Write entries (not yet durable: see `sync`). An overlap truncates the old suffix."""
+        if not entries:
+            return
+        self._check_writable()
+        first = entries[0].index
+        if first <= self.last_index():
+            self.truncate_from(first)
+        elif first != self.last_index() + 1:
+            raise SafetyViolation(
+                f"append at {first} leaves a gap after the last index {self.last_index()}"
+            )
+        parts: list[bytes] = []
+        pending: list[Entry] = []
+        size = self._segments[-1].end
+        for e in entries:
+            rec = fmt.encode_entry(e)
+            if size >= self.segment_bytes and (pending or self._segments[-1].offsets):
+                self._write_entries(parts, pending)
+                self._roll()
+                parts, pending, size = [], [], self._segments[-1].end
+            parts.append(rec)
+            pending.append(e)
+            size += len(rec)
+        self._write_entries(parts, pending)
+
+    def _write_entries(self, parts: list[bytes], pending: list[Entry]) -> None:
+        if not parts:
+            return
+        seg = self._segments[-1]
+        buf = b"".join(parts)
+        self._io("write", seg.path, lambda: self.ops.write(seg.fd, buf))
+        off = seg.end
+        for rec, e in zip(parts, pending, strict=True):
+            seg.offsets.append(off)
+            seg.terms.append(e.term)
+            off += len(rec)
+            if e.kind == EntryKind.CONFIG:
+                self.config_indexes.append(e.index)
+        seg.end = off
+        self._unsynced = True
+
+    def append_commit(self, commit: int) -> None:
+        """Record the commit index (rides along with the next sync)."""
+        if commit <= self.commit:
+            return
+        self._check_writable()
+        seg = self._segments[-1]
+        rec = fmt.encode_commit(commit)
+        self._io("write", seg.path, lambda: self.ops.write(seg.fd, rec))
+        seg.end += len(rec)
+        self.commit = commit
+        self._unsynced = True
+
+    def sync(self) -> None:
+        """Make every record written so far durable (one fsync of the active segment)."""
+        if not self._unsynced:
+            self._check_writable()
+            return
+        seg = self._segments[-1]
+        self._unsynced = False
+        if self.durable:
+            self._io("fsync", seg.path, lambda: self.ops.fsync(seg.fd))
+
+    def _roll(self) -> None:
+        """Seal the active segment (durably) and start the next one."""
+        old = self._segments[-1]
+        if self.durable:
+            self._io("fsync", old.path, lambda: self.ops.fsync(old.fd))
+        new = self._io(
+            "create segment",
+            self.path,
+            lambda: self._create_segment(
+                self.path,
+                old.seq + 1,
+                old.last_index + 1,
+                old.last_term,
+                self.ops,
+                self.durable,
+                flags=0,
+            ),
+        )
+        self._segments.append(new)
+        self._firsts.append(new.first_index)
+
+    def truncate_from(self, index: int) -> None:
+        """Durably remove entries at and after `index` (a divergent, uncommitted tail)."""
+        self._check_writable()
+        if index <= self.commit:
+            raise SafetyViolation(
+                f"refusing to truncate at {index}: entries up to {self.commit} are committed"
+            )
+        if index <= self.first_index() - 1 or index > self.last_index():
+            raise SafetyViolation(
+                f"truncation at {index} is outside the log [{self.first_index()}, "
+                f"{self.last_index()}]"
+            )
+        # Newest first, so that a crash part-way leaves a prefix of the old log.
+        removed = False
+        while len(self._segments) > 1 and self._segments[-1].first_index > index:
+            seg = self._segments.pop()
+            self._firsts.pop()
+            os.close(seg.fd)
+            self._io("unlink", seg.path, lambda p=seg.path: os.unlink(p))  # type: ignore[misc]
+            removed = True
+        seg = self._segments[-1]
+        keep = index - seg.first_index
+        new_end = seg.offsets[keep] if keep < len(seg.offsets) else seg.end
+        self._io("truncate", seg.path, lambda: self.ops.truncate(seg.fd, new_end))
+        del seg.offsets[keep:]
+        del seg.terms[keep:]
+        seg.end = new_end
+        # Commit records written after the cut went with it: record the commit index again.
+        rec = fmt.encode_commit(self.commit)
+        self._io("write", seg.path, lambda: self.ops.write(seg.fd, rec))
+        seg.end += len(rec)
+        if self.durable:
+            self._io("fsync", seg.path, lambda: self.ops.fsync(seg.fd))
+            if removed:
+                self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
+        cut = bisect.bisect_left(self.config_indexes, index)
+        del self.config_indexes[cut:]
+
+    def compact(self, new_first_index: int) -> int:
+        """Delete whole segments below `new_first_index`; the active one always stays.
+
+        The caller guarantees the entries removed are covered by a durable snapshot. Returns the
+        number of entries removed; the floor becomes the first index of the oldest segment kept.
+        """
+        self._check_writable()
+        dropped = 0
+        removed = False
+        while len(self._segments) > 1 and self._segments[0].last_index < new_first_index:
+            seg = self._segments[0]
+            dropped += len(seg.offsets)
+            self._io("unlink", seg.path, lambda p=seg.path: os.unlink(p))  # type: ignore[misc]
+            os.close(seg.fd)
+            self._segments.pop(0)
+            self._firsts.pop(0)
+            removed = True
+        if removed and self.durable:
+            self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
+        cut = bisect.bisect_left(self.config_indexes, self.first_index())
+        del self.config_indexes[:cut]
+        return dropped
+
+    def reset(self, index: int, term: int) -> None:
+        """Start an empty log after (index, term), for a snapshot install.
+
+        The new segment is flagged RESET and made durable before the old ones are deleted, so a
+        crash in between is finished by the next open.
+        """
+        self._check_writable()
+        old = self._segments
+        new = self._io(
+            "create segment",
+            self.path,
+            lambda: self._create_segment(
+                self.path, old[-1].seq + 1, index + 1, term, self.ops, self.durable
+            ),
+        )
+        for seg in old:
+            os.close(seg.fd)
+            self._io("unlink", seg.path, lambda p=seg.path: os.unlink(p))  # type: ignore[misc]
+        if self.durable:
+            self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
+        self._segments = [new]
+        self._firsts = [new.first_index]
+        self.config_indexes = []
+        self.commit = max(self.commit, index)
+        self._unsynced = False
