@@ -108,10 +108,11 @@ class ScanResult:
 def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
     """Validate every record of a segment.
 
-    A damaged record is a torn tail only in the last segment, and only when nothing valid can
-    follow it: it runs past the end of the file, it is the file's final record, or everything
-    after it is zeros (space the filesystem extended but the write never filled). Anything else is
-    corruption: the scan stops there and reports it, and the caller refuses to open.
+    A damaged record is a torn tail only in the last segment, and only when no valid record
+    follows it (a write cut short, or space the filesystem extended but the write never filled).
+    A damaged record with valid ones after it is corruption, even at the tail: a flipped length
+    looks like a record cut short, and treating it as torn would silently drop the entries after
+    it. The scan stops there and reports it, and the caller refuses to open.
     """
     first, prev_term, flags = decode_header(path, raw)
     records: list[ScannedRecord] = []
@@ -123,10 +124,9 @@ def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
         return ScanResult(first, prev_term, flags, records, pos, size, torn, corruption)
 
     while pos < size:
-        damage = _check_record(view, pos, size)
-        if damage is not None:
-            reason, final = damage
-            if is_last and (final or not any(raw[pos:])):
+        reason = _check_record(view, pos, size)
+        if reason is not None:
+            if is_last and not _valid_record_follows(raw, pos + 1, expected):
                 return result(f"{reason} at offset {pos} ({size - pos} bytes dropped)", None)
             return result(None, WalCorruption(path, pos, expected, reason))
         length = REC_HEAD.unpack_from(view, pos)[0]
@@ -151,16 +151,43 @@ def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
     return result(None, None)
 
 
-def _check_record(view: memoryview, pos: int, size: int) -> tuple[str, bool] | None:
-    """Why the record at `pos` is damaged, and whether it is the file's final bytes; or None."""
+def _check_record(view: memoryview, pos: int, size: int) -> str | None:
+    """Why the record at `pos` is damaged, or None when it is well formed."""
     if pos + REC_HEAD.size > size:
-        return "record header cut short", True
+        return "record header cut short"
     length, crc = REC_HEAD.unpack_from(view, pos)
     end = pos + REC_HEAD.size + length
     if length == 0 or length > MAX_RECORD:
-        return f"impossible record length {length}", False
+        return f"impossible record length {length}"
     if end > size:
-        return f"record of {length} bytes cut short", True
+        return f"record of {length} bytes cut short"
     if crc32c(view[pos + 8 : end], crc32c(view[pos : pos + 4])) != crc:
-        return "record checksum mismatch", end == size
+        return "record checksum mismatch"
     return None
+
+
+_COMMIT_LENGTH = COMMIT_BODY.size.to_bytes(4, "little")
+
+
+def _valid_record_follows(raw: bytes, start: int, expected: int) -> bool:
+    """Whether a well-formed record begins anywhere at or after `start`.
+
+    The first record after a damaged one is a commit record or the entry `expected` or
+    `expected + 1`, so searching for those patterns (at C speed) finds any valid data that
+    follows, without trying every byte offset.
+    """
+    view = memoryview(raw)
+    size = len(raw)
+    candidates: list[int] = []
+    q = raw.find(_COMMIT_LENGTH, start)
+    while q != -1:
+        if raw[q + 8 : q + 9] == bytes([T_COMMIT]):
+            candidates.append(q)
+        q = raw.find(_COMMIT_LENGTH, q + 1)
+    for index in (expected, expected + 1):
+        marker = bytes([T_ENTRY]) + index.to_bytes(8, "little")
+        q = raw.find(marker, start + 8)
+        while q != -1:
+            candidates.append(q - 8)
+            q = raw.find(marker, q + 1)
+    return any(_check_record(view, h, size) is None for h in candidates if h >= start)

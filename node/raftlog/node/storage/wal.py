@@ -173,9 +173,7 @@ class Wal:
                 ops.truncate(seg.fd, res.valid_end)
                 if durable:
                     ops.fsync(seg.fd)
-                msg = f"truncated a torn tail of {name}: {res.torn}"
-                recovery.append(msg)
-                log.warning("%s: %s", path, msg)
+                recovery.append(f"truncated a torn tail of {name}: {res.torn}")
             segments.append(seg)
 
         if not segments:

@@ -1,0 +1,15 @@
+from __future__ import annotations
+
+import random
+
+from raftlog.node.core.types import Entry, EntryKind
+
+
+def payload(index: int, term: int, size: int = 40) -> bytes:
+    rng = random.Random(index * 1_000_003 + term)
+    return b"%d/%d:" % (index, term) + rng.randbytes(size)
+
+
+def ents(lo: int, hi: int, term: int, size: int = 40) -> list[Entry]:
+    """Entries lo..hi inclusive, with payloads derived from (index, term)."""
+    return [Entry(i, term, EntryKind.NORMAL, payload(i, term, size)) for i in range(lo, hi + 1)]

@@ -1,0 +1,238 @@
+"""DurableStorage: hard state, snapshots (chunks, interrupted installs), holds, disk faults."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+from tests.storage.helpers import ents
+
+from raftlog.node.core.errors import SafetyViolation
+from raftlog.node.core.types import HardState, Membership, SnapshotMeta
+from raftlog.node.record import Record, encode_record
+from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.storage.errors import CorruptFile, SnapshotCorruption, StorageFailed
+from raftlog.node.storage.fileio import FileOps
+from raftlog.node.storage.snapshots import Chunk
+
+ABC = Membership.of(["a", "b", "c"])
+
+
+def open_storage(path, **kw) -> DurableStorage:
+    kw.setdefault("segment_bytes", 1024)
+    return DurableStorage(str(path), **kw)
+
+
+def test_fresh_partition_persists_bootstrap_membership_and_hard_state(tmp_path):
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(3, "b", 0), ents(1, 10, 3))
+    s.save(HardState(3, "b", 7), [])
+    s.close()
+    s2 = open_storage(tmp_path, bootstrap=Membership.of(["x"]))  # ignored: it exists
+    hs, snap = s2.initial_state()
+    assert hs == HardState(3, "b", 7)
+    assert snap == SnapshotMeta(0, 0, ABC)
+    assert s2.entries(1, 11) == ents(1, 10, 3)
+
+
+def test_hard_state_damage_refuses(tmp_path):
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(5, "a", 0), [])
+    s.close()
+    raw = (tmp_path / "hardstate").read_bytes()
+    (tmp_path / "hardstate").write_bytes(raw.replace(b'"a"', b'"c"'))
+    with pytest.raises(CorruptFile, match="hard state checksum mismatch"):
+        open_storage(tmp_path)
+
+
+def table_snapshot(n: int) -> bytes:
+    t = KeyedTable()
+    from raftlog.node.core.types import Entry
+
+    for i in range(1, n + 1):
+        t.apply(Entry(i, 1, data=encode_record(Record(key=b"k%d" % (i % 5), value=b"v%d" % i))))
+    return t.snapshot()
+
+
+def test_snapshot_create_compact_and_reopen(tmp_path):
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 150), ents(1, 200, 1))
+    data = table_snapshot(150)
+    s.create_snapshot(SnapshotMeta(150, 1, ABC), data)
+    with pytest.raises(SafetyViolation, match="pass the snapshot"):
+        s.compact(152)
+    dropped = s.compact(151)
+    floor = s.compaction_floor()
+    assert 1 < floor <= 151 and dropped == floor - 1
+    s.close()
+    s2 = open_storage(tmp_path)
+    assert s2.snapshot_meta() == SnapshotMeta(150, 1, ABC)
+    assert s2.snapshot_data() == data
+    assert KeyedTable.restore(s2.snapshot_data()).rows == KeyedTable.restore(data).rows
+    assert (s2.first_index(), s2.last_index(), s2.term(150)) == (floor, 200, 1)
+    assert s2.entries(floor, 201) == ents(floor, 200, 1)
+
+
+def test_snapshot_above_commit_is_refused(tmp_path):
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 5), ents(1, 10, 1))
+    with pytest.raises(SafetyViolation, match="above the commit index"):
+        s.create_snapshot(SnapshotMeta(8, 1, ABC), b"")
+
+
+def leader_with_snapshot(path) -> tuple[DurableStorage, bytes]:
+    src = open_storage(path, bootstrap=ABC)
+    src.save(HardState(2, "a", 300), ents(1, 300, 2))
+    data = table_snapshot(300) + os.urandom(5000)  # big enough for several chunks
+    src.create_snapshot(SnapshotMeta(300, 2, ABC), data)
+    return src, data
+
+
+def test_chunked_install_interrupted_at_every_chunk_boundary_keeps_the_old_state(tmp_path):
+    src, data = leader_with_snapshot(tmp_path / "src")
+    chunks = list(src.snapshots.chunks(chunk_bytes=1000))
+    assert len(chunks) >= 6 and chunks[-1].last and not chunks[0].last
+    dst_path = tmp_path / "dst"
+    dst = open_storage(dst_path, bootstrap=ABC)
+    dst.save(HardState(2, "a", 20), ents(1, 40, 2))
+    old = (dst.snapshot_meta(), dst.snapshot_data(), dst.entries(1, 41), dst.initial_state())
+    dst.close()
+    for stop in range(len(chunks)):  # the transfer dies after `stop` chunks, then the process
+        dst = open_storage(dst_path)
+        rx = dst.snapshots.receiver(300, 2)
+        rx.abort()  # each round starts from nothing, to stop at exactly this boundary
+        rx = dst.snapshots.receiver(300, 2)
+        for c in chunks[:stop]:
+            rx.write(c)
+        dst.close()
+        again = open_storage(dst_path)
+        assert (
+            again.snapshot_meta(),
+            again.snapshot_data(),
+            again.entries(1, 41),
+            again.initial_state(),
+        ) == old, f"interrupted after {stop} chunks"
+        again.close()
+    # Finally the whole transfer, resumed from where the last attempt stopped.
+    dst = open_storage(dst_path)
+    rx = dst.snapshots.receiver(300, 2)
+    assert rx.received == sum(len(c.data) for c in chunks[:-1])
+    for c in chunks:
+        rx.write(c)  # the ones already received are skipped
+    meta, got = rx.verify()
+    assert (meta.index, got) == (300, data)
+    dst.install_received(rx, meta)
+    assert (dst.first_index(), dst.last_index(), dst.term(300)) == (301, 300, 2)
+    dst.close()
+    final = open_storage(dst_path)
+    assert final.snapshot_meta() == SnapshotMeta(300, 2, ABC)
+    assert final.snapshot_data() == data
+    assert final.initial_state()[0].commit == 300
+
+
+def test_damaged_chunks_are_refused(tmp_path):
+    src, _ = leader_with_snapshot(tmp_path / "src")
+    chunks = list(src.snapshots.chunks(chunk_bytes=1000))
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 2)
+    bad = Chunk(0, b"x" + chunks[0].data[1:], chunks[0].crc32c, chunks[0].total)
+    with pytest.raises(SnapshotCorruption, match="checksum mismatch"):
+        rx.write(bad)
+    with pytest.raises(SnapshotCorruption, match="expected 0"):
+        rx.write(chunks[1])
+    # A whole file that does not verify (here: the wrong snapshot) is discarded, never installed.
+    rx = dst.snapshots.receiver(299, 2)
+    for c in chunks:
+        rx.write(c)
+    with pytest.raises(SnapshotCorruption, match="expected 299 2"):
+        rx.verify()
+    assert rx.received == 0 and dst.snapshot_meta().index == 0
+
+
+def test_crash_between_snapshot_rename_and_log_reset_is_finished_on_open(tmp_path):
+    _, data = leader_with_snapshot(tmp_path / "src")
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    dst.save(HardState(2, "a", 20), ents(1, 40, 1))  # diverges from the leader's term-2 log
+    dst.snapshots.save(SnapshotMeta(300, 2, ABC), data)  # the crash comes before the reset
+    dst.close()
+    again = open_storage(tmp_path / "dst")
+    assert any("interrupted snapshot install" in r for r in again.recovery)
+    assert (again.first_index(), again.last_index(), again.term(300)) == (301, 300, 2)
+    assert again.initial_state()[0].commit == 300
+
+
+def test_compaction_never_passes_a_live_retention_hold(tmp_path):
+    now = [1000.0]
+    s = open_storage(tmp_path, bootstrap=ABC, clock=lambda: now[0])
+    s.save(HardState(1, "a", 400), ents(1, 400, 1))
+    s.create_snapshot(SnapshotMeta(400, 1, ABC), b"")
+    s.holds.set("spark-archive", 120, ttl_seconds=30)
+    s.compact(401)
+    assert s.compaction_floor() <= 120, "a live hold keeps its index"
+    assert s.entries(120, 121)
+    s.close()
+    s = open_storage(tmp_path, clock=lambda: now[0])  # holds survive a restart
+    assert [h.holder for h in s.holds.live()] == ["spark-archive"]
+    s.compact(401)
+    assert s.compaction_floor() <= 120
+    now[0] += 31  # not renewed: it expires
+    assert s.holds.floor() is None
+    s.compact(401)
+    assert s.compaction_floor() > 120
+    with pytest.raises(ValueError, match="ttl_seconds"):
+        s.holds.set("x", 5, ttl_seconds=0)
+
+
+class FailingDisk(FileOps):
+    """A disk that fails the n-th write or fsync with the given errno (after a partial write)."""
+
+    def __init__(self, op: str, err: int, after: int = 0) -> None:
+        self.op, self.err, self.after = op, err, after
+
+    def _maybe_fail(self, op: str) -> None:
+        if op == self.op:
+            if self.after == 0:
+                raise OSError(self.err, os.strerror(self.err))
+            self.after -= 1
+
+    def write(self, fd: int, data: bytes | memoryview) -> None:
+        if self.op == "write" and self.after == 0:
+            os.write(fd, bytes(data)[: len(data) // 2])  # a torn write, then the error
+        self._maybe_fail("write")
+        super().write(fd, data)
+
+    def fsync(self, fd: int) -> None:
+        self._maybe_fail("fsync")
+        super().fsync(fd)
+
+
+@pytest.mark.parametrize(
+    ("op", "err"), [("write", errno.ENOSPC), ("write", errno.EIO), ("fsync", errno.EIO)]
+)
+def test_disk_fault_stops_writes_keeps_reads_and_recovers_cleanly(tmp_path, op, err):
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 30), ents(1, 50, 1))
+    s.close()
+    disk = FailingDisk(op, err, after=10**9)
+    s = open_storage(tmp_path, ops=disk)
+    disk.after = 0
+    with pytest.raises(StorageFailed) as info:
+        s.save(HardState(1, "a", 30), ents(51, 60, 1))
+    assert info.value.errno == err
+    assert "writes to this partition are stopped" in str(info.value)
+    assert s.failed is info.value
+    with pytest.raises(StorageFailed):  # permanent: no retry after a failed fsync
+        s.save(None, ents(61, 61, 1))
+    with pytest.raises(StorageFailed):
+        s.create_snapshot(SnapshotMeta(30, 1, ABC), b"")
+    assert s.entries(1, 31) == ents(1, 30, 1), "committed reads are still served"
+    s.close()
+    again = open_storage(tmp_path)
+    assert again.entries(1, 51) == ents(1, 50, 1), "no corruption: the durable prefix is intact"
+    # What the failed write or fsync left in the page cache may survive, but only as a clean
+    # prefix of the batch (a torn record is cut): never a damaged entry.
+    last = again.last_index()
+    assert 50 <= last <= 60
+    assert again.entries(51, last + 1) == ents(51, 60, 1)[: last - 50]

@@ -1,0 +1,128 @@
+"""Torn writes and bit flips: a torn tail recovers, damage anywhere else refuses to open."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+from pathlib import Path
+
+import pytest
+from tests.storage.helpers import ents
+
+from raftlog.node.core.types import Entry
+from raftlog.node.storage import segment as fmt
+from raftlog.node.storage.errors import WalCorruption
+from raftlog.node.storage.wal import Wal, list_segments
+
+
+def build(path, n=60, size=40) -> tuple[list[str], tuple[list[Entry], dict[int, tuple[str, int]]]]:
+    w = Wal.open(str(path), segment_bytes=2048)
+    written = ents(1, n, 1, size=size)
+    for i in range(0, n, 5):
+        w.append(written[i : i + 5])
+        w.append_commit(max(0, i - 3))
+        w.sync()
+    offsets = {
+        i: (s.path, s.offsets[i - s.first_index])
+        for s in w._segments
+        for i in range(s.first_index, s.last_index + 1)
+    }
+    w.close()
+    return [str(path / n) for _, n in list_segments(str(path))], (written, offsets)
+
+
+def test_torn_tail_at_every_byte_of_the_last_record_recovers(tmp_path, caplog):
+    segs, (written, offsets) = build(tmp_path)
+    last = segs[-1]
+    raw = Path(last).read_bytes()
+    last_path, last_off = offsets[60]
+    assert last_path == last
+    entry_end = last_off + 8 + fmt.ENTRY_HEAD.size + len(written[-1].data)
+    assert entry_end < len(raw), "a commit record follows the last entry"
+    for cut in range(last_off + 1, len(raw)):
+        expect = 60 if cut >= entry_end else 59
+        Path(last).write_bytes(raw[:cut])
+        with caplog.at_level(logging.WARNING):
+            w = Wal.open(str(tmp_path), segment_bytes=2048)
+        assert w.last_index() == expect, f"cut at {cut}"
+        assert w.entries(1, expect + 1) == written[:expect]
+        if cut != entry_end:  # there, the file simply ends after entry 60
+            assert any("torn tail" in r for r in w.recovery)
+            assert "torn tail" in caplog.text
+        w.close()
+        kept = last_off if expect == 59 else entry_end
+        assert len(Path(last).read_bytes()) == kept, "the torn bytes are removed from disk"
+        Path(last).write_bytes(raw)
+
+
+def test_zero_filled_tail_is_a_torn_tail(tmp_path):
+    segs, (written, _) = build(tmp_path)
+    with Path(segs[-1]).open("ab") as f:
+        f.write(b"\0" * 4096)
+    w = Wal.open(str(tmp_path), segment_bytes=2048)
+    assert w.entries(1, 61) == written and w.recovery
+
+
+def test_bit_flip_in_the_final_record_is_a_torn_tail(tmp_path):
+    segs, (written, _) = build(tmp_path)
+    raw = bytearray(Path(segs[-1]).read_bytes())
+    raw[-3] ^= 0x10
+    Path(segs[-1]).write_bytes(bytes(raw))
+    w = Wal.open(str(tmp_path), segment_bytes=2048)
+    # The final record is the commit record written after entry 60: only it is dropped.
+    assert w.entries(1, 61) == written
+    assert w.commit == 47, "the commit index falls back to the previous record (52 -> 47)"
+    assert any("checksum mismatch" in r for r in w.recovery)
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_bit_flip_before_the_tail_refuses_with_file_offset_and_index(tmp_path, seed):
+    _, (_, offsets) = build(tmp_path)
+    rng = random.Random(seed)
+    # Any entry but the very last: in a sealed segment or in the middle of the active one.
+    index = rng.randrange(1, 59)
+    path, off = offsets[index]
+    raw = bytearray(Path(path).read_bytes())
+    pos = off + rng.randrange(0, 8 + 18 + 10)  # length, crc, or body of that record
+    raw[pos] ^= 1 << rng.randrange(8)
+    Path(path).write_bytes(bytes(raw))
+    with pytest.raises(WalCorruption) as info:
+        Wal.open(str(tmp_path), segment_bytes=2048)
+    err = info.value
+    assert err.path == path
+    assert err.offset == off
+    assert err.index == index
+    assert path in str(err) and f"offset {off}" in str(err) and f"log index {index}" in str(err)
+    assert "refusing to start" in str(err)
+    assert Path(path).read_bytes() == bytes(raw), "nothing is changed on a refused open"
+
+
+def test_torn_tail_of_a_sealed_segment_is_corruption(tmp_path):
+    segs, _ = build(tmp_path)
+    assert len(segs) > 2
+    raw = Path(segs[0]).read_bytes()
+    Path(segs[0]).write_bytes(raw[:-5])
+    with pytest.raises(WalCorruption, match="cut short"):
+        Wal.open(str(tmp_path), segment_bytes=2048)
+
+
+def test_missing_middle_segment_is_refused(tmp_path):
+    segs, _ = build(tmp_path)
+    os.unlink(segs[1])
+    with pytest.raises(WalCorruption, match="does not continue"):
+        Wal.open(str(tmp_path), segment_bytes=2048)
+
+
+def test_header_damage(tmp_path):
+    segs, _ = build(tmp_path)
+    raw = Path(segs[0]).read_bytes()
+    Path(segs[0]).write_bytes(b"X" + raw[1:])
+    with pytest.raises(WalCorruption, match="bad magic"):
+        Wal.open(str(tmp_path), segment_bytes=2048)
+    Path(segs[0]).write_bytes(raw)
+    # A header torn while the newest segment was being created is a crash, not damage.
+    new = tmp_path / "00000000000000ff-0000000000000100.wal"
+    new.write_bytes(fmt.encode_header(61, 1, 0)[:10])
+    w = Wal.open(str(tmp_path), segment_bytes=2048)
+    assert w.last_index() == 60 and not new.exists()
