@@ -13,7 +13,8 @@ from tests.storage.helpers import ents
 from raftlog.node.core.types import Entry
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.errors import WalCorruption
-from raftlog.node.storage.wal import Wal, list_segments
+from raftlog.node.storage.recovery import list_segments
+from raftlog.node.storage.wal import Wal
 
 
 def build(path, n=60, size=40) -> tuple[list[str], tuple[list[Entry], dict[int, tuple[str, int]]]]:

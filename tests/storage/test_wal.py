@@ -9,7 +9,8 @@ from tests.storage.helpers import ents, payload
 
 from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
 from raftlog.node.core.types import Entry, EntryKind, Membership
-from raftlog.node.storage.wal import Wal, list_segments
+from raftlog.node.storage.recovery import list_segments
+from raftlog.node.storage.wal import Wal
 
 
 def open_wal(path, **kw) -> Wal:

@@ -15,6 +15,7 @@ a new log after a snapshot install: every older segment is obsolete.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from crc32c import crc32c
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.storage.errors import WalCorruption
 
+SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.wal$")  # sequence, first index
 MAGIC = b"RLOGWAL1"
 HEADER = struct.Struct("<8sQQI")  # magic, first_index, prev_term, flags (then crc32c u32)
 HEADER_SIZE = HEADER.size + 4

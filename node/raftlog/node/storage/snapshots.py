@@ -109,9 +109,23 @@ class SnapshotStore:
                 os.unlink(os.path.join(path, name))  # a local write cut short: never valid
         self.meta, self.file = self._load_latest()
 
+    @staticmethod
+    def peek(path: str) -> SnapshotMeta | None:
+        """The latest snapshot's metadata in `path`, read without changing anything."""
+        files = SnapshotStore._list(path)
+        if not files:
+            return None
+        full = os.path.join(path, files[-1][2])
+        with open(full, "rb") as f:
+            return decode_snapshot(full, f.read())[0]
+
     def _files(self) -> list[tuple[int, int, str]]:
+        return self._list(self.path)
+
+    @staticmethod
+    def _list(path: str) -> list[tuple[int, int, str]]:
         out = []
-        for name in os.listdir(self.path):
+        for name in os.listdir(path):
             m = SNAP_NAME.match(name)
             if m:
                 out.append((int(m.group(1)), int(m.group(2)), name))

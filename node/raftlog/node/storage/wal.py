@@ -15,7 +15,6 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import re
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -24,28 +23,18 @@ from typing import TypeVar
 from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.storage import segment as fmt
-from raftlog.node.storage.errors import StorageFailed, WalCorruption
+from raftlog.node.storage.errors import StorageFailed
 from raftlog.node.storage.fileio import FileOps
+from raftlog.node.storage.recovery import analyze_wal
 
 log = logging.getLogger("raftlog.storage.wal")
 
-SEGMENT_NAME = re.compile(r"^([0-9a-f]{16})-([0-9a-f]{16})\.wal$")
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 T = TypeVar("T")
 
 
 def segment_name(seq: int, first_index: int) -> str:
     return f"{seq:016x}-{first_index:016x}.wal"
-
-
-def list_segments(path: str) -> list[tuple[int, str]]:
-    """(sequence number, file name) of the segment files in `path`, oldest first."""
-    found = []
-    for name in os.listdir(path):
-        m = SEGMENT_NAME.match(name)
-        if m:
-            found.append((int(m.group(1), 16), name))
-    return sorted(found)
 
 
 @dataclass
@@ -112,69 +101,31 @@ class Wal:
         """
         ops = ops or FileOps()
         os.makedirs(path, exist_ok=True)
-        recovery: list[str] = []
-        names = list_segments(path)
-        heads: list[tuple[int, str, tuple[int, int, int]]] = []
-        for i, (seq, name) in enumerate(names):
-            full = os.path.join(path, name)
-            with open(full, "rb") as f:
-                raw = f.read(fmt.HEADER_SIZE)
-            try:
-                heads.append((seq, name, fmt.decode_header(full, raw)))
-            except WalCorruption:
-                # A segment is created header first and synced before it gets entries, so a bad
-                # header in the newest one is a crash during creation; anywhere else it is damage.
-                if i == len(names) - 1 and os.path.getsize(full) <= fmt.HEADER_SIZE:
-                    os.unlink(full)
-                    recovery.append(f"removed {name}: its header was torn while being created")
-                else:
-                    raise
-        resets = [i for i, (_, _, (_, _, flags)) in enumerate(heads) if flags & fmt.FLAG_RESET]
-        start = resets[-1] if resets else 0
-        for _, name, _ in heads[:start]:
+        found = analyze_wal(path)
+        if found.corruption is not None:
+            raise found.corruption
+        recovery = found.repairs()
+        for name in ([found.torn_header] if found.torn_header else []) + found.superseded:
             os.unlink(os.path.join(path, name))
-            recovery.append(f"removed {name}: superseded by a snapshot install")
-        heads = heads[start:]
-        if recovery and durable:
+        if (found.torn_header or found.superseded) and durable:
             ops.fsync_dir(path)
-
         segments: list[Segment] = []
-        commit = 0
         config_indexes: list[int] = []
-        for i, (seq, name, _) in enumerate(heads):
-            full = os.path.join(path, name)
-            with open(full, "rb") as f:
-                raw = f.read()
-            res = fmt.scan(full, raw, is_last=i == len(heads) - 1)
-            if res.corruption is not None:
-                raise res.corruption
-            seg = Segment(seq, full, -1, res.first_index, res.prev_term, res.valid_end)
-            for r in res.records:
+        for s in found.segments:
+            seg = Segment(s.seq, s.path, -1, s.first_index, s.scan.prev_term, s.scan.valid_end)
+            for r in s.scan.records:
                 if r.kind == fmt.T_ENTRY:
                     seg.offsets.append(r.offset)
                     seg.terms.append(r.term)
                     if r.entry_kind == EntryKind.CONFIG:
                         config_indexes.append(r.index)
-                else:
-                    commit = max(commit, r.index)
-            if segments:
-                prev = segments[-1]
-                if seg.first_index != prev.last_index + 1 or seg.prev_term != prev.last_term:
-                    raise WalCorruption(
-                        full,
-                        0,
-                        seg.first_index,
-                        f"segment does not continue {os.path.basename(prev.path)} "
-                        f"(expected first index {prev.last_index + 1} after term "
-                        f"{prev.last_term}, found {seg.first_index} after term {seg.prev_term})",
-                    )
-            seg.fd = os.open(full, os.O_RDWR | os.O_APPEND)
-            if res.torn is not None:
-                ops.truncate(seg.fd, res.valid_end)
+            seg.fd = os.open(s.path, os.O_RDWR | os.O_APPEND)
+            segments.append(seg)
+            if s.scan.torn is not None:
+                ops.truncate(seg.fd, s.scan.valid_end)
                 if durable:
                     ops.fsync(seg.fd)
-                recovery.append(f"truncated a torn tail of {name}: {res.torn}")
-            segments.append(seg)
+        commit = found.commit
 
         if not segments:
             segments.append(cls._create_segment(path, 1, base_index + 1, base_term, ops, durable))

@@ -1,0 +1,1 @@
+"""`raftctl`: the command line of raftlog."""

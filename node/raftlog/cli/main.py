@@ -1,0 +1,26 @@
+"""`raftctl`: administer raftlog nodes and their data."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from raftlog.cli import wal_check
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="raftctl", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    wal = sub.add_parser("wal", help="inspect and repair write-ahead logs on disk")
+    wal_sub = wal.add_subparsers(dest="wal_command", required=True, metavar="WAL_COMMAND")
+    wal_check.add_parser(wal_sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.run(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

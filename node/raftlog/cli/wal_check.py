@@ -1,0 +1,180 @@
+"""`raftctl wal check PATH [--repair]`: a WAL's health, read-only unless repair is asked for.
+
+PATH is a partition directory (with `wal/`, `snap/`, `hardstate`), a `wal/` directory itself, or
+any directory above them (a node's data directory): every WAL found below it is checked.
+Exit status: 0 healthy (a torn tail, which the node cuts by itself on start, counts as healthy),
+1 corrupted (the node refuses to start), 2 nothing to check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from raftlog.node.storage.errors import CorruptFile
+from raftlog.node.storage.hardstate import HardStateFile
+from raftlog.node.storage.recovery import WalAnalysis, analyze_wal, list_segments
+from raftlog.node.storage.snapshots import SnapshotStore
+from raftlog.node.storage.wal import Wal
+
+
+def add_parser(sub: Any) -> None:
+    p = sub.add_parser("check", help="report a WAL's health; --repair cuts it at the damage")
+    p.add_argument("path", help="partition, wal or data directory")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="cut a corrupted WAL at the damage (after printing what that drops)",
+    )
+    p.add_argument("--yes", action="store_true", help="do not ask before repairing")
+    p.set_defaults(run=run)
+
+
+def find_wal_dirs(path: str) -> list[str]:
+    found = []
+    for root, dirs, _files in os.walk(path):
+        dirs.sort()
+        if list_segments(root):
+            found.append(root)
+    return found
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def describe(a: WalAnalysis, out: Any) -> None:
+    print(f"WAL {a.path}", file=out)
+    segs = a.segments
+    total = sum(s.scan.size for s in segs)
+    print(f"  segments    {len(segs)} readable, {_size(total)}", file=out)
+    if segs:
+        first, last = segs[0].first_index, segs[-1].last_index
+        entries = sum(s.entries for s in segs)
+        configs = sum(1 for s in segs for r in s.scan.records if r.kind == 1 and r.entry_kind == 2)
+        print(
+            f"  entries     {first}..{last} ({entries} entries, {configs} membership), "
+            f"commit record {a.commit}",
+            file=out,
+        )
+    partition = os.path.dirname(a.path.rstrip("/"))
+    if os.path.basename(a.path.rstrip("/")) == "wal":
+        _describe_partition(partition, out)
+    for repair in a.repairs():
+        print(f"  on start    will {repair}", file=out)
+    if a.corruption is not None:
+        c = a.corruption
+        print(f"  status      CORRUPTED: {c.reason}", file=out)
+        where = f"{c.path} at offset {c.offset}"
+        if c.index is not None:
+            where += f" (log index {c.index})"
+        print(f"              in {where}", file=out)
+        print("              the node refuses to start on it; see --repair", file=out)
+    else:
+        print("  status      OK", file=out)
+
+
+def _describe_partition(partition: str, out: Any) -> None:
+    try:
+        hs = HardStateFile(os.path.join(partition, "hardstate"))
+        print(f"  hard state  term {hs.term}, vote {hs.vote}", file=out)
+    except CorruptFile as e:
+        print(f"  hard state  INVALID: {e.reason}", file=out)
+    snap_dir = os.path.join(partition, "snap")
+    if os.path.isdir(snap_dir):
+        try:
+            meta = SnapshotStore.peek(snap_dir)
+            if meta is not None:
+                print(
+                    f"  snapshot    index {meta.index}, term {meta.term}, "
+                    f"{meta.membership.describe()}",
+                    file=out,
+                )
+        except CorruptFile as e:
+            print(f"  snapshot    INVALID: {e.reason}", file=out)
+
+
+def repair_plan(a: WalAnalysis) -> list[str]:
+    """What `--repair` drops, one line per file."""
+    c = a.corruption
+    assert c is not None
+    plan = []
+    size = os.path.getsize(c.path)
+    first_lost = c.index if c.index is not None else "?"
+    plan.append(
+        f"truncate {c.path} at offset {c.offset}: drops {size - c.offset} bytes, "
+        f"the entries from index {first_lost} on in that file"
+    )
+    for name in a.unreadable_after:
+        full = os.path.join(a.path, name)
+        plan.append(f"delete {full}: {os.path.getsize(full)} bytes after the damage")
+    committed = (
+        f"entries up to {a.commit} at least were committed"
+        if a.commit
+        else ("the commit index recorded after the damage is unreadable")
+    )
+    plan.append(
+        f"WARNING: {committed}; entries this node acknowledged may be among those dropped. "
+        "In a cluster, prefer replacing the member (empty data, rejoin as a learner)"
+    )
+    return plan
+
+
+def repair(a: WalAnalysis) -> None:
+    c = a.corruption
+    assert c is not None
+    for name in a.unreadable_after:
+        os.unlink(os.path.join(a.path, name))
+    if c.offset == 0:
+        os.unlink(c.path)  # nothing of it is usable (a damaged header or a broken chain)
+    else:
+        with open(c.path, "r+b") as f:
+            f.truncate(c.offset)
+            os.fsync(f.fileno())
+    Wal.open(a.path).close()  # applies the safe repairs and proves the WAL opens
+
+
+def run(args: argparse.Namespace) -> int:
+    if not os.path.isdir(args.path):
+        print(f"raftctl wal check: {args.path}: no such directory", file=sys.stderr)
+        return 2
+    dirs = find_wal_dirs(args.path)
+    if not dirs:
+        print(f"raftctl wal check: no WAL segments under {args.path}", file=sys.stderr)
+        return 2
+    status = 0
+    for d in dirs:
+        a = analyze_wal(d)
+        describe(a, sys.stdout)
+        if a.corruption is None:
+            continue
+        if not args.repair:
+            status = 1
+            continue
+        plan = repair_plan(a)
+        print("  repair plan:")
+        for line in plan:
+            print(f"    {line}")
+        if not args.yes and not _confirm():
+            print("  not repaired")
+            status = 1
+            continue
+        repair(a)
+        print("  repaired: the WAL opens cleanly")
+    return status
+
+
+def _confirm() -> bool:
+    if not sys.stdin.isatty():
+        print("  refusing to repair without a terminal to confirm on; pass --yes", file=sys.stderr)
+        return False
+    return input("  type 'repair' to proceed: ").strip() == "repair"
