@@ -80,7 +80,10 @@ class Wal:
         self.config_indexes = config_indexes
         self.recovery = recovery  # what opening repaired (torn tail, interrupted install)
         self.failed: StorageFailed | None = None
-        self._unsynced = False
+        # Generations, not a flag: `sync` may run in a worker thread while the event loop keeps
+        # writing, and must never mark a write durable that its fsync did not cover.
+        self._written_gen = 0
+        self._synced_gen = 0
 
     # ================================================================== open and recover
     @classmethod
@@ -275,7 +278,7 @@ class Wal:
             if e.kind == EntryKind.CONFIG:
                 self.config_indexes.append(e.index)
         seg.end = off
-        self._unsynced = True
+        self._written_gen += 1
 
     def append_commit(self, commit: int) -> None:
         """Record the commit index (rides along with the next sync)."""
@@ -287,17 +290,23 @@ class Wal:
         self._io("write", seg.path, lambda: self.ops.write(seg.fd, rec))
         seg.end += len(rec)
         self.commit = commit
-        self._unsynced = True
+        self._written_gen += 1
 
     def sync(self) -> None:
-        """Make every record written so far durable (one fsync of the active segment)."""
-        if not self._unsynced:
+        """Make every record written so far durable (one fsync of the active segment).
+
+        Safe to call from a worker thread while the owner keeps appending (group commit): a
+        write that lands while the fsync runs is left for the next sync. Not concurrent with
+        truncation, compaction or reset, which only the owner performs between syncs.
+        """
+        target = self._written_gen
+        if target == self._synced_gen:
             self._check_writable()
             return
         seg = self._segments[-1]
-        self._unsynced = False
         if self.durable:
             self._io("fsync", seg.path, lambda: self.ops.fsync(seg.fd))
+        self._synced_gen = max(self._synced_gen, target)
 
     def _roll(self) -> None:
         """Seal the active segment (durably) and start the next one."""
@@ -405,4 +414,4 @@ class Wal:
         self._firsts = [new.first_index]
         self.config_indexes = []
         self.commit = max(self.commit, index)
-        self._unsynced = False
+        self._synced_gen = self._written_gen  # the new segment was synced when created

@@ -1,0 +1,87 @@
+"""Group commit: shared fsyncs, no acknowledgement before the covering fsync, failures reach all."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import threading
+
+import pytest
+from tests.storage.helpers import ents
+
+from raftlog.node.core.types import Membership
+from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.storage.errors import StorageFailed
+from raftlog.node.storage.fileio import FileOps
+from raftlog.node.storage.group_commit import GroupCommit
+
+
+class SlowDisk(FileOps):
+    """Records which writes each fsync covered; each fsync takes a little while."""
+
+    def __init__(self) -> None:
+        self.writes = 0
+        self.covered: list[int] = []  # writes done when each fsync started
+        self.lock = threading.Lock()
+        self.fail_next = False
+
+    def write(self, fd: int, data: bytes | memoryview) -> None:
+        super().write(fd, data)
+        with self.lock:
+            self.writes += 1
+
+    def fsync(self, fd: int) -> None:
+        with self.lock:
+            started_with = self.writes
+        if self.fail_next:
+            raise OSError(errno.EIO, "Input/output error")
+        threading.Event().wait(0.01)
+        super().fsync(fd)
+        self.covered.append(started_with)
+
+
+def test_concurrent_appenders_share_fsyncs_and_wait_for_theirs(tmp_path):
+    disk = SlowDisk()
+    s = DurableStorage(str(tmp_path), bootstrap=Membership.of(["a"]), ops=disk)
+    gc = GroupCommit(s.sync)
+    acked: list[tuple[int, int]] = []  # (entry index, writes covered by the latest fsync)
+    next_index = [1]
+
+    async def appender(n: int) -> None:
+        for _ in range(n):
+            i = next_index[0]
+            next_index[0] += 1
+            s.write(None, ents(i, i, 1))
+            writes_so_far = disk.writes
+            gen = gc.wrote()
+            await gc.durable(gen)
+            # Durable means an fsync that started after this write finished.
+            assert disk.covered and disk.covered[-1] >= writes_so_far
+            acked.append((i, disk.covered[-1]))
+
+    async def main() -> None:
+        await asyncio.gather(*(appender(10) for _ in range(32)))
+
+    asyncio.run(main())
+    assert len(acked) == 320
+    assert gc.fsyncs < 320 / 4, f"{gc.fsyncs} fsyncs for 320 appends: not grouped"
+    assert s.entries(1, 321) == ents(1, 320, 1)
+
+
+def test_a_failed_fsync_fails_every_waiter_and_later_writes(tmp_path):
+    disk = SlowDisk()
+    s = DurableStorage(str(tmp_path), bootstrap=Membership.of(["a"]), ops=disk)
+    gc = GroupCommit(s.sync)
+    disk.fail_next = True
+
+    async def main() -> list[BaseException | None]:
+        async def one(i: int) -> None:
+            s.write(None, ents(i, i, 1))
+            await gc.durable(gc.wrote())
+
+        return await asyncio.gather(*(one(i) for i in range(1, 9)), return_exceptions=True)
+
+    results = asyncio.run(main())
+    assert all(isinstance(r, StorageFailed) for r in results), results
+    with pytest.raises(StorageFailed):
+        s.write(None, ents(9, 9, 1))
