@@ -12,6 +12,7 @@ kill the directory is reopened and checked:
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import signal
@@ -53,7 +54,7 @@ def audit(path: Path, acked: dict[int, tuple[int, int]]) -> dict[str, int]:
         hs, snap = s.initial_state()
         first, last, commit = s.first_index(), s.last_index(), hs.commit
         log = s.entries(first, last + 1) if last >= first else []
-        for prev, e in zip(log, log[1:], strict=False):
+        for prev, e in itertools.pairwise(log):
             assert e.index == prev.index + 1 and e.term >= prev.term, f"log order at {e.index}"
         assert snap.index <= commit <= last, (snap.index, commit, last)
         by_index = {e.index: e for e in log}
