@@ -1,16 +1,19 @@
-"""`make bench`: CPU cost of the Raft core and the simulator, measured in one process.
+"""`make bench`: the Raft core and the simulator (CPU only), then storage (`bench.storage`).
 
-No disk and no network here (those benchmarks arrive with the storage and node server issues):
-this is the ceiling the core itself puts on a node, per partition and per core of CPU.
-Results are printed as a Markdown table; bench/RESULTS.md records a run with its command.
+The first part has no disk and no network: it is the ceiling the core itself puts on a node, per
+partition and per core of CPU. Results are printed as Markdown tables; bench/RESULTS.md records
+runs with their command. `python -m bench.run core` or `... storage` runs one part.
 """
 
 from __future__ import annotations
 
 import platform
+import sys
 import time
 from collections.abc import Callable
+from functools import partial
 
+from bench import storage as storage_bench
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.messages import Message
 from raftlog.node.core.raft import Raft, Role
@@ -88,7 +91,7 @@ def main() -> None:
     for n in (1, 3):
         for batch in (1, 16, 256):
             total = 20_000 if batch > 1 else 5_000
-            rate = best_of(3, lambda n=n, b=batch, t=total: bench_replication(n, b, t))
+            rate = best_of(3, partial(bench_replication, n, batch, total))
             print(
                 f"| core, {n} voter{'s' if n > 1 else ''}, proposals of {batch} x 100 B, "
                 f"in-memory storage | {rate:,.0f} entries/s committed and applied |"
@@ -102,4 +105,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    parts = sys.argv[1:] or ["core", "storage"]
+    if "core" in parts:
+        main()
+    if "storage" in parts:
+        print()
+        storage_bench.main()

@@ -197,7 +197,7 @@ class FailingDisk(FileOps):
                 raise OSError(self.err, os.strerror(self.err))
             self.after -= 1
 
-    def write(self, fd: int, data: bytes | memoryview) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         if self.op == "write" and self.after == 0:
             os.write(fd, bytes(data)[: len(data) // 2])  # a torn write, then the error
         self._maybe_fail("write")
@@ -206,6 +206,10 @@ class FailingDisk(FileOps):
     def fsync(self, fd: int) -> None:
         self._maybe_fail("fsync")
         super().fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        self._maybe_fail("fsync")
+        super().fdatasync(fd)
 
 
 @pytest.mark.parametrize(

@@ -25,18 +25,18 @@ class SlowDisk(FileOps):
         self.lock = threading.Lock()
         self.fail_next = False
 
-    def write(self, fd: int, data: bytes | memoryview) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         super().write(fd, data)
         with self.lock:
             self.writes += 1
 
-    def fsync(self, fd: int) -> None:
+    def fdatasync(self, fd: int) -> None:
         with self.lock:
             started_with = self.writes
         if self.fail_next:
             raise OSError(errno.EIO, "Input/output error")
         threading.Event().wait(0.01)
-        super().fsync(fd)
+        super().fdatasync(fd)
         self.covered.append(started_with)
 
 
@@ -62,7 +62,10 @@ def test_concurrent_appenders_share_fsyncs_and_wait_for_theirs(tmp_path):
     async def main() -> None:
         await asyncio.gather(*(appender(10) for _ in range(32)))
 
-    asyncio.run(main())
+    try:
+        asyncio.run(main())
+    finally:
+        gc.close()
     assert len(acked) == 320
     assert gc.fsyncs < 320 / 4, f"{gc.fsyncs} fsyncs for 320 appends: not grouped"
     assert s.entries(1, 321) == ents(1, 320, 1)
@@ -81,7 +84,47 @@ def test_a_failed_fsync_fails_every_waiter_and_later_writes(tmp_path):
 
         return await asyncio.gather(*(one(i) for i in range(1, 9)), return_exceptions=True)
 
-    results = asyncio.run(main())
+    try:
+        results = asyncio.run(main())
+    finally:
+        gc.close()
     assert all(isinstance(r, StorageFailed) for r in results), results
     with pytest.raises(StorageFailed):
         s.write(None, ents(9, 9, 1))
+
+
+def test_append_batches_concurrent_appenders_into_one_write_and_fsync(tmp_path):
+    disk = SlowDisk()
+    s = DurableStorage(str(tmp_path), bootstrap=Membership.of(["a"]), ops=disk)
+    gc = GroupCommit(s.sync, write=lambda entries: s.write(None, entries))
+    next_index = [1]
+    done: list[int] = []
+
+    async def appender(n: int) -> None:
+        for _ in range(n):
+            i = next_index[0]
+            next_index[0] += 1
+            await gc.append(ents(i, i, 1))
+            # Back from append: the entry is in the log and an fsync covered its write.
+            assert s.last_index() >= i and disk.covered[-1] >= 1
+            done.append(i)
+
+    async def main() -> None:
+        await asyncio.gather(*(appender(8) for _ in range(64)))
+
+    try:
+        asyncio.run(main())
+    finally:
+        gc.close()
+    assert sorted(done) == list(range(1, 513))
+    assert s.entries(1, 513) == ents(1, 512, 1)
+    # One write and one fsync per batch: far fewer of each than appends.
+    assert gc.fsyncs <= 512 / 16 and disk.writes <= 512 / 16 + 2, (gc.fsyncs, disk.writes)
+
+
+def test_append_without_a_write_function_is_a_clear_error(tmp_path):
+    s = DurableStorage(str(tmp_path), bootstrap=Membership.of(["a"]))
+    gc = GroupCommit(s.sync)
+    with pytest.raises(RuntimeError, match="needs the `write` function"):
+        asyncio.run(gc.append(ents(1, 1, 1)))
+    gc.close()

@@ -11,7 +11,7 @@ import os
 
 
 class FileOps:
-    def write(self, fd: int, data: bytes | memoryview) -> None:
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
         view = memoryview(data)
         while view:
             n = os.write(fd, view)
@@ -19,6 +19,10 @@ class FileOps:
 
     def fsync(self, fd: int) -> None:
         os.fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        """Data and the size, not timestamps: what an append needs to be read back."""
+        os.fdatasync(fd)
 
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)

@@ -1,31 +1,66 @@
 """Group commit: concurrent writers share fsyncs, and none is told "durable" before its fsync.
 
-Each writer writes (to the page cache, cheap) and then awaits `durable()`. One flusher task runs
-the fsync in a worker thread; every write made before an fsync started is covered by it, and the
-writes that arrive while it runs are covered together by the next one. So with N writers in flight
-the disk sees about one fsync per fsync latency, not N, which is where the throughput comes from.
+Two ways in:
+- `append(entries)`: the entries join the open batch; one flusher task writes the whole batch
+  with one `write` and makes it durable with one fsync (in a worker thread, so the event loop
+  keeps accepting the next batch meanwhile), then wakes every appender of that batch.
+- `wrote()` + `durable()`: for a writer that wrote by itself (the node's Ready loop); one fsync
+  covers every write made before it started.
+With N writers in flight the disk sees about one fsync per fsync latency, not N.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from raftlog.node.core.types import Entry
+
+
+class _Batch:
+    def __init__(self, fut: asyncio.Future[None]) -> None:
+        self.entries: list[Entry] = []
+        self.done = fut
 
 
 class GroupCommit:
-    def __init__(self, sync: Callable[[], None]) -> None:
+    def __init__(
+        self, sync: Callable[[], None], write: Callable[[list[Entry]], None] | None = None
+    ) -> None:
         self._sync = sync
+        self._write = write
         self._written = 0  # generation of the latest write
         self._synced = 0  # every write up to this generation is durable
         self._waiters: list[tuple[int, asyncio.Future[None]]] = []
+        self._open: _Batch | None = None
         self._flusher: asyncio.Task[None] | None = None
         self.failed: BaseException | None = None
         self.fsyncs = 0  # how many syncs ran (for metrics and the benchmark)
+        # One thread of its own: fsyncs of one log are sequential anyway, and a warm dedicated
+        # thread hands back sooner than the shared default pool.
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raftlog-fsync")
+
+    def close(self) -> None:
+        self._thread.shutdown(wait=True)
 
     def wrote(self) -> int:
-        """Call after each write; returns the generation to wait for."""
+        """Call after each write of your own; returns the generation to wait for."""
         self._written += 1
         return self._written
+
+    async def append(self, entries: list[Entry]) -> None:
+        """Write `entries` with the next batch and return once they are durable."""
+        if self._write is None:
+            raise RuntimeError("GroupCommit.append needs the `write` function")
+        if self.failed is not None:
+            raise self.failed
+        if self._open is None:
+            self._open = _Batch(asyncio.get_running_loop().create_future())
+        batch = self._open
+        batch.entries.extend(entries)
+        self._kick()
+        await batch.done
 
     async def durable(self, generation: int | None = None) -> None:
         """Return once the write of `generation` (default: every write so far) is durable.
@@ -39,24 +74,30 @@ class GroupCommit:
             return
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiters.append((gen, fut))
-        if self._flusher is None or self._flusher.done():
-            self._flusher = asyncio.create_task(self._flush())
+        self._kick()
         await fut
 
+    def _kick(self) -> None:
+        if self._flusher is None or self._flusher.done():
+            self._flusher = asyncio.create_task(self._flush())
+
     async def _flush(self) -> None:
-        while self._waiters:
-            target = self._written
+        while self._waiters or self._open is not None:
+            batch, self._open = self._open, None
             try:
-                await asyncio.to_thread(self._sync)
+                if batch is not None:
+                    assert self._write is not None
+                    self._write(batch.entries)
+                    self._written += 1
+                target = self._written
+                await asyncio.get_running_loop().run_in_executor(self._thread, self._sync)
             except Exception as e:  # the storage has marked itself failed; tell every waiter
-                self.failed = e
-                for _, fut in self._waiters:
-                    if not fut.done():
-                        fut.set_exception(e)
-                self._waiters.clear()
+                self._fail(e, batch)
                 return
             self.fsyncs += 1
             self._synced = max(self._synced, target)
+            if batch is not None:
+                batch.done.set_result(None)
             still = []
             for gen, fut in self._waiters:
                 if gen <= target:
@@ -65,3 +106,14 @@ class GroupCommit:
                 else:
                     still.append((gen, fut))
             self._waiters = still
+
+    def _fail(self, e: Exception, batch: _Batch | None) -> None:
+        self.failed = e
+        for b in (batch, self._open):
+            if b is not None and not b.done.done():
+                b.done.set_exception(e)
+        self._open = None
+        for _, fut in self._waiters:
+            if not fut.done():
+                fut.set_exception(e)
+        self._waiters.clear()

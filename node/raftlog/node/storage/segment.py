@@ -7,7 +7,8 @@ A segment file is a 32-byte header followed by records:
     body:    ENTRY  = 1 u8 | index u64 | term u64 | kind u8 | data
              COMMIT = 2 u8 | commit u64
 
-The record checksum covers the length field and the body, so a damaged length is caught too.
+The record checksum covers the body. A damaged length is caught too: it delimits other bytes,
+whose checksum does not match, or it runs past the end of the file.
 `prev_term` is the term of the entry just below `first_index` (the anchor a follower's append is
 checked against once older segments are compacted). The RESET flag marks a segment that starts
 a new log after a snapshot install: every older segment is obsolete.
@@ -56,8 +57,7 @@ def decode_header(path: str, raw: bytes) -> tuple[int, int, int]:
 
 
 def _frame(body: bytes) -> bytes:
-    length = len(body).to_bytes(4, "little")
-    return length + crc32c(body, crc32c(length)).to_bytes(4, "little") + body
+    return REC_HEAD.pack(len(body), crc32c(body)) + body
 
 
 def encode_entry(e: Entry) -> bytes:
@@ -80,7 +80,7 @@ def iter_bodies(buf: bytes | memoryview, verify: bool = False) -> Iterator[memor
     while pos + REC_HEAD.size <= end:
         length, crc = REC_HEAD.unpack_from(view, pos)
         body = view[pos + 8 : pos + 8 + length]
-        if verify and crc32c(body, crc32c(view[pos : pos + 4])) != crc:
+        if verify and crc32c(body) != crc:
             raise ValueError(f"checksum mismatch at offset {pos}")
         yield body
         pos += 8 + length
@@ -163,7 +163,7 @@ def _check_record(view: memoryview, pos: int, size: int) -> str | None:
         return f"impossible record length {length}"
     if end > size:
         return f"record of {length} bytes cut short"
-    if crc32c(view[pos + 8 : end], crc32c(view[pos : pos + 4])) != crc:
+    if crc32c(view[pos + 8 : end]) != crc:
         return "record checksum mismatch"
     return None
 

@@ -13,12 +13,15 @@ and compaction change files in place and are durable before they return.
 from __future__ import annotations
 
 import bisect
+import functools
 import logging
 import os
 from array import array
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
+
+from crc32c import crc32c
 
 from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
 from raftlog.node.core.types import Entry, EntryKind
@@ -250,35 +253,37 @@ class Wal:
             raise SafetyViolation(
                 f"append at {first} leaves a gap after the last index {self.last_index()}"
             )
-        parts: list[bytes] = []
-        pending: list[Entry] = []
-        size = self._segments[-1].end
-        for e in entries:
-            rec = fmt.encode_entry(e)
-            if size >= self.segment_bytes and (pending or self._segments[-1].offsets):
-                self._write_entries(parts, pending)
+        # One tight loop and one write per segment touched: this is the hot path of every append.
+        pack_head, pack_rec = fmt.ENTRY_HEAD.pack, fmt.REC_HEAD.pack
+        i, n = 0, len(entries)
+        while i < n:
+            seg = self._segments[-1]
+            if seg.end >= self.segment_bytes and seg.offsets:
                 self._roll()
-                parts, pending, size = [], [], self._segments[-1].end
-            parts.append(rec)
-            pending.append(e)
-            size += len(rec)
-        self._write_entries(parts, pending)
-
-    def _write_entries(self, parts: list[bytes], pending: list[Entry]) -> None:
-        if not parts:
-            return
-        seg = self._segments[-1]
-        buf = b"".join(parts)
-        self._io("write", seg.path, lambda: self.ops.write(seg.fd, buf))
-        off = seg.end
-        for rec, e in zip(parts, pending, strict=True):
-            seg.offsets.append(off)
-            seg.terms.append(e.term)
-            off += len(rec)
-            if e.kind == EntryKind.CONFIG:
-                self.config_indexes.append(e.index)
-        seg.end = off
-        self._written_gen += 1
+                continue
+            room = self.segment_bytes - seg.end
+            buf = bytearray()
+            offsets: list[int] = []
+            terms: list[int] = []
+            configs: list[int] = []
+            while i < n and (len(buf) < room or not (offsets or seg.offsets)):
+                e = entries[i]
+                head = pack_head(fmt.T_ENTRY, e.index, e.term, e.kind)
+                data = e.data
+                offsets.append(seg.end + len(buf))
+                terms.append(e.term)
+                buf += pack_rec(len(head) + len(data), crc32c(data, crc32c(head)))
+                buf += head
+                buf += data
+                if e.kind == EntryKind.CONFIG:
+                    configs.append(e.index)
+                i += 1
+            self._io("write", seg.path, functools.partial(self.ops.write, seg.fd, buf))
+            seg.offsets.extend(offsets)
+            seg.terms.extend(terms)
+            seg.end += len(buf)
+            self.config_indexes.extend(configs)
+            self._written_gen += 1
 
     def append_commit(self, commit: int) -> None:
         """Record the commit index (rides along with the next sync)."""
@@ -305,7 +310,7 @@ class Wal:
             return
         seg = self._segments[-1]
         if self.durable:
-            self._io("fsync", seg.path, lambda: self.ops.fsync(seg.fd))
+            self._io("fdatasync", seg.path, lambda: self.ops.fdatasync(seg.fd))
         self._synced_gen = max(self._synced_gen, target)
 
     def _roll(self) -> None:
@@ -347,7 +352,7 @@ class Wal:
             seg = self._segments.pop()
             self._firsts.pop()
             os.close(seg.fd)
-            self._io("unlink", seg.path, lambda p=seg.path: os.unlink(p))  # type: ignore[misc]
+            self._io("unlink", seg.path, functools.partial(os.unlink, seg.path))
             removed = True
         seg = self._segments[-1]
         keep = index - seg.first_index
@@ -379,7 +384,7 @@ class Wal:
         while len(self._segments) > 1 and self._segments[0].last_index < new_first_index:
             seg = self._segments[0]
             dropped += len(seg.offsets)
-            self._io("unlink", seg.path, lambda p=seg.path: os.unlink(p))  # type: ignore[misc]
+            self._io("unlink", seg.path, functools.partial(os.unlink, seg.path))
             os.close(seg.fd)
             self._segments.pop(0)
             self._firsts.pop(0)
@@ -407,7 +412,7 @@ class Wal:
         )
         for seg in old:
             os.close(seg.fd)
-            self._io("unlink", seg.path, lambda p=seg.path: os.unlink(p))  # type: ignore[misc]
+            self._io("unlink", seg.path, functools.partial(os.unlink, seg.path))
         if self.durable:
             self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
         self._segments = [new]
