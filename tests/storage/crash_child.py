@@ -15,11 +15,11 @@ import random
 import sys
 
 from raftlog.node.config import RaftConfig
-from raftlog.node.core.compaction import compaction_floor, should_snapshot
 from raftlog.node.core.raft import Raft, Role
-from raftlog.node.core.types import Membership, SnapshotMeta
+from raftlog.node.core.types import Membership
 from raftlog.node.record import Record, encode_record
 from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.compactor import snapshot_and_compact
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.group_commit import GroupCommit
 
@@ -60,18 +60,7 @@ async def run(path: str, seed: int) -> None:
                 out.write("".join(f"ack {e.index} {e.term} {int(e.kind)}\n" for e in rd.committed))
                 out.flush()
             raft.advance(rd)
-            applied = table.applied_index
-            if should_snapshot(applied, storage.snapshot_meta().index, CONFIG):
-                meta = SnapshotMeta(applied, raft.log.term(applied), raft.membership_at(applied))
-                storage.create_snapshot(meta, table.snapshot())
-                floor = compaction_floor(
-                    first_index=storage.first_index(),
-                    snapshot_index=meta.index,
-                    applied=applied,
-                    config=CONFIG,
-                )
-                if floor is not None:
-                    storage.compact(floor)
+            snapshot_and_compact(storage, raft, table, CONFIG)
 
     async def tick() -> None:
         while True:

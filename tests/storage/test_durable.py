@@ -8,7 +8,7 @@ import os
 import pytest
 from tests.storage.helpers import ents
 
-from raftlog.node.core.errors import SafetyViolation
+from raftlog.node.core.errors import Compacted, SafetyViolation
 from raftlog.node.core.types import HardState, Membership, SnapshotMeta
 from raftlog.node.record import Record, encode_record
 from raftlog.node.statemachine import KeyedTable
@@ -168,7 +168,7 @@ def test_compaction_never_passes_a_live_retention_hold(tmp_path):
     s = open_storage(tmp_path, bootstrap=ABC, clock=lambda: now[0])
     s.save(HardState(1, "a", 400), ents(1, 400, 1))
     s.create_snapshot(SnapshotMeta(400, 1, ABC), b"")
-    s.holds.set("spark-archive", 120, ttl_seconds=30)
+    s.set_hold("spark-archive", 120, ttl_seconds=30)
     s.compact(401)
     assert s.compaction_floor() <= 120, "a live hold keeps its index"
     assert s.entries(120, 121)
@@ -182,7 +182,9 @@ def test_compaction_never_passes_a_live_retention_hold(tmp_path):
     s.compact(401)
     assert s.compaction_floor() > 120
     with pytest.raises(ValueError, match="ttl_seconds"):
-        s.holds.set("x", 5, ttl_seconds=0)
+        s.set_hold("x", 500, ttl_seconds=0)
+    with pytest.raises(Compacted, match="min_index: 5 is already compacted"):
+        s.set_hold("late", 5, ttl_seconds=10)
 
 
 class FailingDisk(FileOps):
@@ -240,3 +242,15 @@ def test_disk_fault_stops_writes_keeps_reads_and_recovers_cleanly(tmp_path, op, 
     last = again.last_index()
     assert 50 <= last <= 60
     assert again.entries(51, last + 1) == ents(51, 60, 1)[: last - 50]
+
+
+def test_a_term_behind_the_log_is_raised_on_open(tmp_path):
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(2, "b", 0), ents(1, 5, 2))
+    s.wal.append(ents(6, 8, 4))  # durable entries of term 4, but the crash beat the hard state
+    s.wal.sync()
+    s.close()
+    again = open_storage(tmp_path)
+    hs, _ = again.initial_state()
+    assert (hs.term, hs.vote) == (4, None)
+    assert any("raised the term from 2 to 4" in r for r in again.recovery)

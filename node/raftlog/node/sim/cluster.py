@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from raftlog.node.config import RaftConfig
-from raftlog.node.core.compaction import compaction_floor, should_snapshot
 from raftlog.node.core.errors import Compacted, MembershipError, NotLeader, ProposalRefused
 from raftlog.node.core.host import PartitionHost
 from raftlog.node.core.messages import InstallSnapshot, Message
@@ -26,6 +25,7 @@ from raftlog.node.sim.invariants import ClusterChecker, InvariantViolation
 from raftlog.node.sim.network import Faults, Network
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.base import WritableStorage
+from raftlog.node.storage.compactor import snapshot_and_compact
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.memory import MemoryStorage
 
@@ -342,24 +342,11 @@ class Cluster:
 
     # ================================================================== snapshots
     def _maybe_compact(self, node: SimNode, p: int, raft: Raft) -> None:
-        storage, table = node.storages[p], node.tables[p]
-        applied = table.applied_index
-        if not should_snapshot(applied, storage.snapshot_meta().index, self.config):
-            return
-        if applied < storage.first_index():
-            return
-        meta = SnapshotMeta(applied, raft.log.term(applied), raft.membership_at(applied))
-        storage.create_snapshot(meta, table.snapshot())
-        floor = compaction_floor(
-            first_index=storage.first_index(),
-            snapshot_index=storage.snapshot_meta().index,
-            applied=applied,
-            config=self.config,
-        )
-        if floor is not None:
-            dropped = storage.compact(floor)
+        done = snapshot_and_compact(node.storages[p], raft, node.tables[p], self.config)
+        if done is not None and done.dropped:
             self.log(
-                f"{node.id} p{p} snapshot at {applied}, compacted {dropped} entries, floor {floor}"
+                f"{node.id} p{p} snapshot at {done.snapshot_index}, compacted {done.dropped} "
+                f"entries, floor {done.floor}"
             )
 
     def _serve_snapshot(

@@ -19,12 +19,12 @@ import os
 import time
 from collections.abc import Callable
 
-from raftlog.node.core.errors import SafetyViolation
+from raftlog.node.core.errors import Compacted, SafetyViolation
 from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
 from raftlog.node.storage.errors import StorageFailed, WalCorruption
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.hardstate import HardStateFile
-from raftlog.node.storage.holds import RetentionHolds
+from raftlog.node.storage.holds import Hold, RetentionHolds
 from raftlog.node.storage.snapshots import SnapshotReceiver, SnapshotStore
 from raftlog.node.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
 
@@ -76,6 +76,7 @@ class DurableStorage:
         )
         self.recovery = list(self.wal.recovery)
         self._reconcile_with_snapshot(snap)
+        self._reconcile_term()
 
     def _reconcile_with_snapshot(self, snap: SnapshotMeta) -> None:
         wal = self.wal
@@ -92,6 +93,21 @@ class DurableStorage:
             # reset: finish the install.
             wal.reset(snap.index, snap.term)
             msg = f"finished an interrupted snapshot install at index {snap.index}"
+            self.recovery.append(msg)
+            log.warning("%s: %s", self.path, msg)
+
+    def _reconcile_term(self) -> None:
+        """Never start with a term below the last logged entry's.
+
+        Entries and the hard state are written in the same save but by two files, so a crash
+        can leave entries of term T durable and the term still below T. No vote in those terms
+        was ever sent (a vote is durable before its answer goes out), so the term is raised to
+        T with no vote: a state the node did pass through.
+        """
+        last_term = self.term(self.last_index())
+        if last_term > self.hard.term:
+            msg = f"raised the term from {self.hard.term} to {last_term}, the last entry's term"
+            self.hard.save(last_term, None)
             self.recovery.append(msg)
             log.warning("%s: %s", self.path, msg)
 
@@ -196,3 +212,13 @@ class DurableStorage:
 
     def compaction_floor(self) -> int:
         return self.wal.first_index()
+
+    def set_hold(self, holder: str, min_index: int, ttl_seconds: float) -> Hold:
+        """Keep entries from `min_index` on until the hold expires (renew to extend it)."""
+        floor = self.compaction_floor()
+        if min_index < floor:
+            raise Compacted(
+                f"min_index: {min_index} is already compacted (the floor is {floor}); "
+                f"read from the snapshot at {self.snapshot_meta().index} instead"
+            )
+        return self.holds.set(holder, min_index, ttl_seconds)

@@ -131,7 +131,9 @@ class Wal:
                 ops.truncate(seg.fd, s.scan.valid_end)
                 if durable:
                     ops.fsync(seg.fd)
-        commit = found.commit
+        # Compaction deletes commit records with their segments, but only entries that were
+        # committed are ever compacted, and a segment's commit records never pass its entries.
+        commit = max(found.commit, segments[0].first_index - 1) if segments else found.commit
 
         if not segments:
             segments.append(cls._create_segment(path, 1, base_index + 1, base_term, ops, durable))

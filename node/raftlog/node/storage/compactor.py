@@ -1,0 +1,51 @@
+"""One snapshot-and-compaction pass of a partition, as every driver runs it after applying.
+
+When `compact_every_operations` entries were applied since the last snapshot, the keyed table is
+snapshotted at the applied index; then the log is compacted behind that durable snapshot, keeping
+the `compact_number_entries` most recent entries, removing at most `max_entries_per_compaction`,
+and never passing a retention hold (see `core.compaction`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from raftlog.node.config import RaftConfig
+from raftlog.node.core.compaction import compaction_floor, should_snapshot
+from raftlog.node.core.raft import Raft
+from raftlog.node.core.types import SnapshotMeta
+from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.base import WritableStorage
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionPass:
+    snapshot_index: int
+    dropped: int  # entries removed from the log
+    floor: int  # the compaction floor after the pass: the first index still held
+
+
+def snapshot_and_compact(
+    storage: WritableStorage,
+    raft: Raft,
+    table: KeyedTable,
+    config: RaftConfig,
+    retention_hold: int | None = None,
+) -> CompactionPass | None:
+    """Run a pass if one is due; None when it is not."""
+    applied = table.applied_index
+    if not should_snapshot(applied, storage.snapshot_meta().index, config):
+        return None
+    if applied < storage.first_index():
+        return None  # the table was just restored from a snapshot: nothing new to cover
+    meta = SnapshotMeta(applied, raft.log.term(applied), raft.membership_at(applied))
+    storage.create_snapshot(meta, table.snapshot())
+    floor = compaction_floor(
+        first_index=storage.first_index(),
+        snapshot_index=storage.snapshot_meta().index,
+        applied=applied,
+        config=config,
+        retention_hold=retention_hold,
+    )
+    dropped = storage.compact(floor) if floor is not None else 0
+    return CompactionPass(meta.index, dropped, storage.first_index())
