@@ -13,10 +13,8 @@ import os
 import sys
 from typing import Any
 
-from raftlog.node.storage.errors import CorruptFile
-from raftlog.node.storage.hardstate import HardStateFile
 from raftlog.node.storage.recovery import WalAnalysis, analyze_wal, list_segments
-from raftlog.node.storage.snapshots import SnapshotStore
+from raftlog.node.storage.report import wal_report
 from raftlog.node.storage.wal import Wal
 
 
@@ -39,68 +37,6 @@ def find_wal_dirs(path: str) -> list[str]:
         if list_segments(root):
             found.append(root)
     return found
-
-
-def _size(n: int) -> str:
-    if n < 1024:
-        return f"{n} B"
-    value = float(n)
-    for unit in ("KiB", "MiB", "GiB"):
-        value /= 1024
-        if value < 1024 or unit == "GiB":
-            break
-    return f"{value:.1f} {unit}"
-
-
-def describe(a: WalAnalysis, out: Any) -> None:
-    print(f"WAL {a.path}", file=out)
-    segs = a.segments
-    total = sum(s.scan.size for s in segs)
-    print(f"  segments    {len(segs)} readable, {_size(total)}", file=out)
-    if segs:
-        first, last = segs[0].first_index, segs[-1].last_index
-        entries = sum(s.entries for s in segs)
-        configs = sum(1 for s in segs for r in s.scan.records if r.kind == 1 and r.entry_kind == 2)
-        print(
-            f"  entries     {first}..{last} ({entries} entries, {configs} membership), "
-            f"commit record {a.commit}",
-            file=out,
-        )
-    partition = os.path.dirname(a.path.rstrip("/"))
-    if os.path.basename(a.path.rstrip("/")) == "wal":
-        _describe_partition(partition, out)
-    for repair in a.repairs():
-        print(f"  on start    will {repair}", file=out)
-    if a.corruption is not None:
-        c = a.corruption
-        print(f"  status      CORRUPTED: {c.reason}", file=out)
-        where = f"{c.path} at offset {c.offset}"
-        if c.index is not None:
-            where += f" (log index {c.index})"
-        print(f"              in {where}", file=out)
-        print("              the node refuses to start on it; see --repair", file=out)
-    else:
-        print("  status      OK", file=out)
-
-
-def _describe_partition(partition: str, out: Any) -> None:
-    try:
-        hs = HardStateFile(os.path.join(partition, "hardstate"))
-        print(f"  hard state  term {hs.term}, vote {hs.vote}", file=out)
-    except CorruptFile as e:
-        print(f"  hard state  INVALID: {e.reason}", file=out)
-    snap_dir = os.path.join(partition, "snap")
-    if os.path.isdir(snap_dir):
-        try:
-            meta = SnapshotStore.peek(snap_dir)
-            if meta is not None:
-                print(
-                    f"  snapshot    index {meta.index}, term {meta.term}, "
-                    f"{meta.membership.describe()}",
-                    file=out,
-                )
-        except CorruptFile as e:
-            print(f"  snapshot    INVALID: {e.reason}", file=out)
 
 
 def repair_plan(a: WalAnalysis) -> list[str]:
@@ -154,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     status = 0
     for d in dirs:
         a = analyze_wal(d)
-        describe(a, sys.stdout)
+        print("\n".join(wal_report(a)))
         if a.corruption is None:
             continue
         if not args.repair:

@@ -1,0 +1,80 @@
+"""A readable health report of a WAL: what `raftctl wal check` prints and the demo shows."""
+
+from __future__ import annotations
+
+import os
+
+from raftlog.node.core.types import EntryKind
+from raftlog.node.storage.errors import CorruptFile
+from raftlog.node.storage.hardstate import HardStateFile
+from raftlog.node.storage.recovery import WalAnalysis
+from raftlog.node.storage.segment import T_ENTRY
+from raftlog.node.storage.snapshots import SnapshotStore
+
+
+def _size(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    value = float(n)
+    for unit in ("KiB", "MiB", "GiB"):
+        value /= 1024
+        if value < 1024 or unit == "GiB":
+            break
+    return f"{value:.1f} {unit}"
+
+
+def wal_report(a: WalAnalysis) -> list[str]:
+    """A readable health report of one WAL (and its partition's hard state and snapshot)."""
+    out: list[str] = []
+    out.append(f"WAL {a.path}")
+    segs = a.segments
+    total = sum(s.scan.size for s in segs)
+    out.append(f"  segments    {len(segs)} readable, {_size(total)}")
+    if segs:
+        first, last = segs[0].first_index, segs[-1].last_index
+        entries = sum(s.entries for s in segs)
+        configs = sum(
+            1
+            for s in segs
+            for r in s.scan.records
+            if r.kind == T_ENTRY and r.entry_kind == EntryKind.CONFIG
+        )
+        out.append(
+            f"  entries     {first}..{last} ({entries} entries, {configs} membership), "
+            f"commit record {a.commit}"
+        )
+    partition = os.path.dirname(a.path.rstrip("/"))
+    if os.path.basename(a.path.rstrip("/")) == "wal":
+        _partition_report(partition, out)
+    for repair in a.repairs():
+        out.append(f"  on start    will {repair}")
+    if a.corruption is not None:
+        c = a.corruption
+        out.append(f"  status      CORRUPTED: {c.reason}")
+        where = f"{c.path} at offset {c.offset}"
+        if c.index is not None:
+            where += f" (log index {c.index})"
+        out.append(f"              in {where}")
+        out.append("              the node refuses to start on it; see --repair")
+    else:
+        out.append("  status      OK")
+    return out
+
+
+def _partition_report(partition: str, out: list[str]) -> None:
+    try:
+        hs = HardStateFile(os.path.join(partition, "hardstate"))
+        out.append(f"  hard state  term {hs.term}, vote {hs.vote}")
+    except CorruptFile as e:
+        out.append(f"  hard state  INVALID: {e.reason}")
+    snap_dir = os.path.join(partition, "snap")
+    if os.path.isdir(snap_dir):
+        try:
+            meta = SnapshotStore.peek(snap_dir)
+            if meta is not None:
+                out.append(
+                    f"  snapshot    index {meta.index}, term {meta.term}, "
+                    f"{meta.membership.describe()}"
+                )
+        except CorruptFile as e:
+            out.append(f"  snapshot    INVALID: {e.reason}")
