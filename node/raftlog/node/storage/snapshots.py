@@ -95,6 +95,12 @@ class Chunk:
     def last(self) -> bool:
         return self.offset + len(self.data) >= self.total
 
+    @classmethod
+    def of(cls, raw: bytes, offset: int, chunk_bytes: int) -> Chunk:
+        """The chunk of a whole snapshot file's bytes starting at `offset`."""
+        data = raw[offset : offset + chunk_bytes]
+        return cls(offset, data, crc32c(data), len(raw))
+
 
 class SnapshotStore:
     """The latest durable snapshot of a partition, in `path` (one file; older ones are removed)."""

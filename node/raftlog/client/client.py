@@ -1,0 +1,175 @@
+"""A client of the node API with leader discovery and bounded retries.
+
+Appends go to the partition's leader: the client remembers it per partition, follows a
+`not_leader` answer's hint, and otherwise tries the other endpoints. Transient failures (a node
+down, no leader yet, an election) are retried with exponential back-off up to `retries` times;
+a client mistake (4xx other than 421) is raised at once as `ClientError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+
+
+class ClientError(Exception):
+    def __init__(self, status: int, body: dict[str, Any]) -> None:
+        self.status = status
+        self.body = body
+        self.error = body.get("error", "error")
+        super().__init__(f"HTTP {status} {self.error}: {body.get('reason', '')}")
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    partition: int
+    first_index: int
+    last_index: int
+    term: int
+
+
+_RETRYABLE = {421, 502, 503, 504}
+
+
+class AsyncClient:
+    def __init__(
+        self,
+        endpoints: list[str],
+        *,
+        token: str | None = None,
+        retries: int = 8,
+        backoff_s: float = 0.05,
+        timeout_s: float = 15.0,
+    ) -> None:
+        if not endpoints:
+            raise ValueError("endpoints: at least one node URL is needed")
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+        self._leaders: dict[int, str] = {}
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self.headers)
+        return self._session
+
+    async def _request(self, method: str, url: str, **kw: Any) -> tuple[int, dict[str, Any]]:
+        async with self.session.request(method, url, **kw) as resp:
+            try:
+                body = await resp.json(content_type=None)
+            except ValueError:
+                body = {"error": "bad_response", "reason": (await resp.text())[:200]}
+            return resp.status, body
+
+    async def append(self, partition: int, records: list[dict[str, Any]]) -> AppendResult:
+        """Append records (each `{"key": ..., "value": ...}`) as one batch; returns after commit."""
+        body = {"records": records}
+        last_error: Exception | None = None
+        for attempt in range(self.retries + 1):
+            base = self._leaders.get(partition) or self.endpoints[attempt % len(self.endpoints)]
+            try:
+                status, reply = await self._request(
+                    "POST", f"{base}/v1/partitions/{partition}/records", json=body
+                )
+            except (TimeoutError, aiohttp.ClientError) as e:
+                last_error = e
+                self._leaders.pop(partition, None)
+            else:
+                if status == 200:
+                    self._leaders[partition] = base
+                    return AppendResult(
+                        reply["partition"], reply["first_index"], reply["last_index"], reply["term"]
+                    )
+                if status not in _RETRYABLE:
+                    raise ClientError(status, reply)
+                last_error = ClientError(status, reply)
+                hint = reply.get("leader_url")
+                if hint:
+                    self._leaders[partition] = hint
+                    continue  # follow the hint at once
+                self._leaders.pop(partition, None)
+            await asyncio.sleep(self.backoff_s * (2 ** min(attempt, 6)) * random.uniform(0.5, 1.5))
+        raise last_error or RuntimeError("append failed")
+
+    async def read(
+        self,
+        partition: int,
+        start: int = 1,
+        limit: int = 100,
+        *,
+        endpoint: str | None = None,
+        min_index: int = 0,
+        wait_ms: int = 0,
+    ) -> dict[str, Any]:
+        """Committed records from `start`, from one replica (any, unless `endpoint`)."""
+        params = {"from": start, "limit": limit, "min_index": min_index, "wait_ms": wait_ms}
+        targets = [endpoint] if endpoint else self.endpoints
+        last_error: Exception | None = None
+        for attempt in range(self.retries + 1):
+            base = targets[attempt % len(targets)]
+            try:
+                status, reply = await self._request(
+                    "GET", f"{base}/v1/partitions/{partition}/records", params=params
+                )
+            except (TimeoutError, aiohttp.ClientError) as e:
+                last_error = e
+            else:
+                if status == 200:
+                    return reply
+                if status not in _RETRYABLE:
+                    raise ClientError(status, reply)
+                last_error = ClientError(status, reply)
+            await asyncio.sleep(self.backoff_s * (2 ** min(attempt, 6)))
+        raise last_error or RuntimeError("read failed")
+
+    async def status(self, endpoint: str) -> dict[str, Any]:
+        status, reply = await self._request("GET", f"{endpoint.rstrip('/')}/v1/status")
+        if status != 200:
+            raise ClientError(status, reply)
+        return reply
+
+
+class Client:
+    """The blocking face of `AsyncClient` (for scripts and the CLI)."""
+
+    def __init__(self, endpoints: list[str], **kw: Any) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._client = AsyncClient(endpoints, **kw)
+
+    def append(self, partition: int, records: list[dict[str, Any]]) -> AppendResult:
+        return self._loop.run_until_complete(self._client.append(partition, records))
+
+    def read(self, partition: int, start: int = 1, limit: int = 100, **kw: Any) -> dict[str, Any]:
+        return self._loop.run_until_complete(self._client.read(partition, start, limit, **kw))
+
+    def status(self, endpoint: str) -> dict[str, Any]:
+        return self._loop.run_until_complete(self._client.status(endpoint))
+
+    def close(self) -> None:
+        self._loop.run_until_complete(self._client.close())
+        self._loop.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,175 @@
+"""A local cluster of real node processes on 127.0.0.1, for `raftctl local`, tests and demos."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    socks, ports = [], []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind((host, 0))
+        socks.append(s)
+        ports.append(s.getsockname()[1])
+    for s in socks:
+        s.close()
+    return ports
+
+
+@dataclass
+class LocalNode:
+    name: str
+    port: int
+    data_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+@dataclass
+class LocalCluster:
+    data_dir: Path
+    replicas: int = 3
+    partitions: int = 1
+    tick_ms: int = 50
+    durable: bool = True
+    raft: dict[str, Any] = field(default_factory=dict)  # RaftConfig overrides
+    nodes: dict[str, LocalNode] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.replicas < 1:
+            raise ValueError(f"replicas: must be at least 1, got {self.replicas}")
+        self.data_dir = Path(self.data_dir)
+        ports = free_ports(self.replicas)
+        for i, port in enumerate(ports, start=1):
+            name = f"n{i}"
+            self.nodes[name] = LocalNode(
+                name, port, self.data_dir / name, self.data_dir / f"{name}.log"
+            )
+
+    @property
+    def peers(self) -> str:
+        return ",".join(f"{n.name}={n.url}" for n in self.nodes.values())
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [n.url for n in self.nodes.values()]
+
+    def start(self, name: str | None = None) -> None:
+        for node in [self.nodes[name]] if name else list(self.nodes.values()):
+            if node.running:
+                continue
+            node.data_dir.mkdir(parents=True, exist_ok=True)
+            cmd = [
+                sys.executable, "-m", "raftlog.node.server.main",
+                "--node-id", node.name, "--peers", self.peers, "--port", str(node.port),
+                "--data-dir", str(node.data_dir), "--partitions", str(self.partitions),
+                "--tick-ms", str(self.tick_ms),
+            ]  # fmt: skip
+            if not self.durable:
+                cmd.append("--no-fsync")
+            env = dict(os.environ)
+            for k, v in self.raft.items():
+                env[f"RAFTLOG_RAFT__{k.upper()}"] = str(v)
+            with node.log_path.open("ab") as log:
+                node.proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+
+    def signal(self, name: str, sig: int) -> None:
+        node = self.nodes[name]
+        if node.proc is not None:
+            node.proc.send_signal(sig)
+            if sig == signal.SIGKILL:
+                node.proc.wait()
+                node.proc = None  # stopped on purpose: not a crash for `wait_ready`
+
+    def kill(self, name: str) -> None:
+        self.signal(name, signal.SIGKILL)
+
+    def pause(self, name: str) -> None:
+        self.signal(name, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.signal(name, signal.SIGCONT)
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            if node.running:
+                assert node.proc is not None
+                node.proc.send_signal(signal.SIGCONT)
+                node.proc.terminate()
+        for node in self.nodes.values():
+            if node.proc is not None:
+                try:
+                    node.proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    node.proc.kill()
+                    node.proc.wait()
+
+    def get(self, name: str, path: str, timeout: float = 2.0) -> tuple[int, Any]:
+        try:
+            with urllib.request.urlopen(self.nodes[name].url + path, timeout=timeout) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, json.loads(e.read() or b"{}")
+
+    def status(self, name: str) -> dict[str, Any]:
+        code, body = self.get(name, "/v1/status")
+        if code != 200:
+            raise RuntimeError(f"{name}: status answered {code}")
+        return dict(body)
+
+    def leader(self, partition: int) -> str | None:
+        """The leader every running node agrees on for `partition`, or None."""
+        seen = set()
+        for name, node in self.nodes.items():
+            if not node.running:
+                continue
+            try:
+                st = self.status(name)
+            except (OSError, RuntimeError):
+                return None
+            seen.add(st["partitions"][partition]["leader"])
+        return seen.pop() if len(seen) == 1 and None not in seen else None
+
+    def wait_ready(self, timeout: float = 30.0) -> None:
+        """Until every running node serves and every partition has an agreed leader."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            dead = [n.name for n in self.nodes.values() if n.proc is not None and not n.running]
+            if dead:
+                raise RuntimeError(f"nodes exited: {dead}; see {self.data_dir}/<node>.log")
+            try:
+                if all(self.leader(p) for p in range(self.partitions)):
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise TimeoutError(f"the cluster was not ready within {timeout} s")
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

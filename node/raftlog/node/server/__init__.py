@@ -1,0 +1,1 @@
+"""The node process: the aiohttp server around the core, the storage and the transport."""

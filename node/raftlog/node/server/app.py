@@ -1,0 +1,411 @@
+"""The node's HTTP API (aiohttp): client `/v1`, peer `/peer/v1`, health.
+
+Errors are JSON `{"error": code, "field": ..., "reason": ...}` with a 4xx for the caller's
+mistakes (never a 500): 400 bad input, 401 missing or wrong token, 404 unknown partition,
+410 below the compaction floor, 413 too large, 421 not the leader (with a hint), and 503 when the
+partition cannot take writes now (no leader yet, storage failed, commit timed out).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from aiohttp import web
+
+from raftlog.node.core.errors import Compacted, InvalidMessage, NotLeader, ProposalRefused
+from raftlog.node.core.raft import Role
+from raftlog.node.core.types import EntryKind
+from raftlog.node.record import Record, decode_record, encode_record
+from raftlog.node.server.node import Node
+from raftlog.node.server.partition import NotCommitted, PartitionDriver
+from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed
+from raftlog.node.storage.snapshots import Chunk
+from raftlog.node.transport.codec import decode_frame
+
+log = logging.getLogger("raftlog.api")
+NODE_KEY = web.AppKey("node", Node)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, error: str, reason: str, field: str | None = None, **extra: Any
+    ):
+        self.status = status
+        self.body = {
+            "error": error,
+            "reason": reason,
+            **({"field": field} if field else {}),
+            **extra,
+        }
+        super().__init__(reason)
+
+
+def bad(field: str, reason: str) -> ApiError:
+    return ApiError(400, "bad_request", reason, field)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as e:
+        return web.json_response(e.body, status=e.status)
+    except web.HTTPException:
+        raise
+    except Exception:  # a bug: logged with its trace, answered without internals
+        log.exception("%s %s failed", request.method, request.path)
+        return web.json_response({"error": "internal", "reason": "see the node's log"}, status=500)
+
+
+def make_auth(token: str | None) -> Middleware:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token and request.path.startswith(("/peer/", "/v1/admin/")):
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return web.json_response(
+                    {"error": "unauthorized", "reason": "a valid bearer token is required"},
+                    status=401,
+                )
+        return await handler(request)
+
+    return auth
+
+
+# ====================================================================== helpers
+def _node(request: web.Request) -> Node:
+    return request.app[NODE_KEY]
+
+
+def _driver(request: web.Request) -> PartitionDriver:
+    raw = request.match_info["partition"]
+    try:
+        p = int(raw)
+    except ValueError:
+        raise bad("partition", f"{raw!r} is not an integer") from None
+    d = _node(request).driver(p)
+    if d is None:
+        n = len(_node(request).drivers)
+        raise ApiError(404, "unknown_partition", f"partition {p} does not exist (0..{n - 1})")
+    return d
+
+
+def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise bad(name, f"{raw!r} is not an integer") from None
+    if not lo <= v <= hi:
+        raise bad(name, f"must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def _bytes_field(item: dict[str, Any], name: str, i: int) -> bytes | None:
+    """`name` as UTF-8 text, or `name_b64` as base64; None when absent or null."""
+    text, b64 = item.get(name), item.get(f"{name}_b64")
+    if text is not None and b64 is not None:
+        raise bad(f"records[{i}].{name}", f"give {name} or {name}_b64, not both")
+    if b64 is not None:
+        if not isinstance(b64, str):
+            raise bad(f"records[{i}].{name}_b64", "must be a base64 string")
+        try:
+            return base64.b64decode(b64, validate=True)
+        except (binascii.Error, ValueError):
+            raise bad(f"records[{i}].{name}_b64", "is not valid base64") from None
+    if text is None:
+        return None
+    if not isinstance(text, str):
+        raise bad(f"records[{i}].{name}", "must be a string or null")
+    return text.encode()
+
+
+def parse_records(body: Any, max_record_bytes: int) -> list[bytes]:
+    if not isinstance(body, dict):
+        raise bad("body", "must be a JSON object")
+    if "records" in body:
+        items = body["records"]
+        if not isinstance(items, list) or not items:
+            raise bad("records", "must be a non-empty list")
+        extra = set(body) - {"records"}
+    else:
+        items = [body]
+        extra = set()
+    if extra:
+        raise bad(sorted(extra)[0], "unknown field")
+    out = []
+    allowed = {"key", "key_b64", "value", "value_b64", "headers", "timestamp_ms"}
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise bad(f"records[{i}]", "must be an object")
+        unknown = set(item) - allowed
+        if unknown:
+            raise bad(f"records[{i}].{sorted(unknown)[0]}", "unknown field")
+        key = _bytes_field(item, "key", i)
+        value = _bytes_field(item, "value", i)
+        if value is not None and len(value) > max_record_bytes:
+            raise ApiError(
+                413,
+                "too_large",
+                f"value is {len(value)} bytes, limit {max_record_bytes}",
+                f"records[{i}].value",
+            )
+        headers = item.get("headers", {})
+        if not isinstance(headers, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
+        ):
+            raise bad(f"records[{i}].headers", "must map strings to strings")
+        ts = item.get("timestamp_ms", 0)
+        if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
+            raise bad(f"records[{i}].timestamp_ms", "must be a non-negative integer")
+        if key is None and value is None:
+            raise bad(f"records[{i}]", "needs a key or a value")
+        out.append(encode_record(Record(key=key, value=value, headers=headers, timestamp_ms=ts)))
+    return out
+
+
+def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
+    try:
+        r = decode_record(data)
+    except msgspec.DecodeError:
+        return {"index": index, "term": term, "raw_b64": base64.b64encode(data).decode()}
+    out: dict[str, Any] = {"index": index, "term": term}
+    for name, v in (("key", r.key), ("value", r.value)):
+        if v is None:
+            out[name] = None
+            continue
+        try:
+            out[name] = v.decode()
+        except UnicodeDecodeError:
+            out[f"{name}_b64"] = base64.b64encode(v).decode()
+    out["headers"] = r.headers
+    out["timestamp_ms"] = r.timestamp_ms
+    return out
+
+
+def _not_leader(node: Node, d: PartitionDriver) -> ApiError:
+    leader = d.raft.leader
+    url = node.settings.peers.get(leader) if leader else None
+    return ApiError(
+        421,
+        "not_leader",
+        f"{node.id} is not the leader of partition {d.p}",
+        leader=leader,
+        leader_url=url,
+    )
+
+
+# ====================================================================== client API
+async def append(request: web.Request) -> web.Response:
+    node, d = _node(request), _driver(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        raise bad("body", "is not valid JSON") from None
+    records = parse_records(body, node.settings.max_record_bytes)
+    if d.failed is not None:
+        raise ApiError(503, "storage_failed", str(d.failed))
+    if d.raft.role != Role.LEADER:
+        raise _not_leader(node, d)
+    try:
+        done = await asyncio.wait_for(d.propose(records), node.settings.append_timeout_s)
+    except NotLeader:
+        raise _not_leader(node, d) from None
+    except ProposalRefused as e:
+        raise ApiError(503, "refused", str(e)) from None
+    except NotCommitted as e:
+        raise ApiError(503, "not_committed", f"{e}; the append did not happen, retry") from None
+    except TimeoutError:
+        raise ApiError(
+            503, "timeout", "not committed in time; the outcome is unknown, retry"
+        ) from None
+    except StorageFailed as e:
+        raise ApiError(503, "storage_failed", str(e)) from None
+    return web.json_response(
+        {
+            "partition": done.partition,
+            "first_index": done.first_index,
+            "last_index": done.last_index,
+            "term": done.term,
+        }
+    )
+
+
+async def read(request: web.Request) -> web.Response:
+    d = _driver(request)
+    start = _int_param(request, "from", 1, 1, 2**62)
+    limit = _int_param(request, "limit", 100, 1, 10_000)
+    min_index = _int_param(request, "min_index", 0, 0, 2**62)
+    wait_ms = _int_param(request, "wait_ms", 0, 0, 60_000)
+    need = max(min_index, start if wait_ms else 0)
+    if need > d.raft.commit and wait_ms:
+        try:
+            async with d.committed:
+                await asyncio.wait_for(
+                    d.committed.wait_for(lambda: d.raft.commit >= need), wait_ms / 1000
+                )
+        except TimeoutError:
+            pass
+    if min_index > d.raft.commit:
+        raise ApiError(
+            503,
+            "behind",
+            f"this replica's high-water mark {d.raft.commit} is below {min_index}",
+            high_water_mark=d.raft.commit,
+        )
+    hwm = d.raft.commit
+    try:
+        entries = d.raft.read_committed(start, start + limit)
+    except Compacted:
+        raise ApiError(
+            410,
+            "compacted",
+            f"index {start} is below the compaction floor "
+            f"{d.storage.compaction_floor()}; read the snapshot or from the floor",
+            compaction_floor=d.storage.compaction_floor(),
+        ) from None
+    records = [_record_json(e.index, e.term, e.data) for e in entries if e.kind == EntryKind.NORMAL]
+    nxt = entries[-1].index + 1 if entries else start
+    return web.json_response(
+        {"partition": d.p, "high_water_mark": hwm, "records": records, "next": nxt}
+    )
+
+
+async def status(request: web.Request) -> web.Response:
+    node = _node(request)
+    parts = []
+    for p, d in node.drivers.items():
+        st = d.raft.status()
+        parts.append(
+            {
+                "partition": p,
+                "role": str(st.role),
+                "member": st.member,
+                "term": st.term,
+                "leader": st.leader,
+                "high_water_mark": st.high_water_mark,
+                "applied": st.applied,
+                "last_index": st.last_index,
+                "compaction_floor": d.storage.compaction_floor(),
+                "snapshot_index": d.storage.snapshot_meta().index,
+                "voters": sorted(st.membership.voters),
+                "learners": sorted(st.membership.learners),
+                "storage_failed": str(d.failed) if d.failed else None,
+                "counters": {
+                    "elections": d.counters.elections,
+                    "backfill_rounds": d.counters.backfill_rounds,
+                    "backfill_entries": d.counters.backfill_entries,
+                    "snapshots_sent": d.counters.snapshots_sent,
+                    "snapshots_installed": d.counters.snapshots_installed,
+                    "compactions": d.counters.compactions,
+                },
+                "followers": {
+                    f.node: {
+                        "state": str(f.state),
+                        "learner": f.learner,
+                        "match": f.match,
+                        "next": f.next,
+                        "lag": f.lag,
+                        "snapshot_required": f.snapshot_required,
+                        "recent_active": f.recent_active,
+                        "backfilling": f.backfilling,
+                        "backfill_rounds": f.backfill_rounds,
+                        "backfill_entries": f.backfill_entries,
+                    }
+                    for f in st.followers.values()
+                },
+            }
+        )
+    return web.json_response({"node": node.id, "partitions": parts})
+
+
+async def healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok", "node": _node(request).id})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    node = _node(request)
+    missing = [p for p, d in node.drivers.items() if d.raft.leader is None]
+    if missing:
+        return web.json_response(
+            {"status": "not_ready", "reason": f"no known leader for partitions {missing}"},
+            status=503,
+        )
+    return web.json_response({"status": "ready", "node": node.id})
+
+
+# ====================================================================== peers
+async def peer_messages(request: web.Request) -> web.Response:
+    node = _node(request)
+    try:
+        items = decode_frame(await request.read())
+    except InvalidMessage as e:
+        raise bad(e.field, e.reason) from None
+    for p, m in items:
+        d = node.driver(p)
+        if d is None:
+            raise ApiError(404, "unknown_partition", f"partition {p} does not exist here")
+        d.step(m)
+    return web.Response(status=204)
+
+
+def _snapshot_params(request: web.Request) -> tuple[PartitionDriver, str, int, int, int]:
+    d = _driver(request)
+    leader = request.query.get("leader", "")
+    if not leader:
+        raise bad("leader", "is required")
+    term = _int_param(request, "term", 0, 1, 2**62)
+    index = _int_param(request, "index", 0, 0, 2**62)
+    snap_term = _int_param(request, "snap_term", 0, 0, 2**62)
+    return d, leader, term, index, snap_term
+
+
+async def snapshot_progress(request: web.Request) -> web.Response:
+    d, _, _, index, snap_term = _snapshot_params(request)
+    return web.json_response({"received": d.storage.snapshots.receiver(index, snap_term).received})
+
+
+async def snapshot_chunk(request: web.Request) -> web.Response:
+    d, leader, term, index, snap_term = _snapshot_params(request)
+    try:
+        offset = int(request.headers["X-Offset"])
+        crc = int(request.headers["X-Crc32c"])
+        total = int(request.headers["X-Total"])
+    except (KeyError, ValueError):
+        raise bad("headers", "X-Offset, X-Crc32c and X-Total are required integers") from None
+    receiver = d.storage.snapshots.receiver(index, snap_term)
+    chunk = Chunk(offset, await request.read(), crc, total)
+    try:
+        receiver.write(chunk)
+        if chunk.last:
+            meta, data = receiver.verify()
+            d.snapshot_received(leader, term, receiver, meta, data)
+    except SnapshotCorruption as e:
+        raise ApiError(400, "bad_chunk", e.reason, received=receiver.received) from None
+    return web.Response(status=204)
+
+
+def build_app(node: Node) -> web.Application:
+    middlewares: list[Any] = [errors, make_auth(node.token)]
+    app = web.Application(middlewares=middlewares, client_max_size=node.settings.max_request_bytes)
+    app[NODE_KEY] = node
+    app.router.add_post("/v1/partitions/{partition}/records", append)
+    app.router.add_get("/v1/partitions/{partition}/records", read)
+    app.router.add_get("/v1/status", status)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_post("/peer/v1/messages", peer_messages)
+    app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
+    app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
+    return app

@@ -1,0 +1,128 @@
+"""`raftlog-node`: run one node of a raftlog cluster.
+
+    raftlog-node --node-id n1 --peers n1=http://127.0.0.1:7001,n2=...,n3=... \\
+                 --port 7001 --data-dir /var/lib/raftlog --partitions 2
+
+Every flag can also come from the environment (`RAFTLOG_NODE_ID`, `RAFTLOG_PEERS` as JSON, ...,
+`RAFTLOG_RAFT__BACKFILL_THRESHOLD`) or a JSON file (`--config`); flags win, then the environment,
+then the file. A bad value stops the node at start with the field and the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from raftlog.node.config import describe_validation_error
+from raftlog.node.server.app import build_app
+from raftlog.node.server.node import Node
+from raftlog.node.settings import NodeSettings, load_settings
+from raftlog.node.storage.errors import CorruptFile, WalCorruption
+
+log = logging.getLogger("raftlog.node")
+
+
+def parse_peers(text: str) -> dict[str, str]:
+    peers = {}
+    for part in text.split(","):
+        name, sep, url = part.strip().partition("=")
+        if not sep or not name or not url:
+            raise argparse.ArgumentTypeError(f"{part!r} is not NAME=URL")
+        peers[name] = url
+    return peers
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="raftlog-node", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--config", help="JSON settings file")
+    ap.add_argument("--node-id")
+    ap.add_argument("--peers", type=parse_peers, help="NAME=URL,... for every member")
+    ap.add_argument("--host")
+    ap.add_argument("--port", type=int)
+    ap.add_argument("--partitions", type=int)
+    ap.add_argument("--data-dir")
+    ap.add_argument("--join", action="store_true", default=None, help="start empty, as a learner")
+    ap.add_argument("--tick-ms", type=int)
+    ap.add_argument("--auth-token-file")
+    ap.add_argument(
+        "--no-fsync",
+        dest="durable",
+        action="store_false",
+        default=None,
+        help="skip fsync (tests and benchmarks only; logged)",
+    )
+    ap.add_argument("--log-level", default="INFO")
+    return ap
+
+
+async def serve(settings: NodeSettings) -> None:
+    node = Node(settings)
+    await node.start()
+    runner = web.AppRunner(build_app(node), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, settings.host, settings.port)
+    await site.start()
+    log.info(
+        "node %s listening on %s:%d, %d partitions, data in %s",
+        node.id,
+        settings.host,
+        settings.port,
+        settings.partitions,
+        settings.data_dir,
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    log.info("node %s stopping", node.id)
+    await runner.cleanup()
+    await node.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    flags: dict[str, Any] = {
+        k: getattr(args, k)
+        for k in (
+            "node_id",
+            "peers",
+            "host",
+            "port",
+            "partitions",
+            "data_dir",
+            "join",
+            "tick_ms",
+            "auth_token_file",
+            "durable",
+        )
+    }
+    try:
+        settings = load_settings(flags, args.config)
+        asyncio.run(serve(settings))
+    except ValidationError as e:
+        print(f"raftlog-node: invalid settings: {describe_validation_error(e)}", file=sys.stderr)
+        return 2
+    except (ValueError, OSError) as e:
+        print(f"raftlog-node: {e}", file=sys.stderr)
+        return 2
+    except (WalCorruption, CorruptFile) as e:
+        print(f"raftlog-node: {e}", file=sys.stderr)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""A node: every partition's core, storage and driver, the transport, and the clock."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import random
+
+from raftlog.node.core.raft import Raft
+from raftlog.node.core.types import Membership
+from raftlog.node.server.partition import PartitionDriver
+from raftlog.node.settings import NodeSettings
+from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.transport.peers import Transport
+
+log = logging.getLogger("raftlog.node")
+
+
+class Node:
+    def __init__(self, settings: NodeSettings) -> None:
+        self.settings = settings
+        self.id = settings.node_id
+        self.token = settings.token()
+        self.transport = Transport(self.id, dict(settings.peers), self.token)
+        bootstrap = None if settings.join else Membership(frozenset(settings.peers))
+        self.drivers: dict[int, PartitionDriver] = {}
+        for p in range(settings.partitions):
+            storage = DurableStorage(
+                os.path.join(settings.data_dir, f"p{p}"),
+                bootstrap=bootstrap,
+                durable=settings.durable,
+                segment_bytes=settings.segment_bytes,
+            )
+            for msg in storage.recovery:
+                log.warning("p%d recovery: %s", p, msg)
+            raft = Raft(self.id, settings.raft, storage, seed=random.randrange(1 << 30))
+            self.drivers[p] = PartitionDriver(self, p, raft, storage, settings.raft)
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def start(self) -> None:
+        await self.transport.start()
+        loop = asyncio.get_running_loop()
+        for d in self.drivers.values():
+            self._tasks.append(loop.create_task(d.run()))
+        self._tasks.append(loop.create_task(self._clock()))
+
+    async def _clock(self) -> None:
+        period = self.settings.tick_ms / 1000
+        next_at = asyncio.get_running_loop().time()
+        while True:
+            next_at += period
+            await asyncio.sleep(max(0.0, next_at - asyncio.get_running_loop().time()))
+            for d in self.drivers.values():
+                d.tick()
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.transport.close()
+        for d in self.drivers.values():
+            d.group.close()
+            d.storage.close()
+
+    def driver(self, partition: int) -> PartitionDriver | None:
+        return self.drivers.get(partition)

@@ -1,0 +1,299 @@
+"""The driver of one partition: the only code that touches its core and its storage.
+
+Everything that changes the core (peer messages, client proposals, ticks, admin operations) goes
+through the inbox and runs in this driver's loop, between one `advance` and the next `ready`, so
+the core stays single-threaded while the loop awaits the disk. Proposals that arrive while an
+fsync is in flight become one batch in the next Ready: that is the node's group commit.
+
+Per Ready: write entries and hard state, wait until durable, install a received snapshot, send
+messages, apply committed entries (waking the appenders and the readers), serve snapshot
+requests, advance, then run a snapshot-and-compaction pass when one is due.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from raftlog.node.config import RaftConfig
+from raftlog.node.core.errors import NotLeader, ProposalRefused
+from raftlog.node.core.messages import InstallSnapshot, Message
+from raftlog.node.core.raft import Raft, Ready
+from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
+from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.compactor import snapshot_and_compact
+from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.storage.errors import StorageFailed
+from raftlog.node.storage.group_commit import GroupCommit
+from raftlog.node.storage.snapshots import SnapshotReceiver
+
+if TYPE_CHECKING:
+    from raftlog.node.server.node import Node
+
+log = logging.getLogger("raftlog.node")
+
+
+class NotCommitted(Exception):
+    """The entry was replaced by another leader's, or never reached a quorum in time."""
+
+
+@dataclass
+class Appended:
+    partition: int
+    first_index: int
+    last_index: int
+    term: int
+
+
+@dataclass
+class _Proposal:
+    records: list[bytes]
+    done: asyncio.Future[Appended]
+
+
+@dataclass
+class _Waiter:
+    first: int
+    term: int
+    done: asyncio.Future[Appended]
+
+
+@dataclass
+class PartitionCounters:
+    elections: int = 0
+    backfill_rounds: int = 0
+    backfill_entries: int = 0
+    snapshots_sent: int = 0
+    snapshots_installed: int = 0
+    snapshot_bytes_sent: int = 0
+    compactions: int = 0
+    events: dict[str, int] = field(default_factory=dict)
+
+
+class PartitionDriver:
+    def __init__(
+        self, node: Node, partition: int, raft: Raft, storage: DurableStorage, config: RaftConfig
+    ) -> None:
+        self.node = node
+        self.p = partition
+        self.raft = raft
+        self.storage = storage
+        self.config = config
+        self.table = KeyedTable.restore(storage.snapshot_data())
+        self.group = GroupCommit(storage.sync)
+        self.wake = asyncio.Event()
+        self.committed = asyncio.Condition()  # readers waiting for the high-water mark
+        self.failed: StorageFailed | None = storage.failed
+        self.counters = PartitionCounters()
+        self._calls: list[Callable[[], None]] = []
+        self._proposals: list[_Proposal] = []
+        self._waiters: dict[int, _Waiter] = {}  # last index of a batch -> its appender
+        self._ticks = 0
+        self._pending_snapshot: tuple[SnapshotReceiver, SnapshotMeta, bytes] | None = None
+        self._serving: set[str] = set()  # targets a snapshot is being streamed to
+
+    # ================================================================== the inbox
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run `fn` on the core in the driver loop (peer messages, admin operations)."""
+        self._calls.append(fn)
+        self.wake.set()
+
+    def step(self, m: Message) -> None:
+        self.call(lambda: self.raft.step(m))
+
+    def tick(self) -> None:
+        self._ticks += 1
+        self.wake.set()
+
+    async def propose(self, records: list[bytes]) -> Appended:
+        """Append records as one batch; returns once they are committed (durable on a quorum)."""
+        if self.failed is not None:
+            raise self.failed
+        fut: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
+        self._proposals.append(_Proposal(records, fut))
+        self.wake.set()
+        return await fut
+
+    async def run_on_core(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` in the driver loop and return its result (or raise its error)."""
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def call() -> None:
+            try:
+                fut.set_result(fn())
+            except Exception as e:
+                fut.set_exception(e)
+
+        self.call(call)
+        return await fut
+
+    # ================================================================== the loop
+    async def run(self) -> None:
+        try:
+            while True:
+                await self.wake.wait()
+                self.wake.clear()
+                self._take_inbox()
+                while self.raft.has_ready():
+                    rd = self.raft.ready()
+                    await self._handle(rd)
+                    self.raft.advance(rd)
+                    self._after_advance()
+                    self._take_inbox()
+        except StorageFailed as e:
+            # The partition stops accepting writes; reads of what it holds go on.
+            self.failed = e
+            log.error("p%d: %s", self.p, e)
+            for w in self._waiters.values():
+                if not w.done.done():
+                    w.done.set_exception(e)
+            for prop in self._proposals:
+                if not prop.done.done():
+                    prop.done.set_exception(e)
+
+    def _take_inbox(self) -> None:
+        calls, self._calls = self._calls, []
+        for fn in calls:
+            fn()
+        ticks, self._ticks = self._ticks, 0
+        for _ in range(ticks):
+            self.raft.tick()
+        props, self._proposals = self._proposals, []
+        if not props:
+            return
+        records = [r for prop in props for r in prop.records]
+        try:
+            placed = self.raft.propose_batch(records)
+        except (NotLeader, ProposalRefused) as e:
+            for prop in props:
+                prop.done.set_exception(e)
+            return
+        i = 0
+        for prop in props:
+            first, term = placed[i]
+            last = placed[i + len(prop.records) - 1][0]
+            self._waiters[last] = _Waiter(first, term, prop.done)
+            i += len(prop.records)
+
+    async def _handle(self, rd: Ready) -> None:
+        self.storage.write(rd.hard_state, rd.entries)
+        if rd.entries or rd.hard_state is not None:
+            await self.group.durable(self.group.wrote())
+        if rd.snapshot is not None:
+            self._install(rd.snapshot.index)
+        elif self._pending_snapshot is not None:
+            self._pending_snapshot[0].abort()  # the core did not want it (stale)
+            self._pending_snapshot = None
+        if rd.messages:
+            self.node.transport.send(self.p, rd.messages)
+        if rd.committed:
+            self._apply(rd)
+        for req in rd.snapshot_requests:
+            self._serve_snapshot(req)
+        for ev in rd.events:
+            self._count_event(ev.kind, ev.detail)
+
+    def _install(self, index: int) -> None:
+        assert self._pending_snapshot is not None, "the core installed a snapshot never received"
+        receiver, meta, data = self._pending_snapshot
+        self._pending_snapshot = None
+        assert meta.index == index
+        self.storage.install_received(receiver, meta)
+        self.table = KeyedTable.restore(data)
+        self.counters.snapshots_installed += 1
+        log.info("p%d installed a snapshot at index %d", self.p, index)
+
+    def _apply(self, rd: Ready) -> None:
+        for e in rd.committed:
+            self.table.apply(e)
+            w = self._waiters.pop(e.index, None)
+            if w is None or w.done.done():
+                continue
+            if e.term == w.term:
+                w.done.set_result(Appended(self.p, w.first, e.index, e.term))
+            else:
+                w.done.set_exception(
+                    NotCommitted(f"index {e.index} was taken by term {e.term}'s leader")
+                )
+        # Appenders whose entries were cut by a new leader's log and never come back.
+        top = rd.committed[-1].index
+        for index in [i for i in self._waiters if i < top]:
+            w = self._waiters.pop(index)
+            if not w.done.done():
+                w.done.set_exception(NotCommitted(f"index {index} was replaced"))
+        asyncio.get_running_loop().create_task(self._notify_readers())
+
+    async def _notify_readers(self) -> None:
+        async with self.committed:
+            self.committed.notify_all()
+
+    def _after_advance(self) -> None:
+        done = snapshot_and_compact(
+            self.storage, self.raft, self.table, self.config, self.storage.holds.floor()
+        )
+        if done is not None and done.dropped:
+            self.counters.compactions += 1
+            log.info(
+                "p%d snapshot at %d, compacted %d entries, floor %d",
+                self.p,
+                done.snapshot_index,
+                done.dropped,
+                done.floor,
+            )
+
+    def _count_event(self, kind: str, detail: dict[str, Any]) -> None:
+        c = self.counters
+        c.events[kind] = c.events.get(kind, 0) + 1
+        if kind == "elected":
+            c.elections += 1
+        elif kind == "backfill_round":
+            c.backfill_rounds += 1
+            c.backfill_entries += int(detail.get("last", 0)) - int(detail.get("first", 0)) + 1
+
+    # ================================================================== snapshots
+    def _serve_snapshot(self, req: SnapshotRequest) -> None:
+        if req.target in self._serving:
+            return
+        self._serving.add(req.target)
+        asyncio.get_running_loop().create_task(self._stream_snapshot(req))
+
+    def snapshot_for(self, required: int) -> tuple[SnapshotMeta, bytes]:
+        """The stored snapshot if it covers `required`, else a fresh one of the applied table."""
+        meta = self.storage.snapshot_meta()
+        if meta.index >= required:
+            return meta, self.storage.snapshot_data()
+        applied = self.table.applied_index
+        fresh = SnapshotMeta(applied, self.raft.log.term(applied), self.raft.membership_at(applied))
+        return fresh, self.table.snapshot()
+
+    async def _stream_snapshot(self, req: SnapshotRequest) -> None:
+        ok = False
+        try:
+            meta, data = self.snapshot_for(req.required_index)
+            sent = await self.node.transport.send_snapshot(
+                req.target, self.p, self.node.id, req.term, meta, data
+            )
+            self.counters.snapshots_sent += 1
+            self.counters.snapshot_bytes_sent += sent
+            ok = True
+        except Exception as e:  # the leader retries with back-off
+            log.warning("p%d snapshot to %s failed: %s", self.p, req.target, e)
+        finally:
+            self._serving.discard(req.target)
+            self.call(lambda: self.raft.report_snapshot(req.target, ok))
+
+    def snapshot_received(
+        self, leader: str, term: int, receiver: SnapshotReceiver, meta: SnapshotMeta, data: bytes
+    ) -> None:
+        """A whole, verified snapshot arrived: offer it to the core."""
+
+        def offer() -> None:
+            if self._pending_snapshot is not None:
+                self._pending_snapshot[0].abort()
+            self._pending_snapshot = (receiver, meta, data)
+            self.raft.step(InstallSnapshot(leader, self.node.id, term, meta))
+
+        self.call(offer)

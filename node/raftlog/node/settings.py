@@ -1,0 +1,106 @@
+"""The node's settings: one pydantic model, from flags, `RAFTLOG_` environment and a JSON file.
+
+Precedence: command-line flags, then the environment (`RAFTLOG_NODE_ID`, `RAFTLOG_PEERS`, nested
+Raft settings as `RAFTLOG_RAFT__BACKFILL_THRESHOLD`), then the file given by `--config` /
+`RAFTLOG_CONFIG`, then the defaults. Everything is validated at start; an error names the field.
+"""
+
+from __future__ import annotations
+
+import os
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    JsonConfigSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+)
+
+from raftlog.node.config import RaftConfig
+
+_config_file: ContextVar[str | None] = ContextVar("raftlog_config_file", default=None)
+
+
+class NodeSettings(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix="RAFTLOG_", env_nested_delimiter="__", extra="forbid", frozen=True
+    )
+
+    node_id: str = Field(description="this node's name; a key of `peers`")
+    peers: dict[str, str] = Field(
+        description="every member's name and base URL, this node's included, e.g. "
+        '{"n1": "http://127.0.0.1:7001", ...}; on a new cluster they are the initial voters'
+    )
+    host: str = Field("127.0.0.1", description="address to listen on")
+    port: int = Field(7001, ge=1, le=65535, description="port to listen on")
+    partitions: int = Field(1, ge=1, le=1024, description="how many partitions this cluster has")
+    data_dir: Path = Field(description="where the partitions' WAL, snapshots and state live")
+    join: bool = Field(
+        False, description="start empty and wait to be added as a learner (no bootstrap)"
+    )
+    tick_ms: int = Field(50, ge=5, le=5000, description="one Raft tick, in milliseconds")
+    durable: bool = Field(True, description="fsync before acknowledging (off: tests only)")
+    auth_token_file: Path | None = Field(
+        None, description="file holding the shared secret required on peer and admin calls"
+    )
+    max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
+    max_record_bytes: int = Field(1024 * 1024, ge=1, description="largest record value")
+    append_timeout_s: float = Field(
+        10.0, gt=0, description="how long an append waits for its commit before 503"
+    )
+    segment_bytes: int = Field(64 * 1024 * 1024, ge=4096, description="WAL segment size")
+    raft: RaftConfig = Field(default_factory=RaftConfig)
+
+    @field_validator("peers")
+    @classmethod
+    def _urls(cls, v: dict[str, str]) -> dict[str, str]:
+        for name, url in v.items():
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"{name}: {url!r} is not an http(s) URL")
+        return {k: u.rstrip("/") for k, u in v.items()}
+
+    @model_validator(mode="after")
+    def _self_in_peers(self) -> NodeSettings:
+        if self.node_id not in self.peers:
+            raise ValueError(
+                f"node_id {self.node_id!r} is not among the peers {sorted(self.peers)}"
+            )
+        return self
+
+    def token(self) -> str | None:
+        if self.auth_token_file is None:
+            return None
+        token = self.auth_token_file.read_text().strip()
+        if not token:
+            raise ValueError(f"auth_token_file: {self.auth_token_file} is empty")
+        return token
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        config = _config_file.get() or os.environ.get("RAFTLOG_CONFIG")
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if config:
+            sources.append(JsonConfigSettingsSource(settings_cls, json_file=config))
+        return tuple(sources)
+
+
+def load_settings(flags: dict[str, Any], config_file: str | None = None) -> NodeSettings:
+    """Settings from flags (already parsed, None meaning unset), environment and file."""
+    if config_file and not Path(config_file).is_file():
+        raise ValueError(f"config: {config_file} is not a file")
+    token = _config_file.set(config_file)
+    try:
+        return NodeSettings(**{k: v for k, v in flags.items() if v is not None})
+    finally:
+        _config_file.reset(token)

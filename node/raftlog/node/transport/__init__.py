@@ -1,0 +1,1 @@
+"""Peer transport: the wire codec of core messages and the per-peer senders."""

@@ -1,0 +1,78 @@
+"""Binary framing of core messages between peers (msgspec MessagePack).
+
+msgspec is fast, maintained and typed; MessagePack keeps entry payloads as raw bytes (no base64).
+A frame is a list of `[partition, type code, field values...]`; entries travel as
+`[index, term, kind, data]` and snapshot metadata as `[index, term, voters, learners]`. Decoding
+never trusts the peer: any shape error becomes `InvalidMessage`, and the core validates the rest.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import msgspec
+
+from raftlog.node.core.errors import InvalidMessage
+from raftlog.node.core.messages import MESSAGE_TYPES, AppendRequest, InstallSnapshot, Message
+from raftlog.node.core.types import Entry, EntryKind, Membership, SnapshotMeta
+
+_CODES = {cls: i for i, cls in enumerate(MESSAGE_TYPES)}
+_FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGE_TYPES}
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder()
+
+
+def _field_out(value: Any) -> Any:
+    if isinstance(value, tuple):  # entries
+        return [[e.index, e.term, int(e.kind), e.data] for e in value]
+    if isinstance(value, SnapshotMeta):
+        m = value.membership
+        return [value.index, value.term, sorted(m.voters), sorted(m.learners)]
+    return value
+
+
+def encode_frame(items: list[tuple[int, Message]]) -> bytes:
+    out = []
+    for partition, m in items:
+        cls = type(m)
+        out.append([partition, _CODES[cls], *(_field_out(getattr(m, f)) for f in _FIELDS[cls])])
+    return _encoder.encode(out)
+
+
+def decode_frame(data: bytes) -> list[tuple[int, Message]]:
+    try:
+        raw = _decoder.decode(data)
+    except msgspec.DecodeError as e:
+        raise InvalidMessage("frame", f"not MessagePack: {e}") from None
+    if not isinstance(raw, list):
+        raise InvalidMessage("frame", "must be a list of messages")
+    return [_decode_one(item) for item in raw]
+
+
+def _decode_one(item: Any) -> tuple[int, Message]:
+    if not isinstance(item, list) or len(item) < 2:
+        raise InvalidMessage("frame", "each message is [partition, type, fields...]")
+    partition, code, *values = item
+    if not isinstance(partition, int) or not isinstance(code, int):
+        raise InvalidMessage("frame", "partition and type must be integers")
+    if not 0 <= code < len(MESSAGE_TYPES):
+        raise InvalidMessage("type", f"unknown message type {code}")
+    cls = MESSAGE_TYPES[code]
+    names = _FIELDS[cls]
+    if len(values) != len(names):
+        raise InvalidMessage("frame", f"{cls.__name__} has {len(names)} fields, got {len(values)}")
+    kwargs = dict(zip(names, values, strict=True))
+    try:
+        if cls is AppendRequest:
+            kwargs["entries"] = tuple(
+                Entry(int(i), int(t), EntryKind(k), bytes(d)) for i, t, k, d in kwargs["entries"]
+            )
+        if cls is InstallSnapshot:
+            i, t, voters, learners = kwargs["meta"]
+            kwargs["meta"] = SnapshotMeta(
+                int(i), int(t), Membership(frozenset(voters), frozenset(learners))
+            )
+        return partition, cls(**kwargs)
+    except (TypeError, ValueError) as e:
+        raise InvalidMessage("frame", f"malformed {cls.__name__}: {e}") from None

@@ -1,0 +1,87 @@
+"""Real node processes on 127.0.0.1 under faults (marker `e2e`)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+
+from raftlog.client import AsyncClient, ClientError
+from raftlog.node.local import LocalCluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def test_kill_9_the_leader_while_clients_append(tmp_path):
+    with LocalCluster(tmp_path, replicas=3, partitions=2) as cluster:
+        cluster.wait_ready()
+        victim = cluster.leader(0)
+        assert victim is not None
+        acked: dict[tuple[int, int], str] = {}  # (partition, index) -> value
+        failures: list[str] = []
+
+        async def producer(k: int, stop_at: float) -> None:
+            async with AsyncClient(cluster.endpoints, retries=20) as c:
+                seq = 0
+                while time.monotonic() < stop_at:
+                    p = seq % 2
+                    value = f"producer-{k}-{seq}"
+                    try:
+                        r = await c.append(p, [{"key": f"k{k}", "value": value}])
+                    except (TimeoutError, ClientError, OSError) as e:
+                        failures.append(f"{value}: {e}")
+                    else:
+                        assert (p, r.last_index) not in acked, "two appends acked at one index"
+                        acked[(p, r.last_index)] = value
+                    seq += 1
+
+        async def run() -> None:
+            stop_at = time.monotonic() + 6
+            tasks = [asyncio.create_task(producer(k, stop_at)) for k in range(16)]
+            await asyncio.sleep(2)
+            cluster.kill(victim)
+            await asyncio.gather(*tasks)
+
+        asyncio.run(run())
+        assert len(acked) > 200, f"only {len(acked)} appends acknowledged"
+        # A new leader took over partition 0, and the log kept growing after the kill.
+        cluster.wait_ready(timeout=20)
+        new_leader = cluster.leader(0)
+        assert new_leader is not None and new_leader != victim
+        survivors = [n for n in cluster.nodes if n != victim]
+
+        async def read_all(endpoint: str, p: int) -> dict[int, str]:
+            out: dict[int, str] = {}
+            async with AsyncClient([endpoint]) as c:
+                start = 1
+                while True:
+                    page = await c.read(p, start, 1000)
+                    for r in page["records"]:
+                        out[r["index"]] = r["value"]
+                    if page["next"] > page["high_water_mark"]:
+                        return out
+                    start = page["next"]
+
+        for name in survivors:
+            for p in (0, 1):
+                log = asyncio.run(read_all(cluster.nodes[name].url, p))
+                missing = [(i, v) for (pp, i), v in acked.items() if pp == p and log.get(i) != v]
+                assert not missing, f"{name} p{p} lost acknowledged appends: {missing[:5]}"
+        # The killed node comes back from its disk and converges.
+        cluster.start(victim)
+        cluster.wait_ready(timeout=20)
+        top = max(i for (p, i) in acked if p == 0)
+
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            st = cluster.status(victim)["partitions"][0]
+            if st["high_water_mark"] >= top:
+                break
+            time.sleep(0.2)
+        back = asyncio.run(read_all(cluster.nodes[victim].url, 0))
+        assert all(back.get(i) == v for (p, i), v in acked.items() if p == 0)
+        print(
+            f"{len(acked)} acknowledged appends, {len(failures)} failed calls, "
+            f"leader {victim} killed, {new_leader} took over"
+        )
