@@ -53,6 +53,8 @@ class LocalCluster:
     tick_ms: int = 50
     durable: bool = True
     raft: dict[str, Any] = field(default_factory=dict)  # RaftConfig overrides
+    auth_token_file: Path | None = None
+    env: dict[str, str] = field(default_factory=dict)  # more RAFTLOG_ settings
     nodes: dict[str, LocalNode] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -87,7 +89,9 @@ class LocalCluster:
             ]  # fmt: skip
             if not self.durable:
                 cmd.append("--no-fsync")
-            env = dict(os.environ)
+            if self.auth_token_file is not None:
+                cmd += ["--auth-token-file", str(self.auth_token_file)]
+            env = {**os.environ, **self.env}
             for k, v in self.raft.items():
                 env[f"RAFTLOG_RAFT__{k.upper()}"] = str(v)
             with node.log_path.open("ab") as log:
@@ -127,11 +131,31 @@ class LocalCluster:
                     node.proc.wait()
 
     def get(self, name: str, path: str, timeout: float = 2.0) -> tuple[int, Any]:
+        return self.request(name, "GET", path, timeout=timeout)
+
+    def request(
+        self,
+        name: str,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float = 5.0,
+    ) -> tuple[int, Any]:
+        """One HTTP call to a node: (status, decoded JSON body or None)."""
+        req = urllib.request.Request(
+            self.nodes[name].url + path, data=body, method=method, headers=headers or {}
+        )
         try:
-            with urllib.request.urlopen(self.nodes[name].url + path, timeout=timeout) as r:
-                return r.status, json.loads(r.read())
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                raw = r.read()
+                return r.status, json.loads(raw) if raw else None
         except urllib.error.HTTPError as e:
-            return e.code, json.loads(e.read() or b"{}")
+            raw = e.read()
+            try:
+                return e.code, json.loads(raw) if raw else None
+            except ValueError:
+                return e.code, {"raw": raw.decode(errors="replace")}
 
     def status(self, name: str) -> dict[str, Any]:
         code, body = self.get(name, "/v1/status")

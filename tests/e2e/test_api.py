@@ -1,0 +1,128 @@
+"""The client and peer API against a real node: auth, bad input, and a fuzz of the append API."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from raftlog.node.local import LocalCluster
+from raftlog.node.transport.codec import encode_frame
+
+pytestmark = [pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    d = tmp_path_factory.mktemp("api")
+    token = d / "token"
+    token.write_text("s3cret-token\n")
+    with LocalCluster(d, replicas=1, partitions=2, auth_token_file=token, durable=False) as c:
+        c.wait_ready()
+        yield c
+
+
+def last_index(c: LocalCluster) -> list[int]:
+    return [p["last_index"] for p in c.status("n1")["partitions"]]
+
+
+def post(c: LocalCluster, path: str, body: bytes, **headers: str):
+    return c.request("n1", "POST", path, body, {"Content-Type": "application/json", **headers})
+
+
+def test_peer_calls_need_the_token_and_change_nothing_without_it(node):
+    before = last_index(node)
+    frame = encode_frame([])
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "s3cret-token"}):
+        code, body = post(node, "/peer/v1/messages", frame, **headers)
+        assert code == 401 and body["error"] == "unauthorized", headers
+    code, _ = post(node, "/peer/v1/messages", frame, Authorization="Bearer s3cret-token")
+    assert code == 204
+    assert last_index(node) == before
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "status", "field"),
+    [
+        ("/v1/partitions/0/records", b"{not json", 400, "body"),
+        ("/v1/partitions/0/records", b"[1, 2]", 400, "body"),
+        ("/v1/partitions/0/records", b'{"records": []}', 400, "records"),
+        ("/v1/partitions/0/records", b'{"records": [{}]}', 400, "records[0]"),
+        ("/v1/partitions/0/records", b'{"key": 5}', 400, "records[0].key"),
+        ("/v1/partitions/0/records", b'{"value_b64": "***"}', 400, "records[0].value_b64"),
+        ("/v1/partitions/0/records", b'{"value": "x", "colour": "red"}', 400, "records[0].colour"),
+        (
+            "/v1/partitions/0/records",
+            b'{"value": "x", "headers": {"a": 1}}',
+            400,
+            "records[0].headers",
+        ),
+        (
+            "/v1/partitions/0/records",
+            b'{"value": "x", "timestamp_ms": -1}',
+            400,
+            "records[0].timestamp_ms",
+        ),
+        ("/v1/partitions/x/records", b'{"value": "x"}', 400, "partition"),
+        ("/v1/partitions/7/records", b'{"value": "x"}', 404, None),
+    ],
+)
+def test_bad_appends_get_a_4xx_naming_the_field_and_change_nothing(node, path, body, status, field):
+    before = last_index(node)
+    code, reply = post(node, path, body)
+    assert code == status, reply
+    assert reply["reason"]
+    if field:
+        assert reply["field"] == field
+    assert last_index(node) == before
+
+
+def test_bad_reads(node):
+    assert node.get("n1", "/v1/partitions/0/records?from=abc")[0] == 400
+    assert node.get("n1", "/v1/partitions/0/records?limit=0")[0] == 400
+    code, reply = node.get("n1", "/v1/partitions/0/records?min_index=999999")
+    assert code == 503 and reply["error"] == "behind"
+
+
+def test_a_good_append_reads_back(node):
+    code, reply = post(node, "/v1/partitions/1/records", b'{"key": "k", "value": "v"}')
+    assert code == 200
+    code, page = node.get("n1", f"/v1/partitions/1/records?from={reply['first_index']}")
+    assert code == 200 and page["records"][0]["value"] == "v"
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+bodies = st.one_of(
+    json_values.map(lambda v: json.dumps(v).encode()),
+    st.fixed_dictionaries(
+        {},
+        optional={
+            "key": json_values,
+            "value": json_values,
+            "value_b64": json_values,
+            "headers": json_values,
+            "timestamp_ms": json_values,
+        },
+    ).map(lambda v: json.dumps(v).encode()),
+    st.binary(max_size=40),
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(body=bodies)
+def test_fuzzed_appends_never_get_a_5xx_and_never_change_the_log_when_refused(node, body):
+    before = last_index(node)
+    code, reply = post(node, "/v1/partitions/0/records", body)
+    assert code < 500, (body, reply)
+    if code != 200:
+        assert last_index(node) == before, (body, reply)
