@@ -380,7 +380,10 @@ class Raft:
                     last_response_tick=pr.last_response_tick,
                     follower_commit=pr.follower_commit,
                     inflight=len(pr.inflight),
-                    backfilling=pr.backfilling,
+                    # Still behind by more than the threshold: the last round's flag alone
+                    # would stay set once caught up until the next append is sent.
+                    backfilling=pr.backfilling
+                    and (pr.lag(self.log.committed) or 0) > self.cfg.backfill_threshold,
                     backfill_rounds=pr.backfill_rounds,
                     backfill_entries=pr.backfill_entries,
                     snapshots_installed=pr.snapshots_installed,

@@ -306,9 +306,11 @@ async def status(request: web.Request) -> web.Response:
                     "elections": d.counters.elections,
                     "backfill_rounds": d.counters.backfill_rounds,
                     "backfill_entries": d.counters.backfill_entries,
+                    "backfill_largest_round": d.counters.backfill_largest_round,
                     "snapshots_sent": d.counters.snapshots_sent,
                     "snapshots_installed": d.counters.snapshots_installed,
                     "compactions": d.counters.compactions,
+                    "events": dict(d.counters.events),
                 },
                 "followers": {
                     f.node: {

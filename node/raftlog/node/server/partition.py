@@ -66,6 +66,7 @@ class PartitionCounters:
     elections: int = 0
     backfill_rounds: int = 0
     backfill_entries: int = 0
+    backfill_largest_round: int = 0
     snapshots_sent: int = 0
     snapshots_installed: int = 0
     snapshot_bytes_sent: int = 0
@@ -250,8 +251,10 @@ class PartitionDriver:
         if kind == "elected":
             c.elections += 1
         elif kind == "backfill_round":
+            size = int(detail.get("last", 0)) - int(detail.get("first", 0)) + 1
             c.backfill_rounds += 1
-            c.backfill_entries += int(detail.get("last", 0)) - int(detail.get("first", 0)) + 1
+            c.backfill_entries += size
+            c.backfill_largest_round = max(c.backfill_largest_round, size)
 
     # ================================================================== snapshots
     def _serve_snapshot(self, req: SnapshotRequest) -> None:

@@ -1,0 +1,107 @@
+"""A lagging follower catches up by bounded backfill, or by a snapshot once compacted past."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from raftlog.client import AsyncClient
+from raftlog.node.local import LocalCluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def write(cluster: LocalCluster, n: int, batch: int = 10) -> list[int]:
+    """Append n records in batches; returns each call's latency in ms (all must succeed)."""
+
+    async def go() -> list[int]:
+        lat = []
+        async with AsyncClient(cluster.endpoints) as c:
+            for i in range(0, n, batch):
+                t = time.monotonic()
+                await c.append(
+                    0, [{"key": f"k{j % 37}", "value": f"v{j}"} for j in range(i, i + batch)]
+                )
+                lat.append(int((time.monotonic() - t) * 1000))
+        return lat
+
+    return asyncio.run(go())
+
+
+def converge(cluster: LocalCluster, name: str, timeout: float = 30) -> dict[str, Any]:
+    leader = cluster.leader(0)
+    assert leader
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        top = cluster.status(leader)["partitions"][0]["high_water_mark"]
+        mine: dict[str, Any] = cluster.status(name)["partitions"][0]
+        if mine["high_water_mark"] >= top and mine["applied"] >= top:
+            return mine
+        time.sleep(0.1)
+    raise AssertionError(f"{name} did not converge within {timeout} s")
+
+
+def test_paused_follower_is_repaired_in_bounded_backfill_rounds(tmp_path):
+    with LocalCluster(tmp_path, replicas=3, durable=False) as cluster:
+        cluster.wait_ready()
+        leader = cluster.leader(0)
+        assert leader is not None
+        follower = next(n for n in cluster.nodes if n != leader)
+        cluster.pause(follower)
+        write(cluster, 600)  # the writes go on without it
+        cluster.resume(follower)
+        write(cluster, 200)  # and while it catches up
+        converge(cluster, follower)
+        f = cluster.status(leader)["partitions"][0]["followers"][follower]
+        c = cluster.status(leader)["partitions"][0]["counters"]
+        assert f["backfill_rounds"] >= 5, f
+        assert 0 < c["backfill_largest_round"] <= 128, c
+        assert f["state"] == "replicate" and not f["backfilling"], f
+
+
+def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path):
+    small = {"compact_every_operations": 100, "compact_number_entries": 20}
+    env = {"RAFTLOG_SEGMENT_BYTES": "4096"}
+    with LocalCluster(tmp_path, replicas=3, durable=False, raft=small, env=env) as cluster:
+        cluster.wait_ready()
+        leader = cluster.leader(0)
+        assert leader is not None
+        follower = next(n for n in cluster.nodes if n != leader)
+        write(cluster, 50)
+        converge(cluster, follower)
+        stopped_at = cluster.status(follower)["partitions"][0]["last_index"]
+        cluster.kill(follower)
+        write(cluster, 1500)
+        floor = cluster.status(leader)["partitions"][0]["compaction_floor"]
+        assert floor > stopped_at + 1, "the leader compacted past the stopped follower"
+        cluster.start(follower)
+        cluster.wait_ready()
+        seen_required = False
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            f = cluster.status(leader)["partitions"][0]["followers"].get(follower, {})
+            seen_required |= bool(f.get("snapshot_required"))
+            if cluster.status(follower)["partitions"][0]["counters"]["snapshots_installed"]:
+                break
+            time.sleep(0.05)
+        mine = converge(cluster, follower)
+        assert mine["snapshot_index"] >= floor - 1
+        assert cluster.status(follower)["partitions"][0]["counters"]["snapshots_installed"] >= 1
+        counters = cluster.status(leader)["partitions"][0]["counters"]
+        assert counters["snapshots_sent"] >= 1
+        # SnapshotRequired lasts only until the transfer starts: polling may miss it, the
+        # leader's event count does not.
+        assert counters["events"].get("snapshot_required", 0) >= 1, counters
+        print(f"SnapshotRequired also seen in the leader's status while polling: {seen_required}")
+
+        async def tail(endpoint: str) -> list[dict[str, object]]:
+            async with AsyncClient([endpoint]) as c:
+                page = await c.read(0, mine["snapshot_index"] + 1, 1000)
+                return list(page["records"])
+
+        assert asyncio.run(tail(cluster.nodes[follower].url)) == asyncio.run(
+            tail(cluster.nodes[leader].url)
+        )
