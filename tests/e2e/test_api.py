@@ -126,3 +126,29 @@ def test_fuzzed_appends_never_get_a_5xx_and_never_change_the_log_when_refused(no
     assert code < 500, (body, reply)
     if code != 200:
         assert last_index(node) == before, (body, reply)
+
+
+def test_idempotent_appends_land_once(node):
+    def send(seq: int, values: list[str], producer: str = "p-1"):
+        body = {"producer_id": producer, "sequence": seq, "records": [{"value": v} for v in values]}
+        return post(node, "/v1/partitions/1/records", json.dumps(body).encode())
+
+    code, first = send(0, ["a", "b"])
+    assert code == 200 and not first["duplicate"]
+    before = last_index(node)
+    code, again = send(0, ["a", "b"])  # a retry: answered with the first indexes, not appended
+    assert code == 200 and again["duplicate"]
+    assert (again["first_index"], again["last_index"]) == (
+        first["first_index"],
+        first["last_index"],
+    )
+    assert last_index(node) == before
+    code, reply = send(5, ["c"])
+    assert code == 409 and reply["error"] == "sequence_conflict" and "expected 2" in reply["reason"]
+    assert last_index(node) == before
+    code, nxt = send(2, ["c"])
+    assert code == 200 and nxt["first_index"] == first["last_index"] + 1
+    code, reply = post(node, "/v1/partitions/1/records", b'{"producer_id": "x", "value": "v"}')
+    assert code == 400 and reply["field"] == "sequence"
+    code, other = send(0, ["z"], producer="p-2")  # producers are independent
+    assert code == 200 and not other["duplicate"]

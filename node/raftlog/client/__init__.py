@@ -1,5 +1,11 @@
 """Clients of the raftlog node API: `AsyncClient` (aiohttp) and `Client` (blocking)."""
 
-from raftlog.client.client import AppendResult, AsyncClient, Client, ClientError
+from raftlog.client.client import (
+    AppendResult,
+    AsyncClient,
+    Client,
+    ClientError,
+    IdempotentProducer,
+)
 
-__all__ = ["AppendResult", "AsyncClient", "Client", "ClientError"]
+__all__ = ["AppendResult", "AsyncClient", "Client", "ClientError", "IdempotentProducer"]

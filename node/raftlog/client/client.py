@@ -30,6 +30,7 @@ class AppendResult:
     first_index: int
     last_index: int
     term: int
+    duplicate: bool = False  # an idempotent retry answered with the first attempt's indexes
 
 
 _RETRYABLE = {421, 502, 503, 504}
@@ -80,9 +81,22 @@ class AsyncClient:
                 body = {"error": "bad_response", "reason": (await resp.text())[:200]}
             return resp.status, body
 
-    async def append(self, partition: int, records: list[dict[str, Any]]) -> AppendResult:
-        """Append records (each `{"key": ..., "value": ...}`) as one batch; returns after commit."""
-        body = {"records": records}
+    async def append(
+        self,
+        partition: int,
+        records: list[dict[str, Any]],
+        *,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> AppendResult:
+        """Append records (each `{"key": ..., "value": ...}`) as one batch; returns after commit.
+
+        With `producer_id` and `sequence` (of the first record) the append is idempotent: the
+        retries this method makes, and any retry of the same call, land exactly once.
+        """
+        body: dict[str, Any] = {"records": records}
+        if producer_id is not None:
+            body["producer_id"], body["sequence"] = producer_id, sequence
         last_error: Exception | None = None
         for attempt in range(self.retries + 1):
             base = self._leaders.get(partition) or self.endpoints[attempt % len(self.endpoints)]
@@ -97,7 +111,11 @@ class AsyncClient:
                 if status == 200:
                     self._leaders[partition] = base
                     return AppendResult(
-                        reply["partition"], reply["first_index"], reply["last_index"], reply["term"]
+                        reply["partition"],
+                        reply["first_index"],
+                        reply["last_index"],
+                        reply["term"],
+                        bool(reply.get("duplicate", False)),
                     )
                 if status not in _RETRYABLE:
                     raise ClientError(status, reply)
@@ -173,3 +191,34 @@ class Client:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class IdempotentProducer:
+    """Appends that land exactly once, however often a call is retried (Kafka's idempotence).
+
+    Each partition's records get consecutive sequence numbers under this producer's id; a failed
+    append keeps its sequence numbers, so calling `append` again with the same records retries
+    it safely. Use one producer id per writer, and a new id after losing its state.
+    """
+
+    def __init__(self, client: AsyncClient, producer_id: str) -> None:
+        self.client = client
+        self.producer_id = producer_id
+        self._next: dict[int, int] = {}
+        self._pending: dict[int, list[dict[str, Any]]] = {}
+
+    async def append(self, partition: int, records: list[dict[str, Any]]) -> AppendResult:
+        pending = self._pending.get(partition)
+        if pending is not None and pending != records:
+            raise ValueError(
+                "the previous append to this partition failed: retry it with the same records "
+                "before appending others"
+            )
+        self._pending[partition] = records
+        seq = self._next.get(partition, 0)
+        result = await self.client.append(
+            partition, records, producer_id=self.producer_id, sequence=seq
+        )
+        self._next[partition] = seq + len(records)
+        del self._pending[partition]
+        return result

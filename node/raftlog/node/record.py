@@ -14,6 +14,10 @@ class Record(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True):
     value: bytes | None = None  # None on a keyed record is a tombstone: the key is deleted
     headers: dict[str, str] = {}
     timestamp_ms: int = 0
+    # Idempotent producers (as Kafka's): each record of a producer has the next sequence number,
+    # and a retried append of records already in the log is answered, not appended again.
+    producer_id: str | None = None
+    sequence: int = -1
 
 
 _encoder = msgspec.msgpack.Encoder()

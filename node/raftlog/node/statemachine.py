@@ -6,15 +6,21 @@ to the compaction floor.
 
 from __future__ import annotations
 
+from collections import deque
+
 import msgspec
 
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import decode_record
 
+PRODUCER_MEMORY = 64  # records per producer whose index a retry can still be told
+
 
 class _TableImage(msgspec.Struct, array_like=True):
     applied_index: int
     rows: list[tuple[bytes, bytes]]
+    # producer -> its most recent (sequence, index, term), oldest first
+    producers: dict[str, list[tuple[int, int, int]]] = {}
 
 
 _image_encoder = msgspec.msgpack.Encoder()
@@ -26,6 +32,8 @@ class KeyedTable:
         self.rows: dict[bytes, bytes] = {}
         self.applied_index = 0
         self.undecodable = 0  # entries kept in the log but not indexed (not a Record)
+        self.producers: dict[str, deque[tuple[int, int, int]]] = {}
+        self.duplicates = 0
 
     def apply(self, entry: Entry) -> None:
         if entry.index <= self.applied_index:
@@ -38,6 +46,12 @@ class KeyedTable:
         except msgspec.DecodeError:
             self.undecodable += 1
             return
+        if record.producer_id is not None:
+            seen = self.producers.setdefault(record.producer_id, deque(maxlen=PRODUCER_MEMORY))
+            if seen and record.sequence <= seen[-1][0]:
+                self.duplicates += 1  # never appended by a correct leader; kept out of the table
+                return
+            seen.append((record.sequence, entry.index, entry.term))
         if record.key is None:
             return
         if record.value is None:
@@ -48,8 +62,22 @@ class KeyedTable:
     def get(self, key: bytes) -> bytes | None:
         return self.rows.get(key)
 
+    def last_sequence(self, producer: str) -> int:
+        """The highest sequence of `producer` applied so far (-1: none)."""
+        seen = self.producers.get(producer)
+        return seen[-1][0] if seen else -1
+
+    def placed(self, producer: str, sequence: int) -> tuple[int, int] | None:
+        """(index, term) of a recent record of `producer`, or None when not remembered."""
+        for seq, index, term in self.producers.get(producer, ()):
+            if seq == sequence:
+                return index, term
+        return None
+
     def snapshot(self) -> bytes:
-        return _image_encoder.encode(_TableImage(self.applied_index, sorted(self.rows.items())))
+        producers = {p: list(seen) for p, seen in sorted(self.producers.items())}
+        image = _TableImage(self.applied_index, sorted(self.rows.items()), producers)
+        return _image_encoder.encode(image)
 
     @classmethod
     def restore(cls, data: bytes) -> KeyedTable:
@@ -58,4 +86,8 @@ class KeyedTable:
             image = _image_decoder.decode(data)
             table.applied_index = image.applied_index
             table.rows = dict(image.rows)
+            table.producers = {
+                p: deque((tuple(x) for x in seen), maxlen=PRODUCER_MEMORY)  # type: ignore[misc]
+                for p, seen in image.producers.items()
+            }
         return table

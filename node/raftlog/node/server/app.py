@@ -24,7 +24,12 @@ from raftlog.node.core.raft import Role
 from raftlog.node.core.types import EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
 from raftlog.node.server.node import Node
-from raftlog.node.server.partition import NotCommitted, PartitionDriver
+from raftlog.node.server.partition import (
+    NotCommitted,
+    PartitionDriver,
+    ProducerBusy,
+    SequenceConflict,
+)
 from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed
 from raftlog.node.storage.snapshots import Chunk
 from raftlog.node.transport.codec import decode_frame
@@ -131,16 +136,27 @@ def _bytes_field(item: dict[str, Any], name: str, i: int) -> bytes | None:
     return text.encode()
 
 
-def parse_records(body: Any, max_record_bytes: int) -> list[bytes]:
+def parse_records(body: Any, max_record_bytes: int) -> tuple[list[bytes], str | None, int]:
+    """The encoded records, and the producer id and first sequence of an idempotent append."""
     if not isinstance(body, dict):
         raise bad("body", "must be a JSON object")
+    producer = body.get("producer_id")
+    sequence = body.get("sequence")
+    if (producer is None) != (sequence is None):
+        raise bad("producer_id" if producer is None else "sequence", "give both or neither")
+    if producer is not None and (not isinstance(producer, str) or not 0 < len(producer) <= 200):
+        raise bad("producer_id", "must be a string of 1 to 200 characters")
+    if sequence is not None and (
+        not isinstance(sequence, int) or isinstance(sequence, bool) or not 0 <= sequence < 2**62
+    ):
+        raise bad("sequence", "must be a non-negative integer")
     if "records" in body:
         items = body["records"]
         if not isinstance(items, list) or not items:
             raise bad("records", "must be a non-empty list")
-        extra = set(body) - {"records"}
+        extra = set(body) - {"records", "producer_id", "sequence"}
     else:
-        items = [body]
+        items = [{k: v for k, v in body.items() if k not in ("producer_id", "sequence")}]
         extra = set()
     if extra:
         raise bad(sorted(extra)[0], "unknown field")
@@ -171,8 +187,10 @@ def parse_records(body: Any, max_record_bytes: int) -> list[bytes]:
             raise bad(f"records[{i}].timestamp_ms", "must be a non-negative integer")
         if key is None and value is None:
             raise bad(f"records[{i}]", "needs a key or a value")
-        out.append(encode_record(Record(key=key, value=value, headers=headers, timestamp_ms=ts)))
-    return out
+        seq = -1 if sequence is None else sequence + i
+        record = Record(key, value, headers, ts, producer, seq)
+        out.append(encode_record(record))
+    return out, producer, -1 if sequence is None else sequence
 
 
 def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
@@ -213,17 +231,24 @@ async def append(request: web.Request) -> web.Response:
         body = await request.json()
     except ValueError:
         raise bad("body", "is not valid JSON") from None
-    records = parse_records(body, node.settings.max_record_bytes)
+    records, producer, first_seq = parse_records(body, node.settings.max_record_bytes)
     if d.failed is not None:
         raise ApiError(503, "storage_failed", str(d.failed))
     if d.raft.role != Role.LEADER:
         raise _not_leader(node, d)
     try:
-        done = await asyncio.wait_for(d.propose(records), node.settings.append_timeout_s)
+        call = (
+            d.propose_idempotent(producer, first_seq, records) if producer else d.propose(records)
+        )
+        done = await asyncio.wait_for(call, node.settings.append_timeout_s)
     except NotLeader:
         raise _not_leader(node, d) from None
     except ProposalRefused as e:
         raise ApiError(503, "refused", str(e)) from None
+    except ProducerBusy as e:
+        raise ApiError(503, "producer_busy", str(e)) from None
+    except SequenceConflict as e:
+        raise ApiError(409, "sequence_conflict", str(e), "sequence") from None
     except NotCommitted as e:
         raise ApiError(503, "not_committed", f"{e}; the append did not happen, retry") from None
     except TimeoutError:
@@ -238,6 +263,7 @@ async def append(request: web.Request) -> web.Response:
             "first_index": done.first_index,
             "last_index": done.last_index,
             "term": done.term,
+            "duplicate": done.duplicate,
         }
     )
 

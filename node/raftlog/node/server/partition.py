@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.errors import NotLeader, ProposalRefused
 from raftlog.node.core.messages import InstallSnapshot, Message
-from raftlog.node.core.raft import Raft, Ready
+from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.compactor import snapshot_and_compact
@@ -40,12 +40,21 @@ class NotCommitted(Exception):
     """The entry was replaced by another leader's, or never reached a quorum in time."""
 
 
+class SequenceConflict(Exception):
+    """An idempotent append whose sequence numbers do not follow the producer's last ones."""
+
+
+class ProducerBusy(Exception):
+    """The producer's earlier append with these sequence numbers is still in flight: retry."""
+
+
 @dataclass
 class Appended:
     partition: int
     first_index: int
     last_index: int
     term: int
+    duplicate: bool = False  # a retry of records already in the log, answered from memory
 
 
 @dataclass
@@ -95,6 +104,9 @@ class PartitionDriver:
         self._ticks = 0
         self._pending_snapshot: tuple[SnapshotReceiver, SnapshotMeta, bytes] | None = None
         self._serving: set[str] = set()  # targets a snapshot is being streamed to
+        # Producer -> the last sequence proposed in `_inflight_term` and not yet applied.
+        self._inflight_seq: dict[str, int] = {}
+        self._inflight_term = 0
 
     # ================================================================== the inbox
     def call(self, fn: Callable[[], None]) -> None:
@@ -117,6 +129,51 @@ class PartitionDriver:
         self._proposals.append(_Proposal(records, fut))
         self.wake.set()
         return await fut
+
+    async def propose_idempotent(
+        self, producer: str, first_seq: int, records: list[bytes]
+    ) -> Appended:
+        """Append a producer's records exactly once, however often the same call is retried.
+
+        The leader admits sequence `last + 1` only, where `last` covers what it applied and what
+        it has in flight; a batch entirely at or below what was applied is answered with the
+        indexes it got the first time. A new leader first applies its whole log (its no-op
+        included), so every earlier record of the producer is in its table before it decides.
+        """
+        if self.raft.role != Role.LEADER:
+            raise NotLeader(self.raft.leader)
+        if self.raft.log.term(self.table.applied_index) != self.raft.term:
+            raise ProducerBusy("a new leader is still applying its log; retry")
+        if self._inflight_term != self.raft.term:
+            self._inflight_seq, self._inflight_term = {}, self.raft.term
+        end = first_seq + len(records) - 1
+        applied = self.table.last_sequence(producer)
+        if end <= applied:
+            first, last = self.table.placed(producer, first_seq), self.table.placed(producer, end)
+            if first is None or last is None:
+                raise SequenceConflict(
+                    f"sequences {first_seq}..{end} of {producer} were appended long ago "
+                    f"(last is {applied}); too old to report their indexes"
+                )
+            return Appended(self.p, first[0], last[0], last[1], duplicate=True)
+        last_known = max(applied, self._inflight_seq.get(producer, -1))
+        if end <= last_known:
+            raise ProducerBusy(f"sequences up to {last_known} of {producer} are in flight; retry")
+        if first_seq != last_known + 1:
+            raise SequenceConflict(
+                f"{producer} sent sequence {first_seq}, expected {last_known + 1}"
+            )
+        previous = self._inflight_seq.get(producer, -1)
+        self._inflight_seq[producer] = end
+        try:
+            return await self.propose(records)
+        except (NotLeader, ProposalRefused, NotCommitted, StorageFailed):
+            # Not in the log (refused, or replaced by another leader's entry): a retry may
+            # propose the same sequences again. A timeout keeps the mark: the entries may still
+            # commit, and until they are applied a retry is told to wait.
+            if self._inflight_seq.get(producer) == end:
+                self._inflight_seq[producer] = previous
+            raise
 
     async def run_on_core(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` in the driver loop and return its result (or raise its error)."""
