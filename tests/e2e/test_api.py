@@ -152,3 +152,21 @@ def test_idempotent_appends_land_once(node):
     assert code == 400 and reply["field"] == "sequence"
     code, other = send(0, ["z"], producer="p-2")  # producers are independent
     assert code == 200 and not other["duplicate"]
+
+
+def test_metrics_expose_the_partitions_and_latencies(node):
+    import urllib.request
+
+    post(node, "/v1/partitions/0/records", b'{"value": "m"}')
+    with urllib.request.urlopen(node.nodes["n1"].url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    for line in (
+        'raftlog_is_leader{partition="0"} 1.0',
+        'raftlog_term{partition="1"}',
+        'raftlog_high_water_mark{partition="0"}',
+        'raftlog_compaction_floor{partition="0"} 1.0',
+        "raftlog_fsync_seconds_bucket",
+        'raftlog_request_seconds_count{method="POST",route="/v1/partitions/{partition}/records"',
+        "raftlog_backfill_rounds_total",
+    ):
+        assert line in text, line

@@ -13,6 +13,7 @@ import base64
 import binascii
 import hmac
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -60,15 +61,24 @@ def bad(field: str, reason: str) -> ApiError:
 
 @web.middleware
 async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
     try:
-        return await handler(request)
+        resp = await handler(request)
     except ApiError as e:
-        return web.json_response(e.body, status=e.status)
-    except web.HTTPException:
-        raise
+        resp = web.json_response(e.body, status=e.status)
+    except web.HTTPException as e:
+        resp = e
     except Exception:  # a bug: logged with its trace, answered without internals
         log.exception("%s %s failed", request.method, request.path)
-        return web.json_response({"error": "internal", "reason": "see the node's log"}, status=500)
+        resp = web.json_response({"error": "internal", "reason": "see the node's log"}, status=500)
+    route = request.match_info.route.resource
+    name = route.canonical if route is not None else "unmatched"
+    _node(request).metrics.requests.labels(name, request.method, str(resp.status)).observe(
+        time.perf_counter() - started
+    )
+    if isinstance(resp, web.HTTPException):
+        raise resp
+    return resp
 
 
 def make_auth(token: str | None) -> Middleware:
@@ -358,6 +368,12 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response({"node": node.id, "partitions": parts})
 
 
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(
+        body=_node(request).metrics.render(), content_type="text/plain", charset="utf-8"
+    )
+
+
 async def healthz(request: web.Request) -> web.Response:
     return web.json_response({"status": "ok", "node": _node(request).id})
 
@@ -431,6 +447,7 @@ def build_app(node: Node) -> web.Application:
     app.router.add_post("/v1/partitions/{partition}/records", append)
     app.router.add_get("/v1/partitions/{partition}/records", read)
     app.router.add_get("/v1/status", status)
+    app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_post("/peer/v1/messages", peer_messages)

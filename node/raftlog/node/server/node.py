@@ -9,6 +9,7 @@ import random
 
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
+from raftlog.node.server.metrics import NodeMetrics
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.durable import DurableStorage
@@ -23,6 +24,7 @@ class Node:
         self.id = settings.node_id
         self.token = settings.token()
         self.transport = Transport(self.id, dict(settings.peers), self.token)
+        self.metrics = NodeMetrics()
         bootstrap = None if settings.join else Membership(frozenset(settings.peers))
         self.drivers: dict[int, PartitionDriver] = {}
         for p in range(settings.partitions):
@@ -37,6 +39,7 @@ class Node:
             raft = Raft(self.id, settings.raft, storage, seed=random.randrange(1 << 30))
             self.drivers[p] = PartitionDriver(self, p, raft, storage, settings.raft)
         self._tasks: list[asyncio.Task[None]] = []
+        self.metrics.attach(self)
 
     async def start(self) -> None:
         await self.transport.start()

@@ -1,0 +1,103 @@
+"""`/metrics`: Prometheus metrics of a node, prefixed `raftlog_`.
+
+State (terms, marks, lag, counters kept by the drivers) is read at scrape time by a collector,
+so nothing is updated on the hot path but the two latency histograms: fsync and requests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from raftlog.node.core.raft import Role
+
+if TYPE_CHECKING:
+    from raftlog.node.server.node import Node
+
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class NodeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.fsync = Histogram(
+            "raftlog_fsync_seconds",
+            "Time of one WAL sync (one group commit)",
+            ["partition"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.requests = Histogram(
+            "raftlog_request_seconds",
+            "Time to answer an HTTP request",
+            ["route", "method", "status"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+
+    def attach(self, node: Node) -> None:
+        self.registry.register(_StateCollector(node))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StateCollector(Collector):
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    def collect(self) -> Iterator[Metric]:
+        def gauge(name: str, doc: str, labels: list[str] | None = None) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"raftlog_{name}", doc, labels=labels or ["partition"])
+
+        def counter(name: str, doc: str) -> CounterMetricFamily:
+            return CounterMetricFamily(f"raftlog_{name}", doc, labels=["partition"])
+
+        term = gauge("term", "Current term")
+        leader = gauge("is_leader", "1 on the partition's leader")
+        hwm = gauge("high_water_mark", "Commit index: readers never pass it")
+        applied = gauge("applied_index", "Last entry applied to the keyed table")
+        last = gauge("last_index", "Last entry in the log")
+        floor = gauge("compaction_floor", "First index still in the WAL")
+        snap = gauge("snapshot_index", "Last index covered by the durable snapshot")
+        failed = gauge("storage_failed", "1 when the partition stopped writing on a disk fault")
+        lag = gauge("follower_lag", "Leader commit minus follower match", ["partition", "follower"])
+        required = gauge(
+            "follower_snapshot_required",
+            "1 while a follower needs a snapshot (its next entry is compacted)",
+            ["partition", "follower"],
+        )
+        elections = counter("elections", "Elections won by this node")
+        rounds = counter("backfill_rounds", "Bounded backfill rounds sent")
+        entries = counter("backfill_entries", "Entries sent in backfill rounds")
+        installed = counter("snapshot_installs", "Snapshots installed on this node")
+        sent = counter("snapshots_sent", "Snapshots streamed to followers")
+        sent_bytes = counter("snapshot_sent_bytes", "Bytes of snapshots streamed")
+        for p, d in self.node.drivers.items():
+            lp = [str(p)]
+            st = d.raft.status()
+            term.add_metric(lp, st.term)
+            leader.add_metric(lp, 1 if st.role == Role.LEADER else 0)
+            hwm.add_metric(lp, st.high_water_mark)
+            applied.add_metric(lp, st.applied)
+            last.add_metric(lp, st.last_index)
+            floor.add_metric(lp, d.storage.compaction_floor())
+            snap.add_metric(lp, d.storage.snapshot_meta().index)
+            failed.add_metric(lp, 1 if d.failed else 0)
+            for f in st.followers.values():
+                if f.lag is not None:
+                    lag.add_metric([str(p), f.node], f.lag)
+                required.add_metric([str(p), f.node], 1 if f.snapshot_required else 0)
+            c = d.counters
+            elections.add_metric(lp, c.elections)
+            rounds.add_metric(lp, c.backfill_rounds)
+            entries.add_metric(lp, c.backfill_entries)
+            installed.add_metric(lp, c.snapshots_installed)
+            sent.add_metric(lp, c.snapshots_sent)
+            sent_bytes.add_metric(lp, c.snapshot_bytes_sent)
+        yield from (term, leader, hwm, applied, last, floor, snap, failed, lag, required)
+        yield from (elections, rounds, entries, installed, sent, sent_bytes)
