@@ -170,3 +170,24 @@ def test_metrics_expose_the_partitions_and_latencies(node):
         "raftlog_backfill_rounds_total",
     ):
         assert line in text, line
+
+
+def test_admin_calls_need_the_token(node):
+    auth = {"Authorization": "Bearer s3cret-token"}
+    code, reply = post(node, "/v1/admin/partitions/0/compact", b"{}")
+    assert code == 401 and reply["error"] == "unauthorized"
+    code, reply = post(node, "/v1/admin/partitions/0/compact", b"{}", **auth)
+    assert code == 200 and reply["snapshot_index"] >= 1
+
+
+def test_retention_holds_through_the_admin_api(node):
+    auth = {"Authorization": "Bearer s3cret-token", "Content-Type": "application/json"}
+    path = "/v1/admin/partitions/1/holds/spark"
+    code, reply = node.request("n1", "PUT", path, b'{"min_index": 1, "ttl_seconds": 30}', auth)
+    assert code == 200 and reply["min_index"] == 1
+    code, listing = node.request("n1", "GET", "/v1/admin/partitions/1/holds", None, auth)
+    assert [h["holder"] for h in listing["holds"]] == ["spark"]
+    code, reply = node.request("n1", "PUT", path, b'{"min_index": "x"}', auth)
+    assert code == 400 and reply["field"] == "min_index"
+    assert node.request("n1", "DELETE", path, None, auth)[0] == 204
+    assert node.request("n1", "DELETE", path, None, auth)[0] == 404

@@ -34,6 +34,7 @@ class LocalNode:
     port: int
     data_dir: Path
     log_path: Path
+    join: bool = False
     proc: subprocess.Popen[bytes] | None = None
 
     @property
@@ -68,6 +69,14 @@ class LocalCluster:
                 name, port, self.data_dir / name, self.data_dir / f"{name}.log"
             )
 
+    def add_node(self) -> LocalNode:
+        """A new, empty member (started with `--join`: it waits to be added as a learner)."""
+        name = f"n{len(self.nodes) + 1}"
+        port = free_ports(1)[0]
+        node = LocalNode(name, port, self.data_dir / name, self.data_dir / f"{name}.log", join=True)
+        self.nodes[name] = node
+        return node
+
     @property
     def peers(self) -> str:
         return ",".join(f"{n.name}={n.url}" for n in self.nodes.values())
@@ -89,6 +98,8 @@ class LocalCluster:
             ]  # fmt: skip
             if not self.durable:
                 cmd.append("--no-fsync")
+            if node.join:
+                cmd.append("--join")
             if self.auth_token_file is not None:
                 cmd += ["--auth-token-file", str(self.auth_token_file)]
             env = {**os.environ, **self.env}

@@ -11,10 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-import hmac
-import logging
-import time
-from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -24,6 +20,18 @@ from raftlog.node.core.errors import Compacted, InvalidMessage, NotLeader, Propo
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
+from raftlog.node.server import admin
+from raftlog.node.server.api_common import (
+    NODE_KEY,
+    ApiError,
+    bad,
+    driver_of,
+    errors,
+    int_param,
+    make_auth,
+    node_of,
+    not_leader,
+)
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import (
     NotCommitted,
@@ -34,97 +42,6 @@ from raftlog.node.server.partition import (
 from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed
 from raftlog.node.storage.snapshots import Chunk
 from raftlog.node.transport.codec import decode_frame
-
-log = logging.getLogger("raftlog.api")
-NODE_KEY = web.AppKey("node", Node)
-Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
-Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
-
-
-class ApiError(Exception):
-    def __init__(
-        self, status: int, error: str, reason: str, field: str | None = None, **extra: Any
-    ):
-        self.status = status
-        self.body = {
-            "error": error,
-            "reason": reason,
-            **({"field": field} if field else {}),
-            **extra,
-        }
-        super().__init__(reason)
-
-
-def bad(field: str, reason: str) -> ApiError:
-    return ApiError(400, "bad_request", reason, field)
-
-
-@web.middleware
-async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    started = time.perf_counter()
-    try:
-        resp = await handler(request)
-    except ApiError as e:
-        resp = web.json_response(e.body, status=e.status)
-    except web.HTTPException as e:
-        resp = e
-    except Exception:  # a bug: logged with its trace, answered without internals
-        log.exception("%s %s failed", request.method, request.path)
-        resp = web.json_response({"error": "internal", "reason": "see the node's log"}, status=500)
-    route = request.match_info.route.resource
-    name = route.canonical if route is not None else "unmatched"
-    _node(request).metrics.requests.labels(name, request.method, str(resp.status)).observe(
-        time.perf_counter() - started
-    )
-    if isinstance(resp, web.HTTPException):
-        raise resp
-    return resp
-
-
-def make_auth(token: str | None) -> Middleware:
-    @web.middleware
-    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if token and request.path.startswith(("/peer/", "/v1/admin/")):
-            given = request.headers.get("Authorization", "")
-            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
-                return web.json_response(
-                    {"error": "unauthorized", "reason": "a valid bearer token is required"},
-                    status=401,
-                )
-        return await handler(request)
-
-    return auth
-
-
-# ====================================================================== helpers
-def _node(request: web.Request) -> Node:
-    return request.app[NODE_KEY]
-
-
-def _driver(request: web.Request) -> PartitionDriver:
-    raw = request.match_info["partition"]
-    try:
-        p = int(raw)
-    except ValueError:
-        raise bad("partition", f"{raw!r} is not an integer") from None
-    d = _node(request).driver(p)
-    if d is None:
-        n = len(_node(request).drivers)
-        raise ApiError(404, "unknown_partition", f"partition {p} does not exist (0..{n - 1})")
-    return d
-
-
-def _int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
-    if raw is None:
-        return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise bad(name, f"{raw!r} is not an integer") from None
-    if not lo <= v <= hi:
-        raise bad(name, f"must be between {lo} and {hi}, got {v}")
-    return v
 
 
 def _bytes_field(item: dict[str, Any], name: str, i: int) -> bytes | None:
@@ -222,21 +139,9 @@ def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
     return out
 
 
-def _not_leader(node: Node, d: PartitionDriver) -> ApiError:
-    leader = d.raft.leader
-    url = node.settings.peers.get(leader) if leader else None
-    return ApiError(
-        421,
-        "not_leader",
-        f"{node.id} is not the leader of partition {d.p}",
-        leader=leader,
-        leader_url=url,
-    )
-
-
 # ====================================================================== client API
 async def append(request: web.Request) -> web.Response:
-    node, d = _node(request), _driver(request)
+    node, d = node_of(request), driver_of(request)
     try:
         body = await request.json()
     except ValueError:
@@ -245,14 +150,14 @@ async def append(request: web.Request) -> web.Response:
     if d.failed is not None:
         raise ApiError(503, "storage_failed", str(d.failed))
     if d.raft.role != Role.LEADER:
-        raise _not_leader(node, d)
+        raise not_leader(node, d)
     try:
         call = (
             d.propose_idempotent(producer, first_seq, records) if producer else d.propose(records)
         )
         done = await asyncio.wait_for(call, node.settings.append_timeout_s)
     except NotLeader:
-        raise _not_leader(node, d) from None
+        raise not_leader(node, d) from None
     except ProposalRefused as e:
         raise ApiError(503, "refused", str(e)) from None
     except ProducerBusy as e:
@@ -279,11 +184,11 @@ async def append(request: web.Request) -> web.Response:
 
 
 async def read(request: web.Request) -> web.Response:
-    d = _driver(request)
-    start = _int_param(request, "from", 1, 1, 2**62)
-    limit = _int_param(request, "limit", 100, 1, 10_000)
-    min_index = _int_param(request, "min_index", 0, 0, 2**62)
-    wait_ms = _int_param(request, "wait_ms", 0, 0, 60_000)
+    d = driver_of(request)
+    start = int_param(request, "from", 1, 1, 2**62)
+    limit = int_param(request, "limit", 100, 1, 10_000)
+    min_index = int_param(request, "min_index", 0, 0, 2**62)
+    wait_ms = int_param(request, "wait_ms", 0, 0, 60_000)
     need = max(min_index, start if wait_ms else 0)
     if need > d.raft.commit and wait_ms:
         try:
@@ -319,7 +224,7 @@ async def read(request: web.Request) -> web.Response:
 
 
 async def status(request: web.Request) -> web.Response:
-    node = _node(request)
+    node = node_of(request)
     parts = []
     for p, d in node.drivers.items():
         st = d.raft.status()
@@ -370,16 +275,16 @@ async def status(request: web.Request) -> web.Response:
 
 async def metrics(request: web.Request) -> web.Response:
     return web.Response(
-        body=_node(request).metrics.render(), content_type="text/plain", charset="utf-8"
+        body=node_of(request).metrics.render(), content_type="text/plain", charset="utf-8"
     )
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "node": _node(request).id})
+    return web.json_response({"status": "ok", "node": node_of(request).id})
 
 
 async def readyz(request: web.Request) -> web.Response:
-    node = _node(request)
+    node = node_of(request)
     missing = [p for p, d in node.drivers.items() if d.raft.leader is None]
     if missing:
         return web.json_response(
@@ -391,7 +296,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 # ====================================================================== peers
 async def peer_messages(request: web.Request) -> web.Response:
-    node = _node(request)
+    node = node_of(request)
     try:
         items = decode_frame(await request.read())
     except InvalidMessage as e:
@@ -405,13 +310,13 @@ async def peer_messages(request: web.Request) -> web.Response:
 
 
 def _snapshot_params(request: web.Request) -> tuple[PartitionDriver, str, int, int, int]:
-    d = _driver(request)
+    d = driver_of(request)
     leader = request.query.get("leader", "")
     if not leader:
         raise bad("leader", "is required")
-    term = _int_param(request, "term", 0, 1, 2**62)
-    index = _int_param(request, "index", 0, 0, 2**62)
-    snap_term = _int_param(request, "snap_term", 0, 0, 2**62)
+    term = int_param(request, "term", 0, 1, 2**62)
+    index = int_param(request, "index", 0, 0, 2**62)
+    snap_term = int_param(request, "snap_term", 0, 0, 2**62)
     return d, leader, term, index, snap_term
 
 
@@ -450,6 +355,7 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    admin.add_routes(app)
     app.router.add_post("/peer/v1/messages", peer_messages)
     app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
     app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)

@@ -25,7 +25,7 @@ from raftlog.node.core.messages import InstallSnapshot, Message
 from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
 from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.compactor import snapshot_and_compact
+from raftlog.node.storage.compactor import CompactionPass, snapshot_and_compact
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import StorageFailed
 from raftlog.node.storage.group_commit import GroupCommit
@@ -295,9 +295,9 @@ class PartitionDriver:
         async with self.committed:
             self.committed.notify_all()
 
-    def _after_advance(self) -> None:
+    def _after_advance(self, force: bool = False) -> CompactionPass | None:
         done = snapshot_and_compact(
-            self.storage, self.raft, self.table, self.config, self.storage.holds.floor()
+            self.storage, self.raft, self.table, self.config, self.storage.holds.floor(), force
         )
         if done is not None and done.dropped:
             self.counters.compactions += 1
@@ -307,6 +307,17 @@ class PartitionDriver:
                 done.snapshot_index,
                 done.dropped,
                 done.floor,
+            )
+        return done
+
+    def compact_now(self) -> CompactionPass | None:
+        """An operator's snapshot-and-compaction pass (in the driver loop)."""
+        return self._after_advance(force=True)
+
+    async def wait_committed(self, index: int, timeout: float) -> None:
+        async with self.committed:
+            await asyncio.wait_for(
+                self.committed.wait_for(lambda: self.raft.commit >= index), timeout
             )
 
     def _count_event(self, kind: str, detail: dict[str, Any]) -> None:

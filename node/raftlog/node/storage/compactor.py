@@ -31,10 +31,12 @@ def snapshot_and_compact(
     table: KeyedTable,
     config: RaftConfig,
     retention_hold: int | None = None,
+    force: bool = False,
 ) -> CompactionPass | None:
-    """Run a pass if one is due; None when it is not."""
+    """Run a pass if one is due (or `force`d by an operator); None when there is nothing to do."""
     applied = table.applied_index
-    if not should_snapshot(applied, storage.snapshot_meta().index, config):
+    due = should_snapshot(applied, storage.snapshot_meta().index, config)
+    if not due and not (force and applied > storage.snapshot_meta().index):
         return None
     if applied < storage.first_index():
         return None  # the table was just restored from a snapshot: nothing new to cover

@@ -94,6 +94,14 @@ class Transport:
             if name != self.node_id:
                 self._add(name, url)
 
+    def add_peer(self, name: str, url: str) -> None:
+        """Learn (or change) a member's address; its sender starts on the next message."""
+        url = url.rstrip("/")
+        self.peers[name] = url
+        sender = self.senders.pop(name, None)
+        if sender is not None and sender.task is not None:
+            sender.task.cancel()
+
     def _add(self, name: str, url: str) -> PeerSender:
         assert self.session is not None
         sender = PeerSender(name, url, self.session, self.token)

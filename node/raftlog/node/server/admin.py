@@ -1,0 +1,190 @@
+"""The admin API, `/v1/admin/...` (a bearer token is required when the node has one).
+
+Membership changes, leadership transfer, snapshot-and-compaction on demand, retention holds,
+follower lag, and peer addresses. Membership and transfer are decided by the partition's leader
+(others answer 421 with a hint); the leader's own checks are the last word (a learner that lags is
+refused with the reason, as 409).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from aiohttp import web
+
+from raftlog.node.core.errors import Compacted, MembershipError, NotLeader, ProposalRefused
+from raftlog.node.core.raft import MembershipOp, Role
+from raftlog.node.server.api_common import ApiError, bad, driver_of, node_of, not_leader
+
+OPS = ("add_learner", "promote", "remove")
+
+
+async def _json(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except ValueError:
+        raise bad("body", "is not valid JSON") from None
+    if not isinstance(body, dict):
+        raise bad("body", "must be a JSON object")
+    return body
+
+
+def _str(body: dict[str, Any], name: str) -> str:
+    v = body.get(name)
+    if not isinstance(v, str) or not v:
+        raise bad(name, "is required (a non-empty string)")
+    return v
+
+
+async def members(request: web.Request) -> web.Response:
+    node, d = node_of(request), driver_of(request)
+    body = await _json(request)
+    raw_op, member = _str(body, "op"), _str(body, "node")
+    if raw_op not in OPS:
+        raise bad("op", f"must be one of {', '.join(OPS)}")
+    op = cast(MembershipOp, raw_op)
+    url = body.get("url")
+    if url is not None:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise bad("url", "must be an http(s) URL")
+        node.transport.add_peer(member, url)
+    if op == "add_learner" and member not in node.transport.peers:
+        raise bad("url", f"the address of {member} is unknown here; give its url")
+    try:
+        index, term = await d.run_on_core(lambda: d.raft.propose_membership(op, member))
+    except NotLeader:
+        raise not_leader(node, d) from None
+    except (MembershipError, ProposalRefused) as e:
+        raise ApiError(409, "refused", str(e)) from None
+    try:
+        await d.wait_committed(index, node.settings.append_timeout_s)
+    except TimeoutError:
+        raise ApiError(503, "timeout", f"the change at {index} is not committed yet") from None
+    st = d.raft.status()
+    return web.json_response(
+        {
+            "partition": d.p,
+            "index": index,
+            "term": term,
+            "voters": sorted(st.membership.voters),
+            "learners": sorted(st.membership.learners),
+        }
+    )
+
+
+async def transfer(request: web.Request) -> web.Response:
+    node, d = node_of(request), driver_of(request)
+    target = _str(await _json(request), "target")
+    try:
+        await d.run_on_core(lambda: d.raft.transfer_leadership(target))
+    except NotLeader:
+        raise not_leader(node, d) from None
+    except ProposalRefused as e:
+        raise ApiError(409, "refused", str(e)) from None
+    deadline = asyncio.get_running_loop().time() + node.settings.append_timeout_s
+    while asyncio.get_running_loop().time() < deadline:
+        if d.raft.role != Role.LEADER:
+            return web.json_response({"partition": d.p, "leader": d.raft.leader})
+        await asyncio.sleep(0.02)
+    raise ApiError(503, "timeout", f"{target} did not take over in time")
+
+
+async def compact(request: web.Request) -> web.Response:
+    d = driver_of(request)
+    done = await d.run_on_core(d.compact_now)
+    return web.json_response(
+        {
+            "partition": d.p,
+            "snapshot_index": d.storage.snapshot_meta().index,
+            "compacted_entries": done.dropped if done else 0,
+            "compaction_floor": d.storage.compaction_floor(),
+        }
+    )
+
+
+async def lag(request: web.Request) -> web.Response:
+    node, d = node_of(request), driver_of(request)
+    follower = request.match_info["follower"]
+    if d.raft.role != Role.LEADER:
+        raise not_leader(node, d)
+    st = d.raft.status().followers.get(follower)
+    if st is None:
+        raise ApiError(404, "unknown_member", f"{follower} is not a member of partition {d.p}")
+    return web.json_response(
+        {
+            "partition": d.p,
+            "follower": follower,
+            "lag": st.lag,
+            "state": str(st.state),
+            "snapshot_required": st.snapshot_required,
+            "learner": st.learner,
+        }
+    )
+
+
+async def holds_list(request: web.Request) -> web.Response:
+    d = driver_of(request)
+    return web.json_response(
+        {
+            "partition": d.p,
+            "compaction_floor": d.storage.compaction_floor(),
+            "holds": [
+                {"holder": h.holder, "min_index": h.min_index, "expires_at": h.expires_at}
+                for h in d.storage.holds.live()
+            ],
+        }
+    )
+
+
+async def hold_set(request: web.Request) -> web.Response:
+    d = driver_of(request)
+    holder = request.match_info["holder"]
+    body = await _json(request)
+    min_index, ttl = body.get("min_index"), body.get("ttl_seconds", 60)
+    if not isinstance(min_index, int) or isinstance(min_index, bool):
+        raise bad("min_index", "is required (an integer)")
+    if not isinstance(ttl, int | float) or isinstance(ttl, bool):
+        raise bad("ttl_seconds", "must be a number")
+    try:
+        h = d.storage.set_hold(holder, min_index, float(ttl))
+    except Compacted as e:
+        raise ApiError(410, "compacted", str(e), "min_index") from None
+    except ValueError as e:
+        field, _, reason = str(e).partition(": ")
+        raise bad(field, reason) from None
+    return web.json_response(
+        {"holder": h.holder, "min_index": h.min_index, "expires_at": h.expires_at}
+    )
+
+
+async def hold_delete(request: web.Request) -> web.Response:
+    d = driver_of(request)
+    holder = request.match_info["holder"]
+    if not d.storage.holds.release(holder):
+        raise ApiError(404, "unknown_hold", f"no hold named {holder!r}")
+    return web.Response(status=204)
+
+
+async def peers(request: web.Request) -> web.Response:
+    node = node_of(request)
+    if request.method == "POST":
+        body = await _json(request)
+        for name, url in body.items():
+            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+                raise bad(name, "must be an http(s) URL")
+            node.transport.add_peer(name, url)
+    return web.json_response({"peers": dict(sorted(node.transport.peers.items()))})
+
+
+def add_routes(app: web.Application) -> None:
+    base = "/v1/admin/partitions/{partition}"
+    app.router.add_post(f"{base}/members", members)
+    app.router.add_post(f"{base}/transfer", transfer)
+    app.router.add_post(f"{base}/compact", compact)
+    app.router.add_get(f"{base}/followers/{{follower}}/lag", lag)
+    app.router.add_get(f"{base}/holds", holds_list)
+    app.router.add_put(f"{base}/holds/{{holder}}", hold_set)
+    app.router.add_delete(f"{base}/holds/{{holder}}", hold_delete)
+    app.router.add_get("/v1/admin/peers", peers)
+    app.router.add_post("/v1/admin/peers", peers)

@@ -1,0 +1,117 @@
+"""What every handler of the node's HTTP API shares: errors, auth, and finding the partition."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from raftlog.node.server.node import Node
+from raftlog.node.server.partition import PartitionDriver
+
+log = logging.getLogger("raftlog.api")
+NODE_KEY = web.AppKey("node", Node)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
+
+
+class ApiError(Exception):
+    def __init__(
+        self, status: int, error: str, reason: str, field: str | None = None, **extra: Any
+    ):
+        self.status = status
+        self.body = {
+            "error": error,
+            "reason": reason,
+            **({"field": field} if field else {}),
+            **extra,
+        }
+        super().__init__(reason)
+
+
+def bad(field: str, reason: str) -> ApiError:
+    return ApiError(400, "bad_request", reason, field)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Handler) -> web.StreamResponse:
+    started = time.perf_counter()
+    try:
+        resp = await handler(request)
+    except ApiError as e:
+        resp = web.json_response(e.body, status=e.status)
+    except web.HTTPException as e:
+        resp = e
+    except Exception:  # a bug: logged with its trace, answered without internals
+        log.exception("%s %s failed", request.method, request.path)
+        resp = web.json_response({"error": "internal", "reason": "see the node's log"}, status=500)
+    route = request.match_info.route.resource
+    name = route.canonical if route is not None else "unmatched"
+    node_of(request).metrics.requests.labels(name, request.method, str(resp.status)).observe(
+        time.perf_counter() - started
+    )
+    if isinstance(resp, web.HTTPException):
+        raise resp
+    return resp
+
+
+def make_auth(token: str | None) -> Middleware:
+    @web.middleware
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if token and request.path.startswith(("/peer/", "/v1/admin/")):
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+                return web.json_response(
+                    {"error": "unauthorized", "reason": "a valid bearer token is required"},
+                    status=401,
+                )
+        return await handler(request)
+
+    return auth
+
+
+# ====================================================================== helpers
+def node_of(request: web.Request) -> Node:
+    return request.app[NODE_KEY]
+
+
+def driver_of(request: web.Request) -> PartitionDriver:
+    raw = request.match_info["partition"]
+    try:
+        p = int(raw)
+    except ValueError:
+        raise bad("partition", f"{raw!r} is not an integer") from None
+    d = node_of(request).driver(p)
+    if d is None:
+        n = len(node_of(request).drivers)
+        raise ApiError(404, "unknown_partition", f"partition {p} does not exist (0..{n - 1})")
+    return d
+
+
+def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
+    raw = request.query.get(name)
+    if raw is None:
+        return default
+    try:
+        v = int(raw)
+    except ValueError:
+        raise bad(name, f"{raw!r} is not an integer") from None
+    if not lo <= v <= hi:
+        raise bad(name, f"must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def not_leader(node: Node, d: PartitionDriver) -> ApiError:
+    leader = d.raft.leader
+    url = node.settings.peers.get(leader) if leader else None
+    return ApiError(
+        421,
+        "not_leader",
+        f"{node.id} is not the leader of partition {d.p}",
+        leader=leader,
+        leader_url=url,
+    )

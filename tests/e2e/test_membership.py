@@ -1,0 +1,62 @@
+"""A learner joins a loaded cluster, is refused promotion while it lags, then promoted."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import pytest
+
+from raftlog.client import AsyncClient
+from raftlog.node.local import LocalCluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def load(cluster: LocalCluster, n: int) -> None:
+    async def go() -> None:
+        async with AsyncClient(cluster.endpoints) as c:
+            for i in range(0, n, 50):
+                await c.append(0, [{"key": f"k{j}", "value": f"v{j}"} for j in range(i, i + 50)])
+
+    asyncio.run(go())
+
+
+def test_learner_catches_up_and_is_promoted_only_within_the_lag(tmp_path):
+    with LocalCluster(tmp_path, replicas=3, durable=False) as cluster:
+        cluster.wait_ready()
+        load(cluster, 2000)
+        leader = cluster.leader(0)
+        assert leader is not None
+        new = cluster.add_node()
+        cluster.start(new.name)
+        cluster.pause(new.name)  # it cannot catch up yet
+
+        def admin(body: dict[str, str]) -> tuple[int, dict[str, Any]]:
+            code, reply = cluster.request(
+                leader, "POST", "/v1/admin/partitions/0/members", json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            return code, reply
+
+        code, reply = admin({"op": "add_learner", "node": new.name, "url": new.url})
+        assert code == 200 and new.name in reply["learners"], reply
+        code, reply = admin({"op": "promote", "node": new.name})
+        assert code == 409, reply
+        assert "lag" in str(reply["reason"]), reply
+        cluster.resume(new.name)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            code, lag = cluster.get(leader, f"/v1/admin/partitions/0/followers/{new.name}/lag")
+            if code == 200 and lag["lag"] is not None and lag["lag"] <= 10:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError(f"the learner never caught up: {lag}")
+        code, reply = admin({"op": "promote", "node": new.name})
+        assert code == 200 and new.name in reply["voters"], reply
+        load(cluster, 100)  # the cluster keeps committing with four voters
+        st = cluster.status(new.name)["partitions"][0]
+        assert st["member"] == "voter" and st["high_water_mark"] >= 2100
