@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from raftlog.cli import wal_check
+from raftlog.cli import cluster_cmds, wal_check
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -14,6 +14,7 @@ def build_parser() -> argparse.ArgumentParser:
     wal = sub.add_parser("wal", help="inspect and repair write-ahead logs on disk")
     wal_sub = wal.add_subparsers(dest="wal_command", required=True, metavar="WAL_COMMAND")
     wal_check.add_parser(wal_sub)
+    cluster_cmds.add_parsers(sub)
     return ap
 
 

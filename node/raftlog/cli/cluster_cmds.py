@@ -1,0 +1,322 @@
+"""`raftctl` commands that talk to a running cluster, and `raftctl local` to run one here.
+
+Every command takes `--endpoints` (or `RAFTLOG_ENDPOINTS`), `--token-file` (or
+`RAFTLOG_TOKEN_FILE`) and `--json`; without `--json` the output is meant for people.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+
+from raftlog.client import AsyncClient, ClientError
+from raftlog.node.local import LocalCluster
+
+
+def add_common(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--endpoints",
+        default=os.environ.get("RAFTLOG_ENDPOINTS", "http://127.0.0.1:7001"),
+        help="comma-separated node URLs (default: $RAFTLOG_ENDPOINTS or http://127.0.0.1:7001)",
+    )
+    p.add_argument(
+        "--token-file",
+        default=os.environ.get("RAFTLOG_TOKEN_FILE"),
+        help="file holding the admin token",
+    )
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _endpoints(args: argparse.Namespace) -> list[str]:
+    return [e.strip() for e in args.endpoints.split(",") if e.strip()]
+
+
+def _token(args: argparse.Namespace) -> str | None:
+    return Path(args.token_file).read_text().strip() if args.token_file else None
+
+
+def _client(args: argparse.Namespace) -> AsyncClient:
+    return AsyncClient(_endpoints(args), token=_token(args), retries=3)
+
+
+def _out(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, sort_keys=True) if args.json else text)
+
+
+def _run(coro: Any) -> int:
+    try:
+        return int(asyncio.run(coro))
+    except ClientError as e:
+        print(f"raftctl: {e}", file=sys.stderr)
+        return 1
+    except (aiohttp.ClientError, OSError, TimeoutError) as e:
+        print(f"raftctl: cannot reach the cluster: {e}", file=sys.stderr)
+        return 1
+
+
+# ====================================================================== status
+async def _status(args: argparse.Namespace) -> int:
+    async with _client(args) as c:
+        nodes: dict[str, Any] = {}
+        for url in _endpoints(args):
+            try:
+                st = await c.status(url)
+                nodes[st["node"]] = st
+            except (aiohttp.ClientError, OSError, TimeoutError, ClientError) as e:
+                nodes[url] = {"node": url, "error": str(e)}
+    rows = [("PARTITION", "NODE", "ROLE", "TERM", "LEADER", "HWM", "APPLIED", "FLOOR", "LAG")]
+    for name, st in sorted(nodes.items()):
+        if "error" in st:
+            rows.append(("-", name, "unreachable", "", "", "", "", "", ""))
+            continue
+        for p in st["partitions"]:
+            lag = ""
+            leader_st = next(
+                (
+                    q
+                    for other in nodes.values()
+                    for q in other.get("partitions", [])
+                    if q["partition"] == p["partition"] and q["role"] == "leader"
+                ),
+                None,
+            )
+            if leader_st is not None and name in leader_st["followers"]:
+                f = leader_st["followers"][name]
+                lag = "snapshot required" if f["snapshot_required"] else str(f["lag"])
+            rows.append(
+                (
+                    str(p["partition"]),
+                    name,
+                    p["role"] + ("" if p["member"] == "voter" else f" ({p['member']})"),
+                    str(p["term"]),
+                    p["leader"] or "-",
+                    str(p["high_water_mark"]),
+                    str(p["applied"]),
+                    str(p["compaction_floor"]),
+                    lag,
+                )
+            )
+    rows[1:] = sorted(rows[1:], key=lambda r: (r[0], r[1]))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
+    _out(args, nodes, text)
+    return 0 if all("error" not in st for st in nodes.values()) else 1
+
+
+# ====================================================================== records
+def _record(args: argparse.Namespace, value: str) -> dict[str, Any]:
+    rec: dict[str, Any] = {"value": value}
+    if args.key is not None:
+        rec["key"] = args.key
+    return rec
+
+
+async def _append(args: argparse.Namespace) -> int:
+    async with _client(args) as c:
+        records = [_record(args, v) for v in args.values]
+        if args.producer_id:
+            r = await c.append(
+                args.partition, records, producer_id=args.producer_id, sequence=args.sequence
+            )
+        else:
+            r = await c.append(args.partition, records)
+    _out(
+        args,
+        r.__dict__,
+        f"partition {r.partition}: indexes {r.first_index}..{r.last_index}, term {r.term}"
+        + (" (a retry: already appended)" if r.duplicate else ""),
+    )
+    return 0
+
+
+def _line(rec: dict[str, Any]) -> str:
+    key = rec.get("key", rec.get("key_b64"))
+    value = rec.get("value", rec.get("value_b64", rec.get("raw_b64")))
+    return f"{rec['index']}\t{rec['term']}\t{key if key is not None else '-'}\t{value}"
+
+
+async def _read(args: argparse.Namespace) -> int:
+    async with _client(args) as c:
+        page = await c.read(args.partition, args.start, args.limit)
+    _out(args, page, "\n".join(_line(r) for r in page["records"]) or "(no records)")
+    return 0
+
+
+async def _tail(args: argparse.Namespace) -> int:
+    async with _client(args) as c:
+        start = args.start
+        if start is None:
+            page = await c.read(args.partition, 1, 1)
+            start = page["high_water_mark"] + 1
+        while True:
+            page = await c.read(args.partition, start, 1000, wait_ms=10_000 if args.follow else 0)
+            for r in page["records"]:
+                print(json.dumps(r) if args.json else _line(r), flush=True)
+            start = page["next"]
+            if not args.follow and start > page["high_water_mark"]:
+                return 0
+
+
+# ====================================================================== admin
+async def _leader_url(c: AsyncClient, args: argparse.Namespace, partition: int) -> str:
+    for url in _endpoints(args):
+        try:
+            st = await c.status(url)
+        except (aiohttp.ClientError, OSError, TimeoutError, ClientError):
+            continue
+        for p in st["partitions"]:
+            if p["partition"] == partition and p["role"] == "leader":
+                return url
+    raise ClientError(503, {"error": "no_leader", "reason": f"no leader found for {partition}"})
+
+
+async def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
+    async with _client(args) as c:
+        url = await _leader_url(c, args, args.partition)
+        async with c.session.request(method, url + path, json=body) as resp:
+            reply = await resp.json(content_type=None)
+            if resp.status >= 400:
+                raise ClientError(resp.status, reply)
+            return reply
+
+
+async def _lag(args: argparse.Namespace) -> int:
+    r = await _admin(
+        args, "GET", f"/v1/admin/partitions/{args.partition}/followers/{args.node}/lag"
+    )
+    state = "snapshot required" if r["snapshot_required"] else r["state"]
+    _out(args, r, f"{args.node} on partition {args.partition}: lag {r['lag']} ({state})")
+    return 0
+
+
+async def _members(args: argparse.Namespace) -> int:
+    op = args.op.replace("-", "_")
+    body: dict[str, Any] = {"op": op, "node": args.node}
+    if getattr(args, "url", None):
+        body["url"] = args.url
+    r = await _admin(args, "POST", f"/v1/admin/partitions/{args.partition}/members", body)
+    _out(
+        args,
+        r,
+        f"partition {r['partition']}: voters {', '.join(r['voters'])}; "
+        f"learners {', '.join(r['learners']) or '-'} (at index {r['index']})",
+    )
+    return 0
+
+
+async def _transfer(args: argparse.Namespace) -> int:
+    body = {"target": args.target}
+    r = await _admin(args, "POST", f"/v1/admin/partitions/{args.partition}/transfer", body)
+    _out(args, r, f"partition {r['partition']}: leader is now {r['leader']}")
+    return 0
+
+
+# ====================================================================== local
+def _local_up(args: argparse.Namespace) -> int:
+    cluster = LocalCluster(Path(args.data_dir), replicas=args.replicas, partitions=args.partitions)
+    cluster.start()
+    try:
+        cluster.wait_ready(timeout=60)
+    except (TimeoutError, RuntimeError) as e:
+        print(f"raftctl local up: {e}", file=sys.stderr)
+        cluster.stop()
+        return 1
+    state = {
+        "endpoints": cluster.endpoints,
+        "pids": [n.proc.pid for n in cluster.nodes.values() if n.proc is not None],
+    }
+    (Path(args.data_dir) / "cluster.json").write_text(json.dumps(state))
+    print(
+        f"{args.replicas} nodes, {args.partitions} partitions, data in {args.data_dir}\n"
+        f"export RAFTLOG_ENDPOINTS={','.join(cluster.endpoints)}\n"
+        "Ctrl-C stops the cluster.",
+        flush=True,
+    )
+    stop = {"now": False}
+
+    def _stop(*_: object) -> None:
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    while not stop["now"]:
+        time.sleep(0.2)
+    cluster.stop()
+    print("stopped")
+    return 0
+
+
+# ====================================================================== parser
+def add_parsers(sub: Any) -> None:
+    p = sub.add_parser("status", help="members, roles, leaders, high-water marks and lag")
+    add_common(p)
+    p.set_defaults(run=lambda a: _run(_status(a)))
+
+    p = sub.add_parser("append", help="append records (one per VALUE) to a partition")
+    add_common(p)
+    p.add_argument("-p", "--partition", type=int, default=0)
+    p.add_argument("--key")
+    p.add_argument("--producer-id", help="make the append idempotent (with --sequence)")
+    p.add_argument("--sequence", type=int, default=0)
+    p.add_argument("values", nargs="+")
+    p.set_defaults(run=lambda a: _run(_append(a)))
+
+    p = sub.add_parser("read", help="read committed records")
+    add_common(p)
+    p.add_argument("-p", "--partition", type=int, default=0)
+    p.add_argument("--from", dest="start", type=int, default=1)
+    p.add_argument("--limit", type=int, default=100)
+    p.set_defaults(run=lambda a: _run(_read(a)))
+
+    p = sub.add_parser("tail", help="print committed records as they arrive")
+    add_common(p)
+    p.add_argument("-p", "--partition", type=int, default=0)
+    p.add_argument("--from", dest="start", type=int, default=None)
+    p.add_argument("-f", "--follow", action="store_true")
+    p.set_defaults(run=lambda a: _run(_tail(a)))
+
+    p = sub.add_parser("lag", help="one follower's lag behind the leader")
+    add_common(p)
+    p.add_argument("-p", "--partition", type=int, default=0)
+    p.add_argument("node")
+    p.set_defaults(run=lambda a: _run(_lag(a)))
+
+    members = sub.add_parser("members", help="change a partition's membership")
+    msub = members.add_subparsers(dest="op", required=True, metavar="OP")
+    for op, helptext in (
+        ("add-learner", "add a non-voting member"),
+        ("promote", "make a caught-up learner a voter"),
+        ("remove", "remove a member"),
+    ):
+        p = msub.add_parser(op, help=helptext)
+        add_common(p)
+        p.add_argument("-p", "--partition", type=int, default=0)
+        p.add_argument("node")
+        if op == "add-learner":
+            p.add_argument("--url", required=True, help="the new member's base URL")
+        p.set_defaults(run=lambda a: _run(_members(a)))
+
+    leader = sub.add_parser("leader", help="leadership")
+    lsub = leader.add_subparsers(dest="leader_command", required=True, metavar="COMMAND")
+    p = lsub.add_parser("transfer", help="hand a partition's leadership to a voter")
+    add_common(p)
+    p.add_argument("-p", "--partition", type=int, default=0)
+    p.add_argument("target")
+    p.set_defaults(run=lambda a: _run(_transfer(a)))
+
+    local = sub.add_parser("local", help="a local cluster of real node processes")
+    lo = local.add_subparsers(dest="local_command", required=True, metavar="COMMAND")
+    p = lo.add_parser("up", help="start it and keep it running until interrupted")
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--partitions", type=int, default=1)
+    p.add_argument("--data-dir", required=True)
+    p.set_defaults(run=_local_up)

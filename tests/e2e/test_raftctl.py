@@ -1,0 +1,80 @@
+"""`raftctl` against a running local cluster, and `raftctl local up` itself."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from raftlog.cli.main import main
+from raftlog.node.local import LocalCluster
+
+pytestmark = [pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("ctl"), replicas=3, durable=False) as c:
+        c.wait_ready()
+        yield c
+
+
+def ctl(cluster: LocalCluster, capsys, *args: str) -> tuple[int, str, str]:
+    code = main([*args, "--endpoints", ",".join(cluster.endpoints)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_append_read_status_and_json(cluster, capsys):
+    code, out, _ = ctl(cluster, capsys, "append", "--key", "user", "one", "two")
+    assert code == 0 and "indexes" in out
+    code, out, _ = ctl(cluster, capsys, "read")
+    assert code == 0 and "user\tone" in out and "user\ttwo" in out
+    code, out, _ = ctl(cluster, capsys, "status")
+    assert code == 0
+    assert out.splitlines()[0].split() == [
+        "PARTITION", "NODE", "ROLE", "TERM", "LEADER", "HWM", "APPLIED", "FLOOR", "LAG",
+    ]  # fmt: skip
+    assert sum("leader" in line.split()[2] for line in out.splitlines()[1:]) == 1
+    code, out, _ = ctl(cluster, capsys, "status", "--json")
+    assert code == 0 and set(json.loads(out)) == set(cluster.nodes)
+
+
+def test_idempotent_append_and_refusals(cluster, capsys):
+    args = ("append", "--producer-id", "ctl", "--sequence", "0", "x")
+    assert ctl(cluster, capsys, *args)[0] == 0
+    code, out, _ = ctl(cluster, capsys, *args)
+    assert code == 0 and "already appended" in out
+    code, _, err = ctl(cluster, capsys, "members", "promote", "n9")
+    assert code == 1 and "409" in err and "not a learner" in err
+    code, _, err = ctl(cluster, capsys, "read", "-p", "5")
+    assert code == 1 and "404" in err
+
+
+def test_local_up_runs_until_interrupted(tmp_path):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlog.cli.main", "local", "up", "--replicas", "3",
+         "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "Ctrl-C" in line:
+            break
+    assert any(line.startswith("export RAFTLOG_ENDPOINTS=") for line in lines), lines
+    pids = json.loads((tmp_path / "cluster.json").read_text())["pids"]
+    assert len(pids) == 3
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=30) == 0
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
