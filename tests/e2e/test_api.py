@@ -191,3 +191,16 @@ def test_retention_holds_through_the_admin_api(node):
     assert code == 400 and reply["field"] == "min_index"
     assert node.request("n1", "DELETE", path, None, auth)[0] == 204
     assert node.request("n1", "DELETE", path, None, auth)[0] == 404
+
+
+def test_key_reads_linearizable_and_local(node):
+    post(node, "/v1/partitions/0/records", b'{"key": "colour", "value": "red"}')
+    post(node, "/v1/partitions/0/records", b'{"key": "colour", "value": "blue"}')
+    code, reply = node.get("n1", "/v1/partitions/0/keys/colour")
+    assert code == 200 and reply["value"] == "blue" and reply["consistency"] == "linearizable"
+    code, reply = node.get("n1", "/v1/partitions/0/keys/colour?consistency=local")
+    assert code == 200 and reply["value"] == "blue"
+    post(node, "/v1/partitions/0/records", b'{"key": "colour", "value": null}')  # a tombstone
+    code, reply = node.get("n1", "/v1/partitions/0/keys/colour")
+    assert code == 404 and reply["found"] is False
+    assert node.get("n1", "/v1/partitions/0/keys/colour?consistency=eventual")[0] == 400

@@ -83,6 +83,7 @@ class HeartbeatRequest:
     dst: str
     term: int
     commit: int  # never above what the follower is known to hold
+    ctx: int = 0  # the newest ReadIndex request this heartbeat confirms leadership for
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +91,7 @@ class HeartbeatResponse:
     src: str
     dst: str
     term: int
+    ctx: int = 0  # echoed from the request
 
 
 @dataclass(frozen=True, slots=True)

@@ -49,6 +49,7 @@ from raftlog.node.core.types import (
     Event,
     HardState,
     Membership,
+    ReadState,
     SnapshotMeta,
     SnapshotRequest,
 )
@@ -79,6 +80,7 @@ class Ready:
     committed: list[Entry] = field(default_factory=list)
     snapshot_requests: list[SnapshotRequest] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
+    read_states: list[ReadState] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -154,6 +156,10 @@ class Raft:
         self._snapshot_requests: list[SnapshotRequest] = []
         self._ready_out = False
         self.rejected: dict[str, int] = {}
+        # ReadIndex (Raft dissertation 6.4): request id -> (read index, voters that confirmed).
+        self._reads: dict[int, tuple[int, set[str]]] = {}
+        self._reads_waiting_commit: list[int] = []  # until this term's first entry commits
+        self._read_states: list[ReadState] = []
 
     # ===================================================================== public interface
     @property
@@ -295,6 +301,7 @@ class Raft:
             self._msgs
             or self._events
             or self._snapshot_requests
+            or self._read_states
             or self.log.unstable
             or self.log.pending_snapshot is not None
             or self.log.committed > self.log.applied
@@ -318,8 +325,10 @@ class Raft:
             committed=self.log.committed_entries_to_apply(MAX_APPLY_PER_READY),
             snapshot_requests=self._snapshot_requests,
             events=self._events,
+            read_states=self._read_states,
         )
         self._msgs, self._events, self._snapshot_requests = [], [], []
+        self._read_states = []
         self._ready_out = True
         return rd
 
@@ -351,6 +360,53 @@ class Raft:
         """Leader's commit minus the follower's match; None when unknown here."""
         pr = self.progress.get(node) if self.role == Role.LEADER else None
         return pr.lag(self.log.committed) if pr else None
+
+    def read_index(self, request_id: int) -> None:
+        """Ask for a linearizable read point; a `ReadState` in a later Ready answers it.
+
+        The leader takes its commit index, then confirms it is still the leader with a heartbeat
+        round acknowledged by a quorum of voters; a read served once `applied` reaches that index
+        sees every write acknowledged before the request. A leader that has not yet committed an
+        entry of its own term does not know the commit index for sure, so it waits for that first.
+        `request_id` must grow from one request to the next. Raises NotLeader elsewhere; pending
+        requests are dropped when the leader steps down (the driver fails them).
+        """
+        if self.role != Role.LEADER:
+            raise NotLeader(self.leader)
+        if self.log.term(self.log.committed) != self.term:
+            self._reads_waiting_commit.append(request_id)
+            return
+        self._start_read(request_id)
+
+    def _start_read(self, request_id: int) -> None:
+        if len(self.membership.voters) == 1:
+            self._read_states.append(ReadState(request_id, self.log.committed))
+            return
+        self._reads[request_id] = (self.log.committed, {self.id})
+        for node in self.progress:
+            commit = min(self.progress[node].match, self.log.committed)
+            self._send(HeartbeatRequest(self.id, node, self.term, commit, ctx=request_id))
+
+    def _confirm_reads(self, voter: str, ctx: int) -> None:
+        if voter not in self.membership.voters:
+            return
+        quorum = len(self.membership.voters) // 2 + 1
+        done = []
+        for rid, (_, acks) in self._reads.items():
+            if rid <= ctx:
+                acks.add(voter)
+            if len(acks) >= quorum:
+                done.append(rid)
+        if done:
+            # A confirmed request confirms every earlier one too (same leadership, later check).
+            top = max(done)
+            for rid in sorted(self._reads):
+                if rid <= top:
+                    index, _ = self._reads.pop(rid)
+                    self._read_states.append(ReadState(rid, index))
+
+    def pending_reads(self) -> int:
+        return len(self._reads) + len(self._reads_waiting_commit)
 
     def membership_at(self, index: int) -> Membership:
         current = self._config_history[0][1]
@@ -455,6 +511,8 @@ class Raft:
         self._randomized_timeout = self._random_timeout()
         self.transferee = None
         self.progress = {}
+        self._reads.clear()
+        self._reads_waiting_commit.clear()
         if was == Role.LEADER:
             self._event("stepped_down", reason=reason)
 
@@ -619,7 +677,7 @@ class Raft:
         if not self._accept_leader(m):
             return
         self.log.commit_to(min(m.commit, self._leader_match))
-        self._send(HeartbeatResponse(self.id, m.src, self.term))
+        self._send(HeartbeatResponse(self.id, m.src, self.term, m.ctx))
 
     def _on_install_snapshot(self, m: InstallSnapshot) -> None:
         if not self._accept_leader(m):
@@ -703,6 +761,10 @@ class Raft:
         index = matches[len(matches) // 2]
         if index > self.log.committed and self._may_commit_at(index):
             self.log.commit_to(index)
+            if self._reads_waiting_commit and self.log.term(index) == self.term:
+                waiting, self._reads_waiting_commit = self._reads_waiting_commit, []
+                for rid in waiting:
+                    self._start_read(rid)
             return True
         return False
 
@@ -815,6 +877,8 @@ class Raft:
         pr = self._responding(m)
         if pr is None:
             return
+        if m.ctx and self._reads:
+            self._confirm_reads(m.src, m.ctx)
         if pr.state == ProgressState.PROBE:
             pr.probe_sent = False
         elif (

@@ -100,3 +100,11 @@ class Event:
     def __str__(self) -> str:
         extra = " ".join(f"{k}={v}" for k, v in self.detail.items())
         return f"{self.node} t{self.term} {self.kind} {extra}".rstrip()
+
+
+@dataclass(frozen=True, slots=True)
+class ReadState:
+    """A ReadIndex request confirmed: once applied reaches `index`, a read is linearizable."""
+
+    request_id: int
+    index: int

@@ -12,6 +12,8 @@ from raftlog.node.core.messages import (
     MESSAGE_TYPES,
     AppendRequest,
     AppendResponse,
+    HeartbeatRequest,
+    HeartbeatResponse,
     InstallSnapshot,
     Message,
     PreVoteRequest,
@@ -46,6 +48,10 @@ def validate_message(m: object, node_id: str, config: RaftConfig) -> Message:
             raise InvalidMessage("last_term", f"{msg.last_term} is above the term {msg.term}")
     elif isinstance(msg, AppendRequest):
         _validate_append(msg, config)
+    elif isinstance(msg, HeartbeatRequest | HeartbeatResponse):
+        _non_negative_int(msg.ctx, "ctx")
+        if isinstance(msg, HeartbeatRequest):
+            _non_negative_int(msg.commit, "commit")
     elif isinstance(msg, AppendResponse):
         _non_negative_int(msg.index, "index")
         _non_negative_int(msg.hint_index, "hint_index")

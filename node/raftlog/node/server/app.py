@@ -223,6 +223,39 @@ async def read(request: web.Request) -> web.Response:
     )
 
 
+async def get_key(request: web.Request) -> web.Response:
+    """The keyed table's value of a key: `consistency=linearizable` (ReadIndex on the leader,
+    the default) or `local` (this replica's applied state, possibly behind)."""
+    node, d = node_of(request), driver_of(request)
+    key = request.match_info["key"].encode()
+    consistency = request.query.get("consistency", "linearizable")
+    if consistency not in ("linearizable", "local"):
+        raise bad("consistency", "must be linearizable or local")
+    if consistency == "linearizable":
+        if d.raft.role != Role.LEADER:
+            raise not_leader(node, d)
+        try:
+            await asyncio.wait_for(d.linearizable_point(), node.settings.append_timeout_s)
+        except NotLeader:
+            raise not_leader(node, d) from None
+        except TimeoutError:
+            raise ApiError(503, "timeout", "leadership not confirmed in time; retry") from None
+    value = d.table.get(key)
+    body: dict[str, Any] = {
+        "partition": d.p,
+        "key": key.decode(errors="replace"),
+        "found": value is not None,
+        "applied_index": d.table.applied_index,
+        "consistency": consistency,
+    }
+    if value is not None:
+        try:
+            body["value"] = value.decode()
+        except UnicodeDecodeError:
+            body["value_b64"] = base64.b64encode(value).decode()
+    return web.json_response(body, status=200 if value is not None else 404)
+
+
 async def status(request: web.Request) -> web.Response:
     node = node_of(request)
     parts = []
@@ -351,6 +384,7 @@ def build_app(node: Node) -> web.Application:
     app[NODE_KEY] = node
     app.router.add_post("/v1/partitions/{partition}/records", append)
     app.router.add_get("/v1/partitions/{partition}/records", read)
+    app.router.add_get("/v1/partitions/{partition}/keys/{key}", get_key)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)

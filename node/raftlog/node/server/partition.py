@@ -108,6 +108,8 @@ class PartitionDriver:
         # Producer -> the last sequence proposed in `_inflight_term` and not yet applied.
         self._inflight_seq: dict[str, int] = {}
         self._inflight_term = 0
+        self._read_ids = 0
+        self._reads: dict[int, asyncio.Future[int]] = {}  # ReadIndex requests in flight
 
     def _timed_sync(self) -> None:
         """The WAL sync, timed for `raftlog_fsync_seconds` (runs in the fsync thread)."""
@@ -181,6 +183,27 @@ class PartitionDriver:
             if self._inflight_seq.get(producer) == end:
                 self._inflight_seq[producer] = previous
             raise
+
+    async def linearizable_point(self) -> int:
+        """A ReadIndex read point, once applied: reading the table now is linearizable."""
+        self._read_ids += 1
+        rid = self._read_ids
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._reads[rid] = fut
+
+        def ask() -> None:
+            try:
+                self.raft.read_index(rid)
+            except NotLeader as e:
+                self._reads.pop(rid, None)
+                if not fut.done():
+                    fut.set_exception(e)
+
+        self.call(ask)
+        index = await fut
+        async with self.committed:
+            await self.committed.wait_for(lambda: self.table.applied_index >= index)
+        return index
 
     async def run_on_core(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` in the driver loop and return its result (or raise its error)."""
@@ -260,6 +283,15 @@ class PartitionDriver:
             self._serve_snapshot(req)
         for ev in rd.events:
             self._count_event(ev.kind, ev.detail)
+        for rs in rd.read_states:
+            fut = self._reads.pop(rs.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(rs.index)
+        if self._reads and self.raft.role != Role.LEADER:
+            for fut in self._reads.values():  # the core dropped them when it stepped down
+                if not fut.done():
+                    fut.set_exception(NotLeader(self.raft.leader))
+            self._reads.clear()
 
     def _install(self, index: int) -> None:
         assert self._pending_snapshot is not None, "the core installed a snapshot never received"

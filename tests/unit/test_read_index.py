@@ -1,0 +1,95 @@
+"""ReadIndex: a read point confirmed by a quorum of voters, never by a deposed leader."""
+
+from __future__ import annotations
+
+import pytest
+
+from raftlog.node.core.errors import NotLeader
+from raftlog.node.core.messages import AppendResponse, HeartbeatRequest, HeartbeatResponse
+from raftlog.node.core.raft import Raft
+from raftlog.node.core.types import ReadState
+from raftlog.node.storage.memory import MemoryStorage
+from tests.unit.helpers import CFG, drain, sent, storage_with
+from tests.unit.test_raft_core import elect
+
+
+def leader_with_commit() -> tuple[Raft, MemoryStorage]:
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    r.step(AppendResponse("b", "a", r.term, True, 2))
+    drain(r, s)  # the no-op of this term is committed
+    assert r.commit == 2
+    return r, s
+
+
+def reads(raft: Raft, storage: MemoryStorage) -> list[ReadState]:
+    out = []
+    while raft.has_ready():
+        rd = raft.ready()
+        storage.save(rd.hard_state, rd.entries)
+        out.extend(rd.read_states)
+        raft.advance(rd)
+    return out
+
+
+def test_read_index_waits_for_a_quorum_of_heartbeat_answers():
+    r, s = leader_with_commit()
+    r.read_index(7)
+    rd = drain(r, s)
+    beats = [
+        m for m in sent(rd, HeartbeatRequest) if isinstance(m, HeartbeatRequest) and m.ctx == 7
+    ]
+    assert {m.dst for m in beats} == {"b", "c"}
+    assert reads(r, s) == []
+    r.step(HeartbeatResponse("c", "a", r.term, ctx=6))  # an older round does not confirm 7
+    assert reads(r, s) == []
+    r.step(HeartbeatResponse("c", "a", r.term, ctx=7))
+    assert reads(r, s) == [ReadState(7, 2)]
+
+
+def test_a_later_confirmation_confirms_earlier_requests():
+    r, s = leader_with_commit()
+    r.read_index(1)
+    r.read_index(2)
+    drain(r, s)
+    r.step(HeartbeatResponse("b", "a", r.term, ctx=2))
+    assert reads(r, s) == [ReadState(1, 2), ReadState(2, 2)]
+
+
+def test_a_leader_that_lost_its_quorum_never_answers():
+    r, s = leader_with_commit()
+    r.read_index(3)
+    drain(r, s)
+    r.step(HeartbeatRequest("b", "a", r.term + 1, 0))  # a newer leader exists
+    assert r.role != "leader"
+    r.step(HeartbeatResponse("c", "a", r.term, ctx=3))
+    assert reads(r, s) == []
+    assert r.pending_reads() == 0
+    with pytest.raises(NotLeader):
+        r.read_index(4)
+
+
+def test_a_new_leader_waits_for_its_first_commit():
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)  # the no-op at index 2 is not committed yet
+    r.read_index(5)
+    drain(r, s)
+    r.step(HeartbeatResponse("b", "a", r.term, ctx=5))
+    assert reads(r, s) == [], "the commit index of an earlier term is not a safe read point"
+    r.step(AppendResponse("b", "a", r.term, True, 2))
+    drain(r, s)
+    r.step(HeartbeatResponse("b", "a", r.term, ctx=5))
+    assert reads(r, s) == [ReadState(5, 2)]
+
+
+def test_single_voter_answers_at_once():
+    s = storage_with([], voters=("a",))
+    r = Raft("a", CFG, s)
+    r.hup()
+    drain(r, s)
+    drain(r, s)
+    assert r.role == "leader" and r.commit >= 1
+    r.read_index(9)
+    assert reads(r, s) == [ReadState(9, r.commit)]
