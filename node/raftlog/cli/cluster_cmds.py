@@ -222,6 +222,14 @@ async def _transfer(args: argparse.Namespace) -> int:
 
 # ====================================================================== local
 def _local_up(args: argparse.Namespace) -> int:
+    stop = {"now": False}
+
+    def _stop(*_: object) -> None:
+        stop["now"] = True
+
+    # Before anything starts: an interrupt at any moment stops the nodes it started.
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
     cluster = LocalCluster(Path(args.data_dir), replicas=args.replicas, partitions=args.partitions)
     cluster.start()
     try:
@@ -241,13 +249,6 @@ def _local_up(args: argparse.Namespace) -> int:
         "Ctrl-C stops the cluster.",
         flush=True,
     )
-    stop = {"now": False}
-
-    def _stop(*_: object) -> None:
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
     while not stop["now"]:
         time.sleep(0.2)
     cluster.stop()
