@@ -254,3 +254,42 @@ def test_a_term_behind_the_log_is_raised_on_open(tmp_path):
     hs, _ = again.initial_state()
     assert (hs.term, hs.vote) == (4, None)
     assert any("raised the term from 2 to 4" in r for r in again.recovery)
+
+
+def test_a_retransmitted_last_chunk_is_not_taken_twice(tmp_path):
+    src, _ = leader_with_snapshot(tmp_path / "src")
+    chunks = list(src.snapshots.chunks(chunk_bytes=1000))
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 2)
+    assert all(rx.write(c) for c in chunks)
+    assert rx.write(chunks[-1]) is False, "a retransmission is recognised as one"
+    meta, _ = rx.verify()
+    dst.install_received(rx, meta)
+    assert dst.snapshot_meta().index == 300
+
+
+class FailingUnlink(FileOps):
+    def __init__(self) -> None:
+        self.fail = False
+
+    def unlink(self, path: str) -> None:
+        if self.fail:
+            raise OSError(errno.EROFS, "Read-only file system")
+        super().unlink(path)
+
+
+def test_a_failed_reset_leaves_a_readable_storage_and_no_open_files(tmp_path):
+    disk = FailingUnlink()
+    s = open_storage(tmp_path, bootstrap=ABC, ops=disk)
+    s.save(HardState(1, "a", 30), ents(1, 300, 1))  # several segments
+    fds_before = len(os.listdir("/proc/self/fd"))
+    disk.fail = True
+    with pytest.raises(StorageFailed):
+        s.install_snapshot(SnapshotMeta(500, 2, ABC), b"")
+    # Reads go on, against the new (empty) log behind the snapshot, and no descriptor of a
+    # closed segment is ever read again.
+    assert (s.first_index(), s.last_index(), s.term(500)) == (501, 500, 2)
+    assert len(os.listdir("/proc/self/fd")) <= fds_before + 1, "old segments' files are closed"
+    s.close()
+    again = open_storage(tmp_path)  # the leftovers are superseded and removed on open
+    assert (again.first_index(), again.last_index()) == (501, 500)

@@ -127,3 +127,22 @@ def test_header_damage(tmp_path):
     new.write_bytes(fmt.encode_header(61, 1, 0)[:10])
     w = Wal.open(str(tmp_path), segment_bytes=2048)
     assert w.last_index() == 60 and not new.exists()
+
+
+@pytest.mark.parametrize("damaged", [2, 3, 10])
+@pytest.mark.parametrize("fill", ["zeros", "garbage"])
+def test_damage_spanning_several_records_before_valid_ones_is_corruption(tmp_path, damaged, fill):
+    """Synced entries after a damaged stretch must not be dropped as if they were a torn tail."""
+    w = Wal.open(str(tmp_path))  # one segment, and no commit record after the damage
+    w.append(ents(1, 100, 1))
+    w.sync()
+    offsets = list(w._segments[-1].offsets)
+    w.close()
+    seg = next(tmp_path.glob("*.wal"))
+    raw = bytearray(seg.read_bytes())
+    a, b = offsets[49], offsets[49 + damaged]
+    raw[a:b] = bytes(b - a) if fill == "zeros" else random.Random(damaged).randbytes(b - a)
+    seg.write_bytes(bytes(raw))
+    with pytest.raises(WalCorruption) as info:
+        Wal.open(str(tmp_path))
+    assert info.value.index == 50

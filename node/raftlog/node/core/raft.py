@@ -3,8 +3,8 @@
 Drivers call `tick()`, `step(message)`, `propose(...)`, then loop on `ready()` / `advance()`:
 
     rd = raft.ready()
-    storage.save(rd.hard_state, rd.entries)     # durable first (fsync)
-    install rd.snapshot if any                  # data received by the driver beforehand
+    install rd.snapshot if any                  # first: it resets the log behind it
+    storage.save(rd.hard_state, rd.entries)     # durable (fsync); entries follow the snapshot
     send rd.messages                            # only now: they depend on what was persisted
     apply rd.committed                          # never above the durable high-water mark
     serve rd.snapshot_requests                  # stream a snapshot to a lagging follower
@@ -71,7 +71,11 @@ class Role(StrEnum):
 
 @dataclass
 class Ready:
-    """What the driver must do, in this order: persist, install, send, apply, serve."""
+    """What the driver must do, in this order: install, persist, send, apply, serve.
+
+    A snapshot comes first because installing it resets the log: entries in the same Ready
+    (appended after the snapshot was accepted) follow it and must not be wiped by it.
+    """
 
     hard_state: HardState | None = None
     entries: list[Entry] = field(default_factory=list)

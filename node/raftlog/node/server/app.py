@@ -369,8 +369,7 @@ async def snapshot_chunk(request: web.Request) -> web.Response:
     receiver = d.storage.snapshots.receiver(index, snap_term)
     chunk = Chunk(offset, await request.read(), crc, total)
     try:
-        receiver.write(chunk)
-        if chunk.last:
+        if receiver.write(chunk) and chunk.last:
             meta, data = receiver.verify()
             d.snapshot_received(leader, term, receiver, meta, data)
     except SnapshotCorruption as e:

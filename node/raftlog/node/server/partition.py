@@ -267,14 +267,14 @@ class PartitionDriver:
             i += len(prop.records)
 
     async def _handle(self, rd: Ready) -> None:
-        self.storage.write(rd.hard_state, rd.entries)
-        if rd.entries or rd.hard_state is not None:
-            await self.group.durable(self.group.wrote())
-        if rd.snapshot is not None:
+        if rd.snapshot is not None:  # first: installing resets the log behind the snapshot
             self._install(rd.snapshot.index)
         elif self._pending_snapshot is not None:
             self._pending_snapshot[0].abort()  # the core did not want it (stale)
             self._pending_snapshot = None
+        self.storage.write(rd.hard_state, rd.entries)
+        if rd.entries or rd.hard_state is not None:
+            await self.group.durable(self.group.wrote())
         if rd.messages:
             self.node.transport.send(self.p, rd.messages)
         if rd.committed:
@@ -401,8 +401,14 @@ class PartitionDriver:
         """A whole, verified snapshot arrived: offer it to the core."""
 
         def offer() -> None:
-            if self._pending_snapshot is not None:
-                self._pending_snapshot[0].abort()
+            pending = self._pending_snapshot
+            if pending is not None and (pending[1].index, pending[1].term) == (
+                meta.index,
+                meta.term,
+            ):
+                return  # the same snapshot again (a retransmitted last chunk): one offer is enough
+            if pending is not None:
+                pending[0].abort()
             self._pending_snapshot = (receiver, meta, data)
             self.raft.step(InstallSnapshot(leader, self.node.id, term, meta))
 

@@ -304,9 +304,8 @@ class Cluster:
     def _handle_ready(self, node: SimNode, p: int, raft: Raft, rd: Ready) -> int | None:
         """Carry out a Ready; returns the lowest index written to storage, if any."""
         storage = node.storages[p]
-        storage.save(rd.hard_state, rd.entries)  # durable before anything is sent
-        written = rd.entries[0].index if rd.entries else None
-        if rd.snapshot is not None:
+        written: int | None = None
+        if rd.snapshot is not None:  # first: installing resets the log behind the snapshot
             meta, data = node.pending_snapshots.pop(p)
             assert meta.index == rd.snapshot.index, (
                 "installed snapshot differs from the received one"
@@ -317,6 +316,9 @@ class Cluster:
             self.log(f"{node.id} p{p} installed snapshot at {meta.index}")
         else:
             node.pending_snapshots.pop(p, None)
+        storage.save(rd.hard_state, rd.entries)  # durable before anything is sent
+        if rd.entries:
+            written = min(written or rd.entries[0].index, rd.entries[0].index)
         for m in rd.messages:
             self.network.send(self.now, node.id, m.dst, PeerMessage(p, m))
         pending = self._pending.get((p, node.id))

@@ -75,8 +75,12 @@ class DurableStorage:
             ops=self.ops,
         )
         self.recovery = list(self.wal.recovery)
-        self._reconcile_with_snapshot(snap)
-        self._reconcile_term()
+        try:
+            self._reconcile_with_snapshot(snap)
+            self._reconcile_term()
+        except BaseException:
+            self.wal.close()
+            raise
 
     def _reconcile_with_snapshot(self, snap: SnapshotMeta) -> None:
         wal = self.wal

@@ -37,6 +37,9 @@ class FileOps:
     def replace(self, src: str, dst: str) -> None:
         os.replace(src, dst)
 
+    def unlink(self, path: str) -> None:
+        os.unlink(path)
+
 
 def atomic_write(path: str, data: bytes, ops: FileOps, durable: bool) -> None:
     """Write `path` so that a crash leaves either the old or the new content, never a mix."""

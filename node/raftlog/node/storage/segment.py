@@ -128,7 +128,7 @@ def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
     while pos < size:
         reason = _check_record(view, pos, size)
         if reason is not None:
-            if is_last and not _valid_record_follows(raw, pos + 1, expected):
+            if is_last and not _valid_record_follows(raw, pos + 1):
                 return result(f"{reason} at offset {pos} ({size - pos} bytes dropped)", None)
             return result(None, WalCorruption(path, pos, expected, reason))
         length = REC_HEAD.unpack_from(view, pos)[0]
@@ -168,28 +168,26 @@ def _check_record(view: memoryview, pos: int, size: int) -> str | None:
     return None
 
 
-_COMMIT_LENGTH = COMMIT_BODY.size.to_bytes(4, "little")
+# What the body of a well-formed record looks like, for finding one after damage: an entry
+# (type 1, an index and a term below 2**40, kind 0..2) or a commit record (type 2, length 9).
+_ENTRY_SHAPE = re.compile(rb"\x01[\s\S]{5}\x00\x00\x00[\s\S]{5}\x00\x00\x00[\x00-\x02]")
+_COMMIT_SHAPE = re.compile(rb"\x09\x00\x00\x00[\s\S]{4}\x02")
 
 
-def _valid_record_follows(raw: bytes, start: int, expected: int) -> bool:
+def _valid_record_follows(raw: bytes, start: int) -> bool:
     """Whether a well-formed record begins anywhere at or after `start`.
 
-    The first record after a damaged one is a commit record or the entry `expected` or
-    `expected + 1`, so searching for those patterns (at C speed) finds any valid data that
-    follows, without trying every byte offset.
+    Every position whose bytes have the shape of a record is checked (regular-expression search,
+    at C speed), so damage spanning several records is not mistaken for a torn tail. Indexes and
+    terms are assumed below 2**40.
     """
     view = memoryview(raw)
     size = len(raw)
-    candidates: list[int] = []
-    q = raw.find(_COMMIT_LENGTH, start)
-    while q != -1:
-        if raw[q + 8 : q + 9] == bytes([T_COMMIT]):
-            candidates.append(q)
-        q = raw.find(_COMMIT_LENGTH, q + 1)
-    for index in (expected, expected + 1):
-        marker = bytes([T_ENTRY]) + index.to_bytes(8, "little")
-        q = raw.find(marker, start + 8)
-        while q != -1:
-            candidates.append(q - 8)
-            q = raw.find(marker, q + 1)
-    return any(_check_record(view, h, size) is None for h in candidates if h >= start)
+    for m in _ENTRY_SHAPE.finditer(raw, start + 8):
+        h = m.start() - 8
+        if h >= start and _check_record(view, h, size) is None:
+            return True
+    for m in _COMMIT_SHAPE.finditer(raw, start):
+        if _check_record(view, m.start(), size) is None:
+            return True
+    return False

@@ -197,13 +197,14 @@ class SnapshotReceiver:
         # Resume where an earlier attempt stopped; the final verification catches any damage.
         self.received = os.path.getsize(self.partial) if os.path.exists(self.partial) else 0
 
-    def write(self, chunk: Chunk) -> None:
+    def write(self, chunk: Chunk) -> bool:
+        """Append a chunk; False for a retransmission of bytes already here."""
         if crc32c(chunk.data) != chunk.crc32c:
             raise SnapshotCorruption(
                 self.partial, f"chunk at offset {chunk.offset} checksum mismatch"
             )
         if chunk.offset < self.received:
-            return  # a retransmission of what is already here
+            return False
         if chunk.offset > self.received:
             raise SnapshotCorruption(
                 self.partial, f"chunk at offset {chunk.offset}, expected {self.received}"
@@ -214,6 +215,7 @@ class SnapshotReceiver:
         finally:
             os.close(fd)
         self.received += len(chunk.data)
+        return True
 
     def verify(self) -> tuple[SnapshotMeta, bytes]:
         """Check the whole received file; a damaged one is discarded (the transfer restarts)."""

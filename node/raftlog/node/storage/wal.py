@@ -354,7 +354,7 @@ class Wal:
             seg = self._segments.pop()
             self._firsts.pop()
             os.close(seg.fd)
-            self._io("unlink", seg.path, functools.partial(os.unlink, seg.path))
+            self._io("unlink", seg.path, functools.partial(self.ops.unlink, seg.path))
             removed = True
         seg = self._segments[-1]
         keep = index - seg.first_index
@@ -386,7 +386,7 @@ class Wal:
         while len(self._segments) > 1 and self._segments[0].last_index < new_first_index:
             seg = self._segments[0]
             dropped += len(seg.offsets)
-            self._io("unlink", seg.path, functools.partial(os.unlink, seg.path))
+            self._io("unlink", seg.path, functools.partial(self.ops.unlink, seg.path))
             os.close(seg.fd)
             self._segments.pop(0)
             self._firsts.pop(0)
@@ -412,13 +412,18 @@ class Wal:
                 self.path, old[-1].seq + 1, index + 1, term, self.ops, self.durable
             ),
         )
-        for seg in old:
-            os.close(seg.fd)
-            self._io("unlink", seg.path, functools.partial(os.unlink, seg.path))
-        if self.durable:
-            self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
+        # The new log is the log from here on, even if removing the old files fails below
+        # (they are superseded by the RESET segment and removed at the next open).
         self._segments = [new]
         self._firsts = [new.first_index]
         self.config_indexes = []
+        try:
+            for seg in old:
+                self._io("unlink", seg.path, functools.partial(self.ops.unlink, seg.path))
+        finally:
+            for seg in old:
+                os.close(seg.fd)
+        if self.durable:
+            self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
         self.commit = max(self.commit, index)
         self._synced_gen = self._written_gen  # the new segment was synced when created
