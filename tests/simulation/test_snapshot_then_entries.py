@@ -30,7 +30,7 @@ def test_simulator_driver_keeps_entries_that_follow_a_snapshot(tmp_path, storage
     )
     node = c.nodes["n2"]
     meta = SnapshotMeta(10, 2, Membership.of(["n1", "n2", "n3"]))
-    node.pending_snapshots[0] = (meta, KeyedTable().snapshot())
+    node.pending_snapshots[0] = {meta.index: (meta, KeyedTable().snapshot())}
     raft = node.raft(0)
     raft.step(InstallSnapshot("n1", "n2", 2, meta))
     new = (Entry(11, 2, data=b"x"), Entry(12, 2, data=b"y"))

@@ -103,7 +103,9 @@ class PartitionDriver:
         self._proposals: list[_Proposal] = []
         self._waiters: dict[int, _Waiter] = {}  # last index of a batch -> its appender
         self._ticks = 0
-        self._pending_snapshot: tuple[SnapshotReceiver, SnapshotMeta, bytes] | None = None
+        # Snapshots received and offered to the core, by index (several may be offered before the
+        # next Ready; it installs at most one, the others are dropped).
+        self._offered: dict[int, tuple[SnapshotReceiver, SnapshotMeta, bytes]] = {}
         self._serving: set[str] = set()  # targets a snapshot is being streamed to
         # Producer -> the last sequence proposed in `_inflight_term` and not yet applied.
         self._inflight_seq: dict[str, int] = {}
@@ -268,10 +270,10 @@ class PartitionDriver:
 
     async def _handle(self, rd: Ready) -> None:
         if rd.snapshot is not None:  # first: installing resets the log behind the snapshot
-            self._install(rd.snapshot.index)
-        elif self._pending_snapshot is not None:
-            self._pending_snapshot[0].abort()  # the core did not want it (stale)
-            self._pending_snapshot = None
+            self._install(rd.snapshot)
+        for receiver, _, _ in self._offered.values():
+            receiver.abort()  # offered but not wanted (stale, or superseded in the same batch)
+        self._offered.clear()
         self.storage.write(rd.hard_state, rd.entries)
         if rd.entries or rd.hard_state is not None:
             await self.group.durable(self.group.wrote())
@@ -293,11 +295,12 @@ class PartitionDriver:
                     fut.set_exception(NotLeader(self.raft.leader))
             self._reads.clear()
 
-    def _install(self, index: int) -> None:
-        assert self._pending_snapshot is not None, "the core installed a snapshot never received"
-        receiver, meta, data = self._pending_snapshot
-        self._pending_snapshot = None
-        assert meta.index == index
+    def _install(self, wanted: SnapshotMeta) -> None:
+        offered = self._offered.pop(wanted.index, None)
+        assert offered is not None, "the core installed a snapshot never received"
+        receiver, meta, data = offered
+        assert meta == wanted, "the core installed another snapshot than the one received"
+        index = meta.index
         self.storage.install_received(receiver, meta)
         self.table = KeyedTable.restore(data)
         self.counters.snapshots_installed += 1
@@ -401,15 +404,9 @@ class PartitionDriver:
         """A whole, verified snapshot arrived: offer it to the core."""
 
         def offer() -> None:
-            pending = self._pending_snapshot
-            if pending is not None and (pending[1].index, pending[1].term) == (
-                meta.index,
-                meta.term,
-            ):
+            if meta.index in self._offered:
                 return  # the same snapshot again (a retransmitted last chunk): one offer is enough
-            if pending is not None:
-                pending[0].abort()
-            self._pending_snapshot = (receiver, meta, data)
+            self._offered[meta.index] = (receiver, meta, data)
             self.raft.step(InstallSnapshot(leader, self.node.id, term, meta))
 
         self.call(offer)

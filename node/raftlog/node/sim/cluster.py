@@ -60,7 +60,10 @@ class SimNode:
     held: list[tuple[str, object]] = field(default_factory=list)  # delivered while paused
     restarts: int = 0
     retired: bool = False  # removed from the cluster for good
-    pending_snapshots: dict[int, tuple[SnapshotMeta, bytes]] = field(default_factory=dict)
+    # partition -> snapshot index -> what was received (several may arrive in one batch)
+    pending_snapshots: dict[int, dict[int, tuple[SnapshotMeta, bytes]]] = field(
+        default_factory=dict
+    )
 
     @property
     def up(self) -> bool:
@@ -114,6 +117,7 @@ class Cluster:
         self.config = config or RaftConfig()
         self.partitions = partitions
         self.network = Network(random.Random(seed * 7919 + 1), faults or Faults())
+        self._batch_rng = random.Random(seed * 104729 + 7)
         self.snapshot_policy = snapshot_policy
         self.raft_cls = raft_cls
         self.compaction = compaction
@@ -227,8 +231,9 @@ class Cluster:
         node.paused = False
         self.log(f"{node_id} resumed with {len(node.held)} held messages")
         held, node.held = node.held, []
-        for src, payload in held:
-            self._deliver(src, node, payload)
+        for src, payload in held:  # all stepped, then one Ready: a driver catching up
+            self._deliver(src, node, payload, process=False)
+        self._process(node)
 
     def isolate(self, node_id: str) -> None:
         others = [n for n in self.nodes if n != node_id]
@@ -249,6 +254,10 @@ class Cluster:
         """One tick: deliver due messages, tick every running core, handle their Ready."""
         self.now += 1
         self.stats.steps += 1
+        # A node's driver may step several messages before it takes the next Ready (the node
+        # server's inbox does): half the deliveries are processed at once, the rest together
+        # at the end of the tick, so Readies that combine messages are exercised too.
+        batched: dict[str, SimNode] = {}
         for src, dst, payload in self.network.due(self.now):
             node = self.nodes.get(dst)
             if node is None or not node.up:
@@ -256,7 +265,13 @@ class Cluster:
             if node.paused:
                 node.held.append((src, payload))
                 continue
-            self._deliver(src, node, payload)
+            self._deliver(src, node, payload, process=False)
+            if self._batch_rng.random() < 0.5:
+                self._process(node)
+            else:
+                batched[node.id] = node
+        for node in batched.values():
+            self._process(node)
         for node in self._running():
             assert node.host is not None
             node.host.tick()
@@ -281,12 +296,15 @@ class Cluster:
         return [n for _, n in sorted(self.nodes.items()) if n.up and not n.paused]
 
     # ================================================================== message handling
-    def _deliver(self, src: str, node: SimNode, payload: object) -> None:
+    def _deliver(self, src: str, node: SimNode, payload: object, process: bool = True) -> None:
+        if node.host is None:
+            return
         if isinstance(payload, PeerMessage):
             node.raft(payload.partition).step(payload.message)
         elif isinstance(payload, SnapshotTransfer):
             self._receive_snapshot(node, payload)
-        self._process(node)
+        if process:
+            self._process(node)
 
     def _process(self, node: SimNode) -> None:
         host = node.host
@@ -306,10 +324,10 @@ class Cluster:
         storage = node.storages[p]
         written: int | None = None
         if rd.snapshot is not None:  # first: installing resets the log behind the snapshot
-            meta, data = node.pending_snapshots.pop(p)
-            assert meta.index == rd.snapshot.index, (
-                "installed snapshot differs from the received one"
-            )
+            received = node.pending_snapshots.pop(p, {})
+            assert rd.snapshot.index in received, "the core installs a snapshot never received"
+            meta, data = received[rd.snapshot.index]
+            assert meta == rd.snapshot, "installed snapshot differs from the received one"
             storage.install_snapshot(meta, data)
             written = meta.index + 1
             node.tables[p] = KeyedTable.restore(data)
@@ -334,7 +352,7 @@ class Cluster:
         for ev in rd.events:
             if ev.kind == "elected":
                 self.stats.elections += 1
-                self.checker.on_elected(p, node.id, raft)
+                self.checker.on_elected(p, node.id, raft, ev.term)
             elif ev.kind == "backfill_round":
                 self.stats.backfill_rounds += 1
             self.log(f"p{p} {ev}")
@@ -393,7 +411,7 @@ class Cluster:
         self.network.send(self.now, source.id, target, transfer, extra_delay=2)
 
     def _receive_snapshot(self, node: SimNode, t: SnapshotTransfer) -> None:
-        node.pending_snapshots[t.partition] = (t.meta, t.data)
+        node.pending_snapshots.setdefault(t.partition, {})[t.meta.index] = (t.meta, t.data)
         node.raft(t.partition).step(InstallSnapshot(t.leader, node.id, t.term, t.meta))
 
     # ================================================================== client side

@@ -79,12 +79,15 @@ class PartitionChecker:
     def on_ack(self, e: Entry) -> None:
         self.acked[e.index] = (e.term, (e.kind, e.data))
 
-    def on_elected(self, node: str, raft: Raft) -> None:
-        term = raft.term
+    def on_elected(self, node: str, raft: Raft, term: int) -> None:
+        """`node` won the election of `term` (its event; the core may have moved on since, when
+        its driver stepped more messages before taking the Ready)."""
         other = self.leaders.get(term)
         if other is not None and other != node:
             self.fail("election safety", f"p{self.p} {other} and {node} both lead term {term}")
         self.leaders[term] = node
+        if raft.term != term or raft.role != Role.LEADER:
+            return  # deposed in the same batch: its log now is not the one it was elected with
         floor = raft.log.first_index()
         for index in range(floor, self.max_committed + 1):
             seen = self.committed.get(index)
@@ -206,8 +209,8 @@ class ClusterChecker:
     def on_ack(self, p: int, e: Entry) -> None:
         self.partitions[p].on_ack(e)
 
-    def on_elected(self, p: int, node: str, raft: Raft) -> None:
-        self.partitions[p].on_elected(node, raft)
+    def on_elected(self, p: int, node: str, raft: Raft, term: int) -> None:
+        self.partitions[p].on_elected(node, raft, term)
 
     def after_ready(
         self, p: int, node: str, raft: Raft, storage: LogStorage, written: int | None
