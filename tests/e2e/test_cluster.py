@@ -52,11 +52,13 @@ def test_kill_9_the_leader_while_clients_append(tmp_path):
         survivors = [n for n in cluster.nodes if n != victim]
 
         async def read_all(endpoint: str, p: int) -> dict[int, str]:
+            # Read-your-writes: wait until this replica's mark covers every acknowledged append.
+            top = max((i for (pp, i) in acked if pp == p), default=0)
             out: dict[int, str] = {}
             async with AsyncClient([endpoint]) as c:
                 start = 1
                 while True:
-                    page = await c.read(p, start, 1000)
+                    page = await c.read(p, start, 1000, min_index=top, wait_ms=10_000)
                     for r in page["records"]:
                         out[r["index"]] = r["value"]
                     if page["next"] > page["high_water_mark"]:
