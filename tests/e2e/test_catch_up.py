@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.request
 from typing import Any
 
 import pytest
 
+from raftlog.cli.main import main
 from raftlog.client import AsyncClient
 from raftlog.node.local import LocalCluster
 
@@ -62,9 +64,10 @@ def test_paused_follower_is_repaired_in_bounded_backfill_rounds(tmp_path):
         assert f["state"] == "replicate" and not f["backfilling"], f
 
 
-def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path):
+@pytest.mark.parametrize("policy", ["follower-first", "leader"])
+def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path, policy):
     small = {"compact_every_operations": 100, "compact_number_entries": 20}
-    env = {"RAFTLOG_SEGMENT_BYTES": "4096"}
+    env = {"RAFTLOG_SEGMENT_BYTES": "4096", "RAFTLOG_SNAPSHOT_SOURCE": policy}
     with LocalCluster(tmp_path, replicas=3, durable=False, raft=small, env=env) as cluster:
         cluster.wait_ready()
         leader = cluster.leader(0)
@@ -91,7 +94,12 @@ def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path):
         assert mine["snapshot_index"] >= floor - 1
         assert cluster.status(follower)["partitions"][0]["counters"]["snapshots_installed"] >= 1
         counters = cluster.status(leader)["partitions"][0]["counters"]
-        assert counters["snapshots_sent"] >= 1
+        third = next(n for n in cluster.nodes if n not in (leader, follower))
+        streamed_by_third = cluster.status(third)["partitions"][0]["counters"]["snapshots_sent"]
+        if policy == "follower-first":  # the other, responsive follower streamed it (RATIS-2428)
+            assert counters["snapshots_from_followers"] >= 1 and streamed_by_third >= 1, counters
+        else:
+            assert counters["snapshots_sent"] >= 1 and counters["snapshots_from_followers"] == 0
         # SnapshotRequired lasts only until the transfer starts: polling may miss it, the
         # leader's event count does not.
         assert counters["events"].get("snapshot_required", 0) >= 1, counters
@@ -105,3 +113,40 @@ def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path):
         assert asyncio.run(tail(cluster.nodes[follower].url)) == asyncio.run(
             tail(cluster.nodes[leader].url)
         )
+
+
+def test_operator_driven_installs_from_a_named_source(tmp_path, capsys):
+    small = {"compact_every_operations": 100, "compact_number_entries": 20}
+    env = {"RAFTLOG_SEGMENT_BYTES": "4096", "RAFTLOG_SNAPSHOT_INSTALL": "operator"}
+    with LocalCluster(tmp_path, replicas=3, durable=False, raft=small, env=env) as cluster:
+        cluster.wait_ready()
+        leader = cluster.leader(0)
+        assert leader is not None
+        follower, third = (n for n in cluster.nodes if n != leader)
+        write(cluster, 50)
+        converge(cluster, follower)
+        cluster.kill(follower)
+        write(cluster, 1500)
+        cluster.start(follower)
+        cluster.wait_ready()
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:  # SnapshotRequired stays until the operator acts
+            f = cluster.status(leader)["partitions"][0]["followers"].get(follower, {})
+            if f.get("snapshot_required"):
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("SnapshotRequired never appeared in the leader's status")
+        with urllib.request.urlopen(cluster.nodes[leader].url + "/metrics", timeout=5) as r:
+            metrics = r.read().decode()
+        line = f'raftlog_follower_snapshot_required{{follower="{follower}",partition="0"}} 1.0'
+        assert line in metrics
+        endpoints = ",".join(cluster.endpoints)
+        code = main(["snapshot", "install", "--target", follower, "--source", third,
+                     "--endpoints", endpoints])  # fmt: skip
+        out = capsys.readouterr().out
+        assert code == 0 and f"snapshot installed on {follower} from {third}" in out, out
+        converge(cluster, follower)
+        code = main(["snapshot", "install", "--target", follower, "--endpoints", endpoints])
+        out = capsys.readouterr().out
+        assert code == 0 and "needs no snapshot" in out, out

@@ -213,6 +213,19 @@ async def _members(args: argparse.Namespace) -> int:
     return 0
 
 
+async def _snapshot_install(args: argparse.Namespace) -> int:
+    body = {"target": args.target, "source": args.source}
+    r = await _admin(args, "POST", f"/v1/admin/partitions/{args.partition}/snapshot-install", body)
+    if r["status"] == "already_installed":
+        text = f"{args.target} needs no snapshot: it is in state {r['state']}, lag {r['lag']}"
+    else:
+        text = f"snapshot installed on {args.target} from {r['source']}"
+        if "fell_back_to_leader" in r:
+            text += f" (fell back to the leader: {r['fell_back_to_leader']})"
+    _out(args, r, text)
+    return 0
+
+
 async def _transfer(args: argparse.Namespace) -> int:
     body = {"target": args.target}
     r = await _admin(args, "POST", f"/v1/admin/partitions/{args.partition}/transfer", body)
@@ -313,6 +326,15 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("-p", "--partition", type=int, default=0)
     p.add_argument("target")
     p.set_defaults(run=lambda a: _run(_transfer(a)))
+
+    snap = sub.add_parser("snapshot", help="snapshots")
+    ssub = snap.add_subparsers(dest="snapshot_command", required=True, metavar="COMMAND")
+    p = ssub.add_parser("install", help="install a snapshot on a member that needs one")
+    add_common(p)
+    p.add_argument("-p", "--partition", type=int, default=0)
+    p.add_argument("--target", required=True)
+    p.add_argument("--source", default="leader", help='a follower\'s name, or "leader"')
+    p.set_defaults(run=lambda a: _run(_snapshot_install(a)))
 
     local = sub.add_parser("local", help="a local cluster of real node processes")
     lo = local.add_subparsers(dest="local_command", required=True, metavar="COMMAND")

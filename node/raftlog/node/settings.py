@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
@@ -53,6 +53,16 @@ class NodeSettings(BaseSettings):
         10.0, gt=0, description="how long an append waits for its commit before 503"
     )
     segment_bytes: int = Field(64 * 1024 * 1024, ge=4096, description="WAL segment size")
+    snapshot_install: Literal["auto", "operator"] = Field(
+        "auto",
+        description="auto: the leader has a snapshot streamed as soon as a follower needs one; "
+        "operator: SnapshotRequired waits for an admin snapshot-install call (the operator's)",
+    )
+    snapshot_source: Literal["follower-first", "leader"] = Field(
+        "follower-first",
+        description="who streams a snapshot to a follower that needs one: an eligible follower "
+        "(RATIS-2428), falling back to the leader; or always the leader",
+    )
     raft: RaftConfig = Field(default_factory=RaftConfig)
 
     @field_validator("peers")

@@ -90,6 +90,23 @@ async def transfer(request: web.Request) -> web.Response:
     raise ApiError(503, "timeout", f"{target} did not take over in time")
 
 
+async def snapshot_install(request: web.Request) -> web.Response:
+    node, d = node_of(request), driver_of(request)
+    body = await _json(request)
+    target, source = _str(body, "target"), body.get("source", "leader")
+    if not isinstance(source, str) or not source:
+        raise bad("source", 'must be a member\'s name or "leader"')
+    try:
+        result = await d.install_on(target, source)
+    except NotLeader:
+        raise not_leader(node, d) from None
+    except ProposalRefused as e:
+        raise ApiError(409, "refused", str(e)) from None
+    except Exception as e:  # the transfer itself failed (network, the target's disk)
+        raise ApiError(503, "transfer_failed", str(e)) from None
+    return web.json_response({"partition": d.p, **result})
+
+
 async def compact(request: web.Request) -> web.Response:
     d = driver_of(request)
     done = await d.run_on_core(d.compact_now)
@@ -182,6 +199,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(f"{base}/members", members)
     app.router.add_post(f"{base}/transfer", transfer)
     app.router.add_post(f"{base}/compact", compact)
+    app.router.add_post(f"{base}/snapshot-install", snapshot_install)
     app.router.add_get(f"{base}/followers/{{follower}}/lag", lag)
     app.router.add_get(f"{base}/holds", holds_list)
     app.router.add_put(f"{base}/holds/{{holder}}", hold_set)

@@ -38,6 +38,7 @@ from raftlog.node.server.partition import (
     PartitionDriver,
     ProducerBusy,
     SequenceConflict,
+    SnapshotTooOld,
 )
 from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed
 from raftlog.node.storage.snapshots import Chunk
@@ -282,6 +283,7 @@ async def status(request: web.Request) -> web.Response:
                     "backfill_entries": d.counters.backfill_entries,
                     "backfill_largest_round": d.counters.backfill_largest_round,
                     "snapshots_sent": d.counters.snapshots_sent,
+                    "snapshots_from_followers": d.counters.snapshots_from_followers,
                     "snapshots_installed": d.counters.snapshots_installed,
                     "compactions": d.counters.compactions,
                     "events": dict(d.counters.events),
@@ -377,6 +379,24 @@ async def snapshot_chunk(request: web.Request) -> web.Response:
     return web.Response(status=204)
 
 
+async def send_snapshot_for_leader(request: web.Request) -> web.Response:
+    """The leader asks this member to stream its snapshot to a target (RATIS-2428)."""
+    d = driver_of(request)
+    try:
+        body = await request.json()
+        target, leader = str(body["target"]), str(body["leader"])
+        term, required = int(body["term"]), int(body["required"])
+    except (ValueError, KeyError, TypeError):
+        raise bad("body", "needs target, leader, term and required") from None
+    if d.raft.leader != leader or d.raft.term != term:
+        raise ApiError(409, "not_my_leader", f"{leader} in term {term} is not the leader here")
+    try:
+        sent = await d.stream_own_snapshot(target, term, required)
+    except SnapshotTooOld as e:
+        raise ApiError(409, "too_old", str(e)) from None
+    return web.json_response({"sent_bytes": sent})
+
+
 def build_app(node: Node) -> web.Application:
     middlewares: list[Any] = [errors, make_auth(node.token)]
     app = web.Application(middlewares=middlewares, client_max_size=node.settings.max_request_bytes)
@@ -392,4 +412,5 @@ def build_app(node: Node) -> web.Application:
     app.router.add_post("/peer/v1/messages", peer_messages)
     app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
     app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
+    app.router.add_post("/peer/v1/partitions/{partition}/send-snapshot", send_snapshot_for_leader)
     return app

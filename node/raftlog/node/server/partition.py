@@ -23,6 +23,7 @@ from raftlog.node.config import RaftConfig
 from raftlog.node.core.errors import NotLeader, ProposalRefused
 from raftlog.node.core.messages import InstallSnapshot, Message
 from raftlog.node.core.raft import Raft, Ready, Role
+from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.compactor import CompactionPass, snapshot_and_compact
@@ -43,6 +44,10 @@ class NotCommitted(Exception):
 
 class SequenceConflict(Exception):
     """An idempotent append whose sequence numbers do not follow the producer's last ones."""
+
+
+class SnapshotTooOld(Exception):
+    """This member has not applied far enough to give a target the snapshot it needs."""
 
 
 class ProducerBusy(Exception):
@@ -78,6 +83,7 @@ class PartitionCounters:
     backfill_entries: int = 0
     backfill_largest_round: int = 0
     snapshots_sent: int = 0
+    snapshots_from_followers: int = 0  # transfers this leader had a follower stream
     snapshots_installed: int = 0
     snapshot_bytes_sent: int = 0
     compactions: int = 0
@@ -368,6 +374,8 @@ class PartitionDriver:
 
     # ================================================================== snapshots
     def _serve_snapshot(self, req: SnapshotRequest) -> None:
+        if self.node.settings.snapshot_install == "operator":
+            return  # SnapshotRequired stays visible until the operator calls snapshot-install
         if req.target in self._serving:
             return
         self._serving.add(req.target)
@@ -383,20 +391,99 @@ class PartitionDriver:
         return fresh, self.table.snapshot()
 
     async def _stream_snapshot(self, req: SnapshotRequest) -> None:
+        """Have the snapshot streamed: by an eligible follower first (per policy), else by us."""
         ok = False
         try:
-            meta, data = self.snapshot_for(req.required_index)
-            sent = await self.node.transport.send_snapshot(
-                req.target, self.p, self.node.id, req.term, meta, data
-            )
-            self.counters.snapshots_sent += 1
-            self.counters.snapshot_bytes_sent += sent
-            ok = True
+            sources = self._follower_sources(req.target, req.required_index)
+            for source in sources:
+                if await self._ask_follower(source, req):
+                    self.counters.snapshots_from_followers += 1
+                    ok = True
+                    break
+            if not ok:
+                await self.stream_own_snapshot(req.target, req.term, req.required_index)
+                ok = True
         except Exception as e:  # the leader retries with back-off
             log.warning("p%d snapshot to %s failed: %s", self.p, req.target, e)
         finally:
             self._serving.discard(req.target)
             self.call(lambda: self.raft.report_snapshot(req.target, ok))
+
+    async def install_on(self, target: str, source: str) -> dict[str, Any]:
+        """An operator's install of a snapshot on `target` from `source` (a follower or
+        "leader"); an ineligible or failing follower falls back to the leader."""
+        if self.raft.role != Role.LEADER:
+            raise NotLeader(self.raft.leader)
+        st = self.raft.status().followers.get(target)
+        if st is None:
+            raise ProposalRefused(f"{target} is not a member of partition {self.p}")
+        if not st.snapshot_required:
+            return {"status": "already_installed", "target": target, "state": str(st.state),
+                    "lag": st.lag}  # fmt: skip
+        if target in self._serving:
+            raise ProposalRefused(f"a snapshot is already being streamed to {target}")
+        required = self.storage.compaction_floor() - 1
+        self._serving.add(target)
+        ok, used, note = False, "leader", ""
+        try:
+            if source != "leader":
+                eligible = self._follower_sources(target, required, always=True)
+                if source not in eligible:
+                    note = (
+                        f"{source} is not eligible (unresponsive, or its match is below {required})"
+                    )
+                else:
+                    req = SnapshotRequest(target, required, self.raft.term, 0)
+                    if await self._ask_follower(source, req):
+                        ok, used = True, source
+                        self.counters.snapshots_from_followers += 1
+                    else:
+                        note = f"{source} could not stream it"
+            if not ok:
+                await self.stream_own_snapshot(target, self.raft.term, required)
+                ok = True
+        finally:
+            self._serving.discard(target)
+            self.call(lambda: self.raft.report_snapshot(target, ok))
+        result: dict[str, Any] = {"status": "installed", "target": target, "source": used}
+        if note:
+            result["fell_back_to_leader"] = note
+        return result
+
+    def _follower_sources(self, target: str, required: int, always: bool = False) -> list[str]:
+        if self.node.settings.snapshot_source != "follower-first" and not always:
+            return []
+        return rank_snapshot_sources(
+            self.raft.status().followers.values(),
+            target=target,
+            required_index=required,
+            leader_last_index=self.raft.log.last_index(),
+            now_tick=self.raft.ticks,
+            responsive_within=self.config.election_ticks,
+        )
+
+    async def _ask_follower(self, source: str, req: SnapshotRequest) -> bool:
+        """Ask `source` to stream its snapshot to the target; False when it declines or fails."""
+        try:
+            await self.node.transport.request_snapshot_send(
+                source, self.p, req.target, self.node.id, req.term, req.required_index
+            )
+        except Exception as e:
+            log.info("p%d %s did not stream to %s (%s); trying next", self.p, source, req.target, e)
+            return False
+        log.info("p%d snapshot for %s streamed by follower %s", self.p, req.target, source)
+        return True
+
+    async def stream_own_snapshot(self, target: str, term: int, required: int) -> int:
+        """Stream this node's snapshot (covering `required`) to `target`; returns its bytes."""
+        meta, data = self.snapshot_for(required)
+        if meta.index < required:
+            raise SnapshotTooOld(f"{self.node.id} has applied only up to {meta.index} < {required}")
+        leader = self.raft.leader or self.node.id
+        sent = await self.node.transport.send_snapshot(target, self.p, leader, term, meta, data)
+        self.counters.snapshots_sent += 1
+        self.counters.snapshot_bytes_sent += sent
+        return sent
 
     def snapshot_received(
         self, leader: str, term: int, receiver: SnapshotReceiver, meta: SnapshotMeta, data: bytes

@@ -130,6 +130,19 @@ class Transport:
                 sender = self._add(dst, url)
             sender.send(partition, ms)
 
+    async def request_snapshot_send(
+        self, source: str, partition: int, target: str, leader: str, term: int, required: int
+    ) -> None:
+        """Ask follower `source` to stream its snapshot to `target` (raises when it cannot)."""
+        assert self.session is not None
+        url = f"{self.peers[source]}/peer/v1/partitions/{partition}/send-snapshot"
+        body = {"target": target, "leader": leader, "term": term, "required": required}
+        async with self.session.post(
+            url, json=body, headers=auth_headers(self.token), timeout=aiohttp.ClientTimeout(600)
+        ) as resp:
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+
     async def send_snapshot(
         self,
         target: str,
