@@ -204,3 +204,18 @@ def test_key_reads_linearizable_and_local(node):
     code, reply = node.get("n1", "/v1/partitions/0/keys/colour")
     assert code == 404 and reply["found"] is False
     assert node.get("n1", "/v1/partitions/0/keys/colour?consistency=eventual")[0] == 400
+
+
+def test_appends_routed_by_key(node):
+    from raftlog.node.routing import partition_for
+
+    code, reply = post(node, "/v1/records", b'{"key": "user-42", "value": "v"}')
+    assert code == 200 and reply["partition"] == partition_for(b"user-42", 2)
+    keys = [k for k in (f"k{i}" for i in range(20))]
+    a = next(k for k in keys if partition_for(k.encode(), 2) == 0)
+    b = next(k for k in keys if partition_for(k.encode(), 2) == 1)
+    body = json.dumps({"records": [{"key": a, "value": "1"}, {"key": b, "value": "2"}]})
+    code, reply = post(node, "/v1/records", body.encode())
+    assert code == 400 and reply["field"] == "records" and "[0, 1]" in reply["reason"]
+    code, reply = post(node, "/v1/records", b'{"value": "no key"}')
+    assert code == 400 and reply["field"] == "records[0].key"

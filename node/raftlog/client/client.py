@@ -15,6 +15,8 @@ from typing import Any
 
 import aiohttp
 
+from raftlog.node.routing import partition_for
+
 
 class ClientError(Exception):
     def __init__(self, status: int, body: dict[str, Any]) -> None:
@@ -55,6 +57,7 @@ class AsyncClient:
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
         self._session: aiohttp.ClientSession | None = None
         self._leaders: dict[int, str] = {}
+        self._partitions: int | None = None
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -127,6 +130,25 @@ class AsyncClient:
                 self._leaders.pop(partition, None)
             await asyncio.sleep(self.backoff_s * (2 ** min(attempt, 6)) * random.uniform(0.5, 1.5))
         raise last_error or RuntimeError("append failed")
+
+    async def append_keyed(self, records: list[dict[str, Any]], **kw: Any) -> AppendResult:
+        """Append records routed by key (all of them must map to one partition)."""
+        if self._partitions is None:
+            st = await self._any_status()
+            self._partitions = len(st["partitions"])
+        parts = {partition_for(str(r["key"]).encode(), self._partitions) for r in records}
+        if len(parts) != 1:
+            raise ValueError(f"the keys map to partitions {sorted(parts)}; append them apart")
+        return await self.append(parts.pop(), records, **kw)
+
+    async def _any_status(self) -> dict[str, Any]:
+        last: Exception | None = None
+        for url in self.endpoints:
+            try:
+                return await self.status(url)
+            except (TimeoutError, aiohttp.ClientError, ClientError) as e:
+                last = e
+        raise last or RuntimeError("no endpoint answered")
 
     async def read(
         self,

@@ -20,6 +20,7 @@ from raftlog.node.core.errors import Compacted, InvalidMessage, NotLeader, Propo
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
+from raftlog.node.routing import partition_for
 from raftlog.node.server import admin
 from raftlog.node.server.api_common import (
     NODE_KEY,
@@ -147,6 +148,33 @@ async def append(request: web.Request) -> web.Response:
         body = await request.json()
     except ValueError:
         raise bad("body", "is not valid JSON") from None
+    return await _append_to(node, d, body)
+
+
+async def append_by_key(request: web.Request) -> web.Response:
+    """Records routed by key: the partition is `partition_for(key)`, the same for every client."""
+    node = node_of(request)
+    try:
+        body = await request.json()
+    except ValueError:
+        raise bad("body", "is not valid JSON") from None
+    items = body.get("records", [body]) if isinstance(body, dict) else None
+    if not isinstance(items, list) or not items:
+        raise bad("body", 'must be a record or {"records": [...]}')
+    parts = set()
+    for i, item in enumerate(items):
+        key = _bytes_field(item, "key", i) if isinstance(item, dict) else None
+        if key is None:
+            raise bad(f"records[{i}].key", "is required to route a record by key")
+        parts.add(partition_for(key, len(node.drivers)))
+    if len(parts) > 1:
+        raise bad("records", f"the keys map to partitions {sorted(parts)}; send one per partition")
+    d = node.driver(parts.pop())
+    assert d is not None
+    return await _append_to(node, d, body)
+
+
+async def _append_to(node: Node, d: PartitionDriver, body: Any) -> web.Response:
     records, producer, first_seq = parse_records(body, node.settings.max_record_bytes)
     if d.failed is not None:
         raise ApiError(503, "storage_failed", str(d.failed))
@@ -402,6 +430,7 @@ def build_app(node: Node) -> web.Application:
     app = web.Application(middlewares=middlewares, client_max_size=node.settings.max_request_bytes)
     app[NODE_KEY] = node
     app.router.add_post("/v1/partitions/{partition}/records", append)
+    app.router.add_post("/v1/records", append_by_key)
     app.router.add_get("/v1/partitions/{partition}/records", read)
     app.router.add_get("/v1/partitions/{partition}/keys/{key}", get_key)
     app.router.add_get("/v1/status", status)
