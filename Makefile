@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Two workers: the machine has two cores; the simulation suites dominate the run time.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo test test-fast lint typecheck bench clean
+.PHONY: install demo demo-sim test test-fast lint typecheck bench clean
 
 install: $(STAMP)
 
@@ -19,6 +19,9 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: install
+	$(PY) -m raftlog.node.demo
+
+demo-sim: install
 	$(PY) -m raftlog.node.sim.demo
 
 lint: install

@@ -64,51 +64,58 @@ def _run(coro: Any) -> int:
 
 
 # ====================================================================== status
-async def _status(args: argparse.Namespace) -> int:
-    async with _client(args) as c:
-        nodes: dict[str, Any] = {}
-        for url in _endpoints(args):
+async def fetch_status(endpoints: list[str], token: str | None = None) -> dict[str, Any]:
+    """Each node's `/v1/status` by name (an unreachable one as `{"error": ...}` by URL)."""
+    nodes: dict[str, Any] = {}
+    async with AsyncClient(endpoints, token=token, retries=0) as c:
+        for url in endpoints:
             try:
                 st = await c.status(url)
                 nodes[st["node"]] = st
             except (aiohttp.ClientError, OSError, TimeoutError, ClientError) as e:
                 nodes[url] = {"node": url, "error": str(e)}
+    return nodes
+
+
+def format_status(nodes: dict[str, Any]) -> str:
     rows = [("PARTITION", "NODE", "ROLE", "TERM", "LEADER", "HWM", "APPLIED", "FLOOR", "LAG")]
+    leaders = {
+        q["partition"]: q
+        for st in nodes.values()
+        for q in st.get("partitions", [])
+        if q["role"] == "leader"
+    }
     for name, st in sorted(nodes.items()):
         if "error" in st:
             rows.append(("-", name, "unreachable", "", "", "", "", "", ""))
             continue
         for p in st["partitions"]:
             lag = ""
-            leader_st = next(
-                (
-                    q
-                    for other in nodes.values()
-                    for q in other.get("partitions", [])
-                    if q["partition"] == p["partition"] and q["role"] == "leader"
-                ),
-                None,
-            )
+            leader_st = leaders.get(p["partition"])
             if leader_st is not None and name in leader_st["followers"]:
                 f = leader_st["followers"][name]
                 lag = "snapshot required" if f["snapshot_required"] else str(f["lag"])
+            role = p["role"] + ("" if p["member"] == "voter" else f" ({p['member']})")
             rows.append(
                 (
-                    str(p["partition"]),
-                    name,
-                    p["role"] + ("" if p["member"] == "voter" else f" ({p['member']})"),
-                    str(p["term"]),
-                    p["leader"] or "-",
-                    str(p["high_water_mark"]),
-                    str(p["applied"]),
-                    str(p["compaction_floor"]),
-                    lag,
+                    str(p["partition"]), name, role, str(p["term"]), p["leader"] or "-",
+                    str(p["high_water_mark"]), str(p["applied"]), str(p["compaction_floor"]), lag,
                 )
-            )
+            )  # fmt: skip
     rows[1:] = sorted(rows[1:], key=lambda r: (r[0], r[1]))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    text = "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
-    _out(args, nodes, text)
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
+
+
+def status_table(endpoints: list[str], token: str | None = None) -> str:
+    return format_status(asyncio.run(fetch_status(endpoints, token)))
+
+
+async def _status(args: argparse.Namespace) -> int:
+    nodes = await fetch_status(_endpoints(args), _token(args))
+    _out(args, nodes, format_status(nodes))
     return 0 if all("error" not in st for st in nodes.values()) else 1
 
 
