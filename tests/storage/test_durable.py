@@ -293,3 +293,16 @@ def test_a_failed_reset_leaves_a_readable_storage_and_no_open_files(tmp_path):
     s.close()
     again = open_storage(tmp_path)  # the leftovers are superseded and removed on open
     assert (again.first_index(), again.last_index()) == (501, 500)
+
+
+def test_opening_without_a_bootstrap_never_decides_the_membership(tmp_path):
+    """Found by the crash test: its audit opened a directory the child had not initialised yet,
+    wrote an empty membership as the snapshot at 0, and the next run could never elect itself."""
+    inspected = open_storage(tmp_path)  # e.g. a tool, or a member waiting to join
+    assert inspected.snapshot_meta().membership == Membership()
+    inspected.close()
+    assert not list((tmp_path / "snap").glob("*.snap")), "nothing was decided on disk"
+    s = open_storage(tmp_path, bootstrap=ABC)  # the real first start still bootstraps
+    assert s.snapshot_meta().membership == ABC
+    s.close()
+    assert open_storage(tmp_path).snapshot_meta().membership == ABC

@@ -29,6 +29,7 @@ from raftlog.node.storage.snapshots import SnapshotReceiver, SnapshotStore
 from raftlog.node.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
 
 log = logging.getLogger("raftlog.storage")
+_NO_SNAPSHOT = SnapshotMeta(0, 0, Membership())  # a member not yet part of any configuration
 
 
 class DurableStorage:
@@ -59,8 +60,11 @@ class DurableStorage:
             )
         os.makedirs(path, exist_ok=True)
         self.snapshots = SnapshotStore(os.path.join(path, "snap"), durable=durable, ops=self.ops)
-        if self.snapshots.meta is None:
-            self.snapshots.save(SnapshotMeta(0, 0, bootstrap or Membership()), b"")
+        if self.snapshots.meta is None and bootstrap is not None:
+            # A new partition's initial members, recorded as the snapshot at index 0. Without a
+            # bootstrap (a member waiting to join, or a tool inspecting the directory) nothing
+            # is written: opening must never decide a partition's membership by accident.
+            self.snapshots.save(SnapshotMeta(0, 0, bootstrap), b"")
         snap = self.snapshot_meta()
         self.hard = HardStateFile(os.path.join(path, "hardstate"), durable=durable, ops=self.ops)
         self.holds = RetentionHolds(
@@ -149,8 +153,7 @@ class DurableStorage:
         return [e for i in self.wal.config_indexes if i >= lo for e in self.wal.entries(i, i + 1)]
 
     def snapshot_meta(self) -> SnapshotMeta:
-        assert self.snapshots.meta is not None
-        return self.snapshots.meta
+        return self.snapshots.meta or _NO_SNAPSHOT
 
     # ================================================================== writes
     def save(self, hard_state: HardState | None, entries: list[Entry]) -> None:
