@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -56,7 +55,7 @@ def test_idempotent_append_and_refusals(cluster, capsys):
     assert code == 1 and "404" in err
 
 
-def test_local_up_runs_until_interrupted(tmp_path):
+def test_local_up_status_and_down(tmp_path, capsys):
     proc = subprocess.Popen(
         [sys.executable, "-m", "raftlog.cli.main", "local", "up", "--replicas", "3",
          "--data-dir", str(tmp_path)],
@@ -73,7 +72,11 @@ def test_local_up_runs_until_interrupted(tmp_path):
     assert any(line.startswith("export RAFTLOG_ENDPOINTS=") for line in lines), lines
     pids = json.loads((tmp_path / "cluster.json").read_text())["pids"]
     assert len(pids) == 3
-    proc.send_signal(signal.SIGINT)
+    assert main(["local", "status", "--data-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "3 of 3 nodes running" in out and "leader" in out
+    assert main(["local", "down", "--data-dir", str(tmp_path)]) == 0
+    assert "stopped 3 nodes" in capsys.readouterr().out
     assert proc.wait(timeout=30) == 0
     for pid in pids:
         with pytest.raises(ProcessLookupError):

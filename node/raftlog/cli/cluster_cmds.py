@@ -261,6 +261,7 @@ def _local_up(args: argparse.Namespace) -> int:
     state = {
         "endpoints": cluster.endpoints,
         "pids": [n.proc.pid for n in cluster.nodes.values() if n.proc is not None],
+        "supervisor": os.getpid(),  # `local down` asks it to stop its nodes
     }
     (Path(args.data_dir) / "cluster.json").write_text(json.dumps(state))
     print(
@@ -273,6 +274,57 @@ def _local_up(args: argparse.Namespace) -> int:
         time.sleep(0.2)
     cluster.stop()
     print("stopped")
+    return 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _local_state(data_dir: str) -> dict[str, Any]:
+    path = Path(data_dir) / "cluster.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"no local cluster in {data_dir} (no cluster.json)")
+    return dict(json.loads(path.read_text()))
+
+
+def _local_down(args: argparse.Namespace) -> int:
+    try:
+        state = _local_state(args.data_dir)
+    except FileNotFoundError as e:
+        print(f"raftctl local down: {e}", file=sys.stderr)
+        return 1
+    targets = [state["supervisor"]] if _alive(state["supervisor"]) else state["pids"]
+    for pid in targets:
+        if _alive(pid):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(_alive(p) for p in state["pids"]):
+        time.sleep(0.1)
+    left = [p for p in state["pids"] if _alive(p)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    print(f"stopped {len(state['pids'])} nodes" + (f" ({len(left)} killed)" if left else ""))
+    return 0
+
+
+def _local_status(args: argparse.Namespace) -> int:
+    try:
+        state = _local_state(args.data_dir)
+    except FileNotFoundError as e:
+        print(f"raftctl local status: {e}", file=sys.stderr)
+        return 1
+    running = [p for p in state["pids"] if _alive(p)]
+    if not running:
+        print(f"not running ({len(state['pids'])} nodes stopped)")
+        return 1
+    nodes = asyncio.run(fetch_status(state["endpoints"]))
+    _out(args, nodes, f"{len(running)} of {len(state['pids'])} nodes running\n"
+         + format_status(nodes))  # fmt: skip
     return 0
 
 
@@ -350,3 +402,10 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--partitions", type=int, default=1)
     p.add_argument("--data-dir", required=True)
     p.set_defaults(run=_local_up)
+    p = lo.add_parser("down", help="stop the local cluster started in --data-dir")
+    p.add_argument("--data-dir", required=True)
+    p.set_defaults(run=_local_down)
+    p = lo.add_parser("status", help="which of its nodes run, and their status table")
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(run=_local_status)
