@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import ssl
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,7 @@ class AsyncClient:
         retries: int = 8,
         backoff_s: float = 0.05,
         timeout_s: float = 15.0,
+        ca_file: str | None = None,
     ) -> None:
         if not endpoints:
             raise ValueError("endpoints: at least one node URL is needed")
@@ -55,6 +57,7 @@ class AsyncClient:
         self.retries = retries
         self.backoff_s = backoff_s
         self._timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self._session: aiohttp.ClientSession | None = None
         self._leaders: dict[int, str] = {}
         self._partitions: int | None = None
@@ -73,7 +76,10 @@ class AsyncClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self.headers)
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl else None
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, headers=self.headers, connector=connector
+            )
         return self._session
 
     async def _request(self, method: str, url: str, **kw: Any) -> tuple[int, dict[str, Any]]:

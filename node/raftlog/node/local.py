@@ -6,6 +6,7 @@ import json
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -37,9 +38,11 @@ class LocalNode:
     join: bool = False
     proc: subprocess.Popen[bytes] | None = None
 
+    scheme: str = "http"
+
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def running(self) -> bool:
@@ -55,6 +58,7 @@ class LocalCluster:
     durable: bool = True
     raft: dict[str, Any] = field(default_factory=dict)  # RaftConfig overrides
     auth_token_file: Path | None = None
+    tls: tuple[Path, Path, Path] | None = None  # certificate, key, CA: the nodes serve https
     env: dict[str, str] = field(default_factory=dict)  # more RAFTLOG_ settings
     nodes: dict[str, LocalNode] = field(default_factory=dict)
 
@@ -66,14 +70,18 @@ class LocalCluster:
         for i, port in enumerate(ports, start=1):
             name = f"n{i}"
             self.nodes[name] = LocalNode(
-                name, port, self.data_dir / name, self.data_dir / f"{name}.log"
-            )
+                name, port, self.data_dir / name, self.data_dir / f"{name}.log",
+                scheme="https" if self.tls else "http",
+            )  # fmt: skip
 
     def add_node(self) -> LocalNode:
         """A new, empty member (started with `--join`: it waits to be added as a learner)."""
         name = f"n{len(self.nodes) + 1}"
         port = free_ports(1)[0]
-        node = LocalNode(name, port, self.data_dir / name, self.data_dir / f"{name}.log", join=True)
+        node = LocalNode(
+            name, port, self.data_dir / name, self.data_dir / f"{name}.log", join=True,
+            scheme="https" if self.tls else "http",
+        )  # fmt: skip
         self.nodes[name] = node
         return node
 
@@ -102,6 +110,10 @@ class LocalCluster:
                 cmd.append("--join")
             if self.auth_token_file is not None:
                 cmd += ["--auth-token-file", str(self.auth_token_file)]
+            if self.tls is not None:
+                cert, key, ca = self.tls
+                cmd += ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]
+                cmd += ["--tls-ca-file", str(ca)]
             env = {**os.environ, **self.env}
             for k, v in self.raft.items():
                 env[f"RAFTLOG_RAFT__{k.upper()}"] = str(v)
@@ -157,8 +169,9 @@ class LocalCluster:
         req = urllib.request.Request(
             self.nodes[name].url + path, data=body, method=method, headers=headers or {}
         )
+        context = ssl.create_default_context(cafile=str(self.tls[2])) if self.tls else None
         try:
-            with urllib.request.urlopen(req, timeout=timeout) as r:
+            with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
                 raw = r.read()
                 return r.status, json.loads(raw) if raw else None
         except urllib.error.HTTPError as e:

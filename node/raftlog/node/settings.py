@@ -8,6 +8,7 @@ Raft settings as `RAFTLOG_RAFT__BACKFILL_THRESHOLD`), then the file given by `--
 from __future__ import annotations
 
 import os
+import ssl
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
@@ -47,6 +48,11 @@ class NodeSettings(BaseSettings):
     auth_token_file: Path | None = Field(
         None, description="file holding the shared secret required on peer and admin calls"
     )
+    tls_cert_file: Path | None = Field(None, description="serve HTTPS with this certificate")
+    tls_key_file: Path | None = Field(None, description="the certificate's private key")
+    tls_ca_file: Path | None = Field(
+        None, description="CA bundle that peers' certificates are verified against (https peers)"
+    )
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
     max_record_bytes: int = Field(1024 * 1024, ge=1, description="largest record value")
     append_timeout_s: float = Field(
@@ -80,6 +86,28 @@ class NodeSettings(BaseSettings):
                 f"node_id {self.node_id!r} is not among the peers {sorted(self.peers)}"
             )
         return self
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> NodeSettings:
+        if (self.tls_cert_file is None) != (self.tls_key_file is None):
+            raise ValueError("tls_cert_file and tls_key_file: give both or neither")
+        for f in (self.tls_cert_file, self.tls_key_file, self.tls_ca_file):
+            if f is not None and not f.is_file():
+                raise ValueError(f"{f} is not a file")
+        return self
+
+    def server_ssl(self) -> ssl.SSLContext | None:
+        if self.tls_cert_file is None or self.tls_key_file is None:
+            return None
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return ctx
+
+    def client_ssl(self) -> ssl.SSLContext | None:
+        """How this node verifies https peers (the system's CAs unless `tls_ca_file`)."""
+        if self.tls_ca_file is None:
+            return None
+        return ssl.create_default_context(cafile=str(self.tls_ca_file))
 
     def token(self) -> str | None:
         if self.auth_token_file is None:

@@ -51,6 +51,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--join", action="store_true", default=None, help="start empty, as a learner")
     ap.add_argument("--tick-ms", type=int)
     ap.add_argument("--auth-token-file")
+    ap.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
+    ap.add_argument("--tls-key-file", help="its private key (PEM)")
+    ap.add_argument("--tls-ca-file", help="CA bundle to verify https peers against")
     ap.add_argument(
         "--no-fsync",
         dest="durable",
@@ -67,11 +70,12 @@ async def serve(settings: NodeSettings) -> None:
     await node.start()
     runner = web.AppRunner(build_app(node), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port)
+    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=settings.server_ssl())
     await site.start()
     log.info(
-        "node %s listening on %s:%d, %d partitions, data in %s",
+        "node %s listening on %s://%s:%d, %d partitions, data in %s",
         node.id,
+        "https" if settings.tls_cert_file else "http",
         settings.host,
         settings.port,
         settings.partitions,
@@ -107,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             "tick_ms",
             "auth_token_file",
             "durable",
+            "tls_cert_file",
+            "tls_key_file",
+            "tls_ca_file",
         )
     }
     try:

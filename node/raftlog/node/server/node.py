@@ -23,7 +23,7 @@ class Node:
         self.settings = settings
         self.id = settings.node_id
         self.token = settings.token()
-        self.transport = Transport(self.id, dict(settings.peers), self.token)
+        self.transport = Transport(self.id, dict(settings.peers), self.token, settings.client_ssl())
         self.metrics = NodeMetrics()
         bootstrap = None if settings.join else Membership(frozenset(settings.peers))
         self.drivers: dict[int, PartitionDriver] = {}

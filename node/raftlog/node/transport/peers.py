@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from collections import deque
 
 import aiohttp
@@ -80,7 +81,14 @@ class PeerSender:
 
 
 class Transport:
-    def __init__(self, node_id: str, peers: dict[str, str], token: str | None) -> None:
+    def __init__(
+        self,
+        node_id: str,
+        peers: dict[str, str],
+        token: str | None,
+        ssl_context: ssl.SSLContext | None = None,
+    ) -> None:
+        self.ssl_context = ssl_context
         self.node_id = node_id
         self.peers = peers
         self.token = token
@@ -89,7 +97,8 @@ class Transport:
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=10, connect=2)
-        self.session = aiohttp.ClientSession(timeout=timeout)
+        connector = aiohttp.TCPConnector(ssl=self.ssl_context) if self.ssl_context else None
+        self.session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         for name, url in self.peers.items():
             if name != self.node_id:
                 self._add(name, url)

@@ -1,0 +1,57 @@
+"""The node's settings: flags over environment over file, validated with the field named."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pydantic import ValidationError
+
+from raftlog.node.config import describe_validation_error
+from raftlog.node.server.main import main
+from raftlog.node.settings import load_settings
+
+PEERS = {"n1": "http://127.0.0.1:7001", "n2": "http://127.0.0.1:7002"}
+
+
+def test_flags_win_over_environment_over_file(tmp_path, monkeypatch):
+    config = tmp_path / "node.json"
+    config.write_text(json.dumps({"node_id": "n1", "peers": PEERS, "data_dir": "/x", "port": 1}))
+    monkeypatch.setenv("RAFTLOG_PORT", "2")
+    monkeypatch.setenv("RAFTLOG_RAFT__BACKFILL_THRESHOLD", "20")
+    s = load_settings({"tick_ms": 25}, str(config))
+    assert (s.port, s.tick_ms, s.raft.backfill_threshold) == (2, 25, 20)
+    assert load_settings({"port": 3}, str(config)).port == 3
+
+
+@pytest.mark.parametrize(
+    ("values", "field"),
+    [
+        ({"node_id": "n9"}, "is not among the peers"),
+        ({"peers": {"n1": "ftp://x"}}, "peers"),
+        ({"port": 0}, "port"),
+        ({"raft": {"heartbeat_ticks": 50}}, "raft"),
+        ({"colour": "red"}, "colour"),
+    ],
+)
+def test_bad_settings_name_the_field(tmp_path, values, field):
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path)}
+    with pytest.raises(ValidationError) as info:
+        load_settings({**base, **values})
+    assert field in describe_validation_error(info.value)
+
+
+def test_tls_needs_certificate_and_key_together(tmp_path):
+    cert = tmp_path / "c.pem"
+    cert.write_text("x")
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path)}
+    with pytest.raises(ValidationError, match="give both or neither"):
+        load_settings({**base, "tls_cert_file": str(cert)})
+
+
+def test_the_node_refuses_to_start_on_bad_settings(tmp_path, capsys):
+    code = main(
+        ["--node-id", "n9", "--peers", "n1=http://127.0.0.1:1", "--data-dir", str(tmp_path)]
+    )
+    assert code == 2
+    assert "invalid settings" in capsys.readouterr().err
