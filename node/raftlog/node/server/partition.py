@@ -281,7 +281,10 @@ class PartitionDriver:
             receiver.abort()  # offered but not wanted (stale, or superseded in the same batch)
         self._offered.clear()
         self.storage.write(rd.hard_state, rd.entries)
-        if rd.entries or rd.hard_state is not None:
+        # Entries wait for their fsync; term and vote were synced by their own atomic write;
+        # a commit index alone rides with the next sync (after a power loss it may step back
+        # to the last synced value, which Raft allows: the leader tells it again).
+        if rd.entries:
             await self.group.durable(self.group.wrote())
         if rd.messages:
             self.node.transport.send(self.p, rd.messages)
