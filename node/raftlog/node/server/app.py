@@ -177,7 +177,8 @@ async def append_by_key(request: web.Request) -> web.Response:
 async def _append_to(node: Node, d: PartitionDriver, body: Any) -> web.Response:
     records, producer, first_seq = parse_records(body, node.settings.max_record_bytes)
     if d.failed is not None:
-        raise ApiError(503, "storage_failed", str(d.failed))
+        kind = "storage_failed" if isinstance(d.failed, StorageFailed) else "partition_failed"
+        raise ApiError(503, kind, str(d.failed) or type(d.failed).__name__)
     if d.raft.role != Role.LEADER:
         raise not_leader(node, d)
     try:
@@ -304,7 +305,7 @@ async def status(request: web.Request) -> web.Response:
                 "snapshot_index": d.storage.snapshot_meta().index,
                 "voters": sorted(st.membership.voters),
                 "learners": sorted(st.membership.learners),
-                "storage_failed": str(d.failed) if d.failed else None,
+                "failed": (str(d.failed) or type(d.failed).__name__) if d.failed else None,
                 "counters": {
                     "elections": d.counters.elections,
                     "backfill_rounds": d.counters.backfill_rounds,

@@ -64,7 +64,10 @@ class _StateCollector(Collector):
         last = gauge("last_index", "Last entry in the log")
         floor = gauge("compaction_floor", "First index still in the WAL")
         snap = gauge("snapshot_index", "Last index covered by the durable snapshot")
-        failed = gauge("storage_failed", "1 when the partition stopped writing on a disk fault")
+        failed = gauge(
+            "partition_failed",
+            "1 when the partition stopped writing (disk fault, or a driver failure)",
+        )
         lag = gauge("follower_lag", "Leader commit minus follower match", ["partition", "follower"])
         required = gauge(
             "follower_snapshot_required",

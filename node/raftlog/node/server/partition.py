@@ -103,7 +103,9 @@ class PartitionDriver:
         self.group = GroupCommit(self._timed_sync)
         self.wake = asyncio.Event()
         self.committed = asyncio.Condition()  # readers waiting for the high-water mark
-        self.failed: StorageFailed | None = storage.failed
+        # Why the partition stopped writing: a disk fault, or a bug caught by the loop. Reads of
+        # what it holds go on; appends get 503 with this reason.
+        self.failed: Exception | None = storage.failed
         self.counters = PartitionCounters()
         self._calls: list[Callable[[], None]] = []
         self._proposals: list[_Proposal] = []
@@ -239,10 +241,13 @@ class PartitionDriver:
                     self.raft.advance(rd)
                     self._after_advance()
                     self._take_inbox()
-        except StorageFailed as e:
+        except Exception as e:
             # The partition stops accepting writes; reads of what it holds go on.
             self.failed = e
-            log.error("p%d: %s", self.p, e)
+            if isinstance(e, StorageFailed):
+                log.error("p%d: %s", self.p, e)
+            else:  # a bug: stop this partition loudly rather than go on in an unknown state
+                log.exception("p%d: the partition driver failed; writes are stopped", self.p)
             for w in self._waiters.values():
                 if not w.done.done():
                     w.done.set_exception(e)
