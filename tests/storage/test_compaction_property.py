@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from tests.storage.helpers import ents
@@ -48,12 +49,10 @@ def test_compaction_respects_snapshot_and_live_holds(tmp_path_factory, ops):
         elif op == "compact":
             snap = s.snapshot_meta().index
             if arg - 1 > snap:
-                try:
+                floor_before = s.compaction_floor()
+                with pytest.raises(SafetyViolation, match="pass the snapshot"):
                     s.compact(arg)
-                except SafetyViolation:
-                    pass
-                else:
-                    raise AssertionError(f"compaction to {arg} passed the snapshot at {snap}")
+                assert s.compaction_floor() == floor_before, "a refused compaction removed entries"
             else:
                 s.compact(arg)
         elif op == "hold":
