@@ -26,7 +26,11 @@ from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
 from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.compactor import CompactionPass, snapshot_and_compact
+from raftlog.node.storage.compactor import (
+    CompactionPass,
+    snapshot_and_compact,
+    snapshot_covering,
+)
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import StorageFailed
 from raftlog.node.storage.group_commit import GroupCommit
@@ -389,15 +393,6 @@ class PartitionDriver:
         self._serving.add(req.target)
         asyncio.get_running_loop().create_task(self._stream_snapshot(req))
 
-    def snapshot_for(self, required: int) -> tuple[SnapshotMeta, bytes]:
-        """The stored snapshot if it covers `required`, else a fresh one of the applied table."""
-        meta = self.storage.snapshot_meta()
-        if meta.index >= required:
-            return meta, self.storage.snapshot_data()
-        applied = self.table.applied_index
-        fresh = SnapshotMeta(applied, self.raft.log.term(applied), self.raft.membership_at(applied))
-        return fresh, self.table.snapshot()
-
     async def _stream_snapshot(self, req: SnapshotRequest) -> None:
         """Have the snapshot streamed: by an eligible follower first (per policy), else by us."""
         ok = False
@@ -484,7 +479,7 @@ class PartitionDriver:
 
     async def stream_own_snapshot(self, target: str, term: int, required: int) -> int:
         """Stream this node's snapshot (covering `required`) to `target`; returns its bytes."""
-        meta, data = self.snapshot_for(required)
+        meta, data = snapshot_covering(self.storage, self.raft, self.table, required)
         if meta.index < required:
             raise SnapshotTooOld(f"{self.node.id} has applied only up to {meta.index} < {required}")
         leader = self.raft.leader or self.node.id

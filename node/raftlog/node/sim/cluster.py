@@ -25,7 +25,11 @@ from raftlog.node.sim.invariants import ClusterChecker, InvariantViolation
 from raftlog.node.sim.network import Faults, Network
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.base import WritableStorage
-from raftlog.node.storage.compactor import snapshot_and_compact
+from raftlog.node.storage.compactor import (
+    applied_snapshot_meta,
+    snapshot_and_compact,
+    snapshot_covering,
+)
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.memory import MemoryStorage
 
@@ -389,17 +393,11 @@ class Cluster:
                 if c.up and not c.paused and c.tables[p].applied_index >= required:
                     source = c
                     break
-        storage = source.storages[p]
-        if source is not leader or storage.snapshot_meta().index < required:
-            table = source.tables[p]
-            meta = SnapshotMeta(
-                table.applied_index,
-                source.raft(p).log.term(table.applied_index),
-                source.raft(p).membership_at(table.applied_index),
-            )
-            data = table.snapshot()
+        table = source.tables[p]
+        if source is not leader:  # a follower source sends its table as applied now
+            meta, data = applied_snapshot_meta(source.raft(p), table), table.snapshot()
         else:
-            meta, data = storage.snapshot_meta(), storage.snapshot_data()
+            meta, data = snapshot_covering(source.storages[p], source.raft(p), table, required)
         self.stats.snapshot_transfers += 1
         if source is not leader:
             self.stats.snapshot_from_follower += 1

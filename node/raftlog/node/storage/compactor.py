@@ -25,6 +25,22 @@ class CompactionPass:
     floor: int  # the compaction floor after the pass: the first index still held
 
 
+def applied_snapshot_meta(raft: Raft, table: KeyedTable) -> SnapshotMeta:
+    """What a snapshot of the table as applied now covers: its index, term and membership."""
+    applied = table.applied_index
+    return SnapshotMeta(applied, raft.log.term(applied), raft.membership_at(applied))
+
+
+def snapshot_covering(
+    storage: WritableStorage, raft: Raft, table: KeyedTable, required: int
+) -> tuple[SnapshotMeta, bytes]:
+    """The stored snapshot if it covers `required`, else a fresh one of the applied table."""
+    meta = storage.snapshot_meta()
+    if meta.index >= required:
+        return meta, storage.snapshot_data()
+    return applied_snapshot_meta(raft, table), table.snapshot()
+
+
 def snapshot_and_compact(
     storage: WritableStorage,
     raft: Raft,
@@ -40,7 +56,7 @@ def snapshot_and_compact(
         return None
     if applied < storage.first_index():
         return None  # the table was just restored from a snapshot: nothing new to cover
-    meta = SnapshotMeta(applied, raft.log.term(applied), raft.membership_at(applied))
+    meta = applied_snapshot_meta(raft, table)
     storage.create_snapshot(meta, table.snapshot())
     floor = compaction_floor(
         first_index=storage.first_index(),
