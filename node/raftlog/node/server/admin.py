@@ -15,16 +15,20 @@ from aiohttp import web
 
 from raftlog.node.core.errors import Compacted, MembershipError, NotLeader, ProposalRefused
 from raftlog.node.core.raft import MembershipOp, Role
-from raftlog.node.server.api_common import ApiError, bad, driver_of, node_of, not_leader
+from raftlog.node.server.api_common import (
+    ApiError,
+    bad,
+    driver_of,
+    json_body,
+    node_of,
+    not_leader,
+)
 
 OPS = ("add_learner", "promote", "remove")
 
 
 async def _json(request: web.Request) -> dict[str, Any]:
-    try:
-        body = await request.json()
-    except ValueError:
-        raise bad("body", "is not valid JSON") from None
+    body = await json_body(request)
     if not isinstance(body, dict):
         raise bad("body", "must be a JSON object")
     return body

@@ -115,3 +115,11 @@ def not_leader(node: Node, d: PartitionDriver) -> ApiError:
         leader=leader,
         leader_url=url,
     )
+
+
+async def json_body(request: web.Request) -> Any:
+    """The request's JSON body; 400 naming `body` when it is not JSON."""
+    try:
+        return await request.json()
+    except ValueError:
+        raise bad("body", "is not valid JSON") from None

@@ -29,6 +29,7 @@ from raftlog.node.server.api_common import (
     driver_of,
     errors,
     int_param,
+    json_body,
     make_auth,
     node_of,
     not_leader,
@@ -144,20 +145,14 @@ def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
 # ====================================================================== client API
 async def append(request: web.Request) -> web.Response:
     node, d = node_of(request), driver_of(request)
-    try:
-        body = await request.json()
-    except ValueError:
-        raise bad("body", "is not valid JSON") from None
+    body = await json_body(request)
     return await _append_to(node, d, body)
 
 
 async def append_by_key(request: web.Request) -> web.Response:
     """Records routed by key: the partition is `partition_for(key)`, the same for every client."""
     node = node_of(request)
-    try:
-        body = await request.json()
-    except ValueError:
-        raise bad("body", "is not valid JSON") from None
+    body = await json_body(request)
     items = body.get("records", [body]) if isinstance(body, dict) else None
     if not isinstance(items, list) or not items:
         raise bad("body", 'must be a record or {"records": [...]}')
