@@ -1,4 +1,5 @@
-"""`make bench`: the Raft core and the simulator (CPU only), then storage (`bench.storage`).
+"""`make bench`: the Raft core and the simulator (CPU only), storage (`bench.storage`), then the
+comparison of appends through HTTP with etcd, PySyncObj and a null server (`bench.compare`).
 
 The first part has no disk and no network: it is the ceiling the core itself puts on a node, per
 partition and per core of CPU. Results are printed as Markdown tables; bench/RESULTS.md records
@@ -13,6 +14,7 @@ import time
 from collections.abc import Callable
 from functools import partial
 
+from bench import compare as compare_bench
 from bench import storage as storage_bench
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.messages import Message
@@ -105,9 +107,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["core", "storage"]
+    parts = sys.argv[1:] or ["core", "storage", "compare"]
     if "core" in parts:
         main()
     if "storage" in parts:
         print()
         storage_bench.main()
+    if "compare" in parts:
+        print()
+        compare_bench.main()
