@@ -1,0 +1,43 @@
+"""How a member's node is launched: its flags and environment, the same for every runtime."""
+
+from __future__ import annotations
+
+from raftlog.operator.models import RaftClusterSpec
+
+PEER_PORT = 7001
+
+
+def node_args(
+    spec: RaftClusterSpec,
+    name: str,
+    peers: dict[str, str],
+    *,
+    join: bool,
+    data_dir: str,
+    port: int = PEER_PORT,
+    host: str = "0.0.0.0",
+    token_file: str | None = None,
+) -> list[str]:
+    """`raftlog-node` flags of member `name` (the Raft settings travel in `node_env`)."""
+    args = [
+        "--node-id", name,
+        "--peers", ",".join(f"{n}={u}" for n, u in sorted(peers.items())),
+        "--host", host,
+        "--port", str(port),
+        "--data-dir", data_dir,
+        "--partitions", str(spec.partitions),
+    ]  # fmt: skip
+    if join:
+        args.append("--join")
+    if token_file is not None:
+        args += ["--auth-token-file", token_file]
+    return args
+
+
+def node_env(spec: RaftClusterSpec) -> dict[str, str]:
+    """The Raft settings and the operator-driven snapshot installs, as `RAFTLOG_` variables."""
+    env = spec.raft.node_env()
+    # SnapshotRequired waits for the operator's install call, which picks the source.
+    env["RAFTLOG_SNAPSHOT_INSTALL"] = "operator"
+    env["RAFTLOG_SNAPSHOT_SOURCE"] = spec.snapshot_source
+    return env

@@ -1,0 +1,257 @@
+"""The local runtime: the operator's reconciler driving node processes and directories.
+
+`raftctl local up -f examples/raftcluster.yaml --data-dir DIR` runs it. The desired state is the
+manifest kept in `DIR/raftcluster.yaml` (`raftctl local scale` edits it, as `kubectl scale` edits
+the resource); the status is `DIR/status.json`; each member's data is `DIR/members/<name>/`.
+Members are processes on 127.0.0.1, each on its own port, with the same flags a pod gets.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from raftlog.node.local import free_ports
+from raftlog.operator.actions import Event, describe
+from raftlog.operator.launch import node_args, node_env
+from raftlog.operator.models import GROUP, KIND, RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.nodeapi import NodeApi
+from raftlog.operator.observed import PodState
+from raftlog.operator.reconciler import config_hash
+from raftlog.operator.runtime import PassResult, PodInfo, reconcile_pass
+
+log = logging.getLogger("raftlog.operator.local")
+
+MANIFEST = "raftcluster.yaml"
+STATUS = "status.json"
+
+
+class ManifestError(ValueError):
+    pass
+
+
+def load_manifest(text: str, source: str = "manifest") -> tuple[str, RaftClusterSpec]:
+    """The cluster's name and validated spec from a `RaftCluster` manifest (YAML)."""
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ManifestError(f"{source}: not YAML: {e}") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(f"{source}: expected a RaftCluster object")
+    api = f"{GROUP}/v1alpha1"
+    if doc.get("apiVersion") != api or doc.get("kind") != KIND:
+        raise ManifestError(f"{source}: apiVersion/kind must be {api}/{KIND}")
+    name = (doc.get("metadata") or {}).get("name")
+    if not isinstance(name, str) or not name:
+        raise ManifestError(f"{source}: metadata.name is required")
+    try:
+        spec = RaftClusterSpec.model_validate(doc.get("spec") or {})
+    except ValidationError as e:
+        where = "; ".join(
+            f"spec.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}" for err in e.errors()
+        )
+        raise ManifestError(f"{source}: {where}") from None
+    return name, spec
+
+
+def manifest_of(name: str, spec: RaftClusterSpec) -> str:
+    doc = {
+        "apiVersion": f"{GROUP}/v1alpha1",
+        "kind": KIND,
+        "metadata": {"name": name},
+        "spec": spec.model_dump(mode="json", by_alias=True, exclude_unset=True),
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
+
+
+class LocalRuntime:
+    """Members as processes on 127.0.0.1; their addresses and launch hashes in `runtime.json`."""
+
+    def __init__(self, base: Path, token_file: Path, env: dict[str, str] | None = None) -> None:
+        self.base = base
+        self.token_file = token_file
+        self.env = dict(env or {})
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._state_path = base / "runtime.json"
+        state = json.loads(self._state_path.read_text()) if self._state_path.is_file() else {}
+        self.ports: dict[str, int] = state.get("ports", {})
+        self.hashes: dict[str, str] = state.get("hashes", {})
+
+    def _save(self) -> None:
+        tmp = self._state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"ports": self.ports, "hashes": self.hashes}))
+        os.replace(tmp, self._state_path)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def data_dir(self, name: str) -> Path:
+        return self.base / "members" / name
+
+    async def pods(self, spec: RaftClusterSpec, status: RaftClusterStatus) -> dict[str, PodInfo]:
+        out = {}
+        for name in self.ports:
+            proc = self.procs.get(name)
+            state: PodState = (
+                "missing" if proc is None else "running" if proc.poll() is None else "failed"
+            )
+            out[name] = PodInfo(
+                state, self.data_dir(name).is_dir(), self.url(name), self.hashes.get(name)
+            )
+        return out
+
+    async def create_members(
+        self, spec: RaftClusterSpec, status: RaftClusterStatus, names: tuple[str, ...], join: bool
+    ) -> None:
+        new = [n for n in names if n not in self.ports]
+        for n, port in zip(new, free_ports(len(new)), strict=True):
+            self.ports[n] = port
+        self._save()
+        peers = {n: self.url(n) for n in self.ports}
+        for name in names:
+            await self._stop(name)
+            self.data_dir(name).mkdir(parents=True, exist_ok=True)
+            args = node_args(
+                spec, name, peers, join=join, data_dir=str(self.data_dir(name)),
+                port=self.ports[name], host="127.0.0.1", token_file=str(self.token_file),
+            )  # fmt: skip
+            cmd = [sys.executable, "-m", "raftlog.node.server.main", *args]
+            env = {**os.environ, **node_env(spec), **self.env}
+            with (self.base / f"{name}.log").open("ab") as out:
+                self.procs[name] = subprocess.Popen(
+                    cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+                )
+            self.hashes[name] = config_hash(spec)
+        self._save()
+
+    async def delete_member(self, name: str, delete_volume: bool) -> None:
+        await self._stop(name)
+        self.ports.pop(name, None)
+        self.hashes.pop(name, None)
+        self._save()
+        if delete_volume:
+            shutil.rmtree(self.data_dir(name), ignore_errors=True)
+
+    async def restart_member(self, name: str) -> None:
+        await self._stop(name)
+
+    async def _stop(self, name: str) -> None:
+        proc = self.procs.pop(name, None)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGCONT)  # a paused node must run to hear SIGTERM
+        proc.terminate()
+        try:
+            await asyncio.to_thread(proc.wait, 10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            await asyncio.to_thread(proc.wait)
+
+    async def stop_all(self) -> None:
+        await asyncio.gather(*(self._stop(n) for n in list(self.procs)))
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs.values() if p.poll() is None]
+
+
+class LocalOperator:
+    """The reconciler on a loop over the local runtime, for one cluster in `base`."""
+
+    def __init__(
+        self,
+        base: Path,
+        env: dict[str, str] | None = None,
+        interval_s: float = 0.5,
+        on_event: Callable[[Event], None] | None = None,
+    ) -> None:
+        self.base = base
+        self.interval_s = interval_s
+        self.on_event = on_event or (lambda e: log.info("%s %s: %s", e.type, e.reason, e.message))
+        self.token_file = base / "token"
+        if not self.token_file.is_file():  # the generated auth secret
+            self.token_file.write_text(secrets.token_urlsafe(32))
+            self.token_file.chmod(0o600)
+        self.runtime = LocalRuntime(base, self.token_file, env)
+        self.api = NodeApi(token=self.token_file.read_text().strip())
+        self.status = RaftClusterStatus()
+        status_path = base / STATUS
+        if status_path.is_file():
+            self.status = RaftClusterStatus.model_validate_json(status_path.read_text())
+        self.last: PassResult | None = None
+
+    @classmethod
+    def create(cls, base: Path, manifest: str, **kw: Any) -> LocalOperator:
+        """Set up `base` for the cluster `manifest` describes (or check it is the same one)."""
+        name, spec = load_manifest(manifest)
+        base.mkdir(parents=True, exist_ok=True)
+        path = base / MANIFEST
+        if path.is_file():
+            old, _ = load_manifest(path.read_text(), str(path))
+            if old != name:
+                raise ManifestError(f"{base} holds cluster {old!r}, not {name!r}")
+        path.write_text(manifest_of(name, spec))
+        return cls(base, **kw)
+
+    def desired(self) -> tuple[str, RaftClusterSpec]:
+        path = self.base / MANIFEST
+        return load_manifest(path.read_text(), str(path))
+
+    async def _save(self, status: RaftClusterStatus) -> None:
+        path = self.base / STATUS
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(status.model_dump_json(by_alias=True, indent=1))
+        os.replace(tmp, path)
+        self.status = status
+
+    async def step(self) -> PassResult:
+        name, spec = self.desired()
+        result = await reconcile_pass(name, spec, self.status, self.runtime, self.api, self._save)
+        for e in result.events:
+            self.on_event(e)
+        if result.outcome is not None and not result.outcome.ok:
+            log.warning("%s: %s", describe(result.action), result.outcome.detail)
+        self.last = result
+        return result
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            try:
+                await self.step()
+            except ManifestError as e:
+                log.error("%s", e)  # a bad edit of the manifest: keep the cluster as it is
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.interval_s)
+
+    async def wait_for(
+        self, predicate: Callable[[RaftClusterStatus], bool], timeout: float
+    ) -> RaftClusterStatus:
+        """Step until `predicate(status)` holds (for tools and tests driving the loop)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            await self.step()
+            if predicate(self.status):
+                return self.status
+            await asyncio.sleep(self.interval_s)
+        raise TimeoutError(f"not reached within {timeout} s; last: {self.status.last_action}")
+
+    def endpoints(self) -> list[str]:
+        return [self.runtime.url(n) for n in self.runtime.ports]
+
+    async def close(self) -> None:
+        await self.runtime.stop_all()
+        await self.api.close()

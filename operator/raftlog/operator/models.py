@@ -1,0 +1,262 @@
+"""The `RaftCluster` resource (`raftlog.dev/v1alpha1`): spec and status as pydantic models.
+
+The CRD in `crds/` is generated from these models (`python -m raftlog.operator.crd`), so the
+schema the API server enforces, the operator's own validation and the docs cannot drift apart.
+Field names are camelCase on the wire (Kubernetes' convention) and snake case in Python; the Raft
+settings keep the source documents' names (backfillThreshold, maxBackfillEntriesPerRound, ...).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic.alias_generators import to_camel
+
+from raftlog.node.config import RaftConfig
+
+GROUP = "raftlog.dev"
+VERSION = "v1alpha1"
+KIND = "RaftCluster"
+PLURAL = "raftclusters"
+SHORT_NAMES = ["raft"]
+
+# Kubernetes quantities ("500m", "1Gi", "2"): checked by the schema, interpreted by Kubernetes.
+QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
+# RFC 1123 names of objects the operator creates or refers to.
+DNS_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DEFAULT_IMAGE = "ghcr.io/raftlog/raftlog:0.1.0"
+
+
+def _doc(name: str) -> str | None:
+    """The node's own description of a Raft setting: one text for the CRD and the node."""
+    return RaftConfig.model_fields[name].description
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
+    )
+
+
+class RaftSettings(_Model):
+    """The node's Raft settings a cluster may set (the rest keep the node's defaults)."""
+
+    backfill_threshold: int = Field(
+        10,
+        ge=0,
+        le=1_000_000,
+        description=_doc("backfill_threshold"),
+    )
+    max_backfill_entries_per_round: int = Field(
+        128,
+        ge=1,
+        le=100_000,
+        description=_doc("max_backfill_entries_per_round"),
+    )
+    compact_every_operations: int = Field(1_000, ge=1, description=_doc("compact_every_operations"))
+    compact_number_entries: int = Field(1_000, ge=0, description=_doc("compact_number_entries"))
+    max_entries_per_compaction: int = Field(
+        100_000, ge=1, description=_doc("max_entries_per_compaction")
+    )
+    learner_promotion_lag: int = Field(10, ge=0, description=_doc("learner_promotion_lag"))
+    learner_promotion_stable_window: float = Field(
+        3.0,
+        gt=0,
+        le=3600,
+        description=_doc("learner_promotion_stable_window"),
+    )
+    election_ticks: int = Field(10, ge=3, le=10_000, description=_doc("election_ticks"))
+    heartbeat_ticks: int = Field(1, ge=1, le=1_000, description=_doc("heartbeat_ticks"))
+    tick_ms: int = Field(50, ge=5, le=5000, description="One Raft tick, in milliseconds.")
+
+    @model_validator(mode="after")
+    def _coherent(self) -> RaftSettings:
+        # The node's own rule, checked here so that a bad spec never reaches a pod.
+        if self.heartbeat_ticks >= self.election_ticks:
+            raise ValueError(
+                f"heartbeatTicks ({self.heartbeat_ticks}) must be below electionTicks "
+                f"({self.election_ticks})"
+            )
+        return self
+
+    def node_config(self) -> RaftConfig:
+        """The node's `RaftConfig` these settings give (raises on an incoherent pair)."""
+        fields = self.model_dump(exclude={"tick_ms"})
+        return RaftConfig(**fields)
+
+    def node_env(self) -> dict[str, str]:
+        """The node's environment for these settings (`RAFTLOG_RAFT__...`, `RAFTLOG_TICK_MS`)."""
+        env = {
+            f"RAFTLOG_RAFT__{k.upper()}": str(v)
+            for k, v in self.model_dump(exclude={"tick_ms"}).items()
+        }
+        env["RAFTLOG_TICK_MS"] = str(self.tick_ms)
+        return env
+
+
+class Resources(_Model):
+    requests: dict[str, str] = Field(
+        default_factory=lambda: {"cpu": "250m", "memory": "256Mi"},
+        description="Resource requests of each member's container (cpu, memory).",
+    )
+    limits: dict[str, str] = Field(
+        default_factory=lambda: {"memory": "1Gi"},
+        description="Resource limits of each member's container.",
+    )
+
+    @model_validator(mode="after")
+    def _quantities(self) -> Resources:
+        for where, values in (("requests", self.requests), ("limits", self.limits)):
+            for name, q in values.items():
+                if not re.match(QUANTITY, q):
+                    raise ValueError(f"{where}.{name}: {q!r} is not a Kubernetes quantity")
+        return self
+
+
+class Storage(_Model):
+    size: str = Field(
+        "1Gi", pattern=QUANTITY, description="Size of each member's volume (a quantity)."
+    )
+    storage_class_name: str | None = Field(
+        None, description="Storage class of the members' volumes (the cluster default if unset)."
+    )
+    reclaim_policy: Literal["Delete", "Retain"] = Field(
+        "Delete",
+        description="What happens to a member's volume when the member is removed or the "
+        "cluster deleted: Delete removes it, Retain keeps it.",
+    )
+
+
+class PodTemplate(_Model):
+    """Overrides applied to every member's pod."""
+
+    labels: dict[str, str] = Field(default_factory=dict, description="Extra pod labels.")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Extra annotations.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Pod nodeSelector.")
+    tolerations: list[dict[str, Any]] = Field(
+        default_factory=list, description="Pod tolerations, as in a Pod spec."
+    )
+    affinity: dict[str, Any] | None = Field(None, description="Pod affinity, as in a Pod spec.")
+    priority_class_name: str | None = Field(None, description="Pod priorityClassName.")
+    service_account_name: str | None = Field(None, description="Pod serviceAccountName.")
+
+
+class RaftClusterSpec(_Model):
+    replicas: int = Field(3, ge=1, le=15, description="Voting members of every partition.")
+    partitions: int = Field(
+        1, ge=1, le=1024, description="Partitions (independent Raft groups); fixed after creation."
+    )
+    image: str = Field(DEFAULT_IMAGE, min_length=1, description="The node image.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Pull policy of the node image."
+    )
+    resources: Resources = Field(default_factory=Resources, description="Container resources.")
+    storage: Storage = Field(default_factory=Storage, description="Each member's volume.")
+    raft: RaftSettings = Field(default_factory=RaftSettings, description="Raft settings.")
+    snapshot_source: Literal["follower-first", "leader"] = Field(
+        "follower-first",
+        description="Who streams a snapshot to a member in SnapshotRequired: an eligible, "
+        "ranked follower (RATIS-2428) with the leader as fallback, or always the leader.",
+    )
+    auth_secret_name: str | None = Field(
+        None,
+        pattern=DNS_NAME,
+        description="Secret (key `token`) holding the peer and admin token; generated if unset.",
+    )
+    tls_secret_name: str | None = Field(
+        None,
+        pattern=DNS_NAME,
+        description="Secret of type kubernetes.io/tls (with `ca.crt`): members serve and verify "
+        "https when set.",
+    )
+    pod_template: PodTemplate = Field(
+        default_factory=PodTemplate, description="Overrides of the members' pods."
+    )
+
+
+# ----------------------------------------------------------------------------- status
+class _Status(BaseModel):
+    """Status parts: written by the operator (mutable while a pass builds the next status)."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Condition(_Status):
+    type: Literal["Available", "Progressing", "Degraded"]
+    status: Literal["True", "False", "Unknown"]
+    reason: str = Field(description="One CamelCase word: why the condition is what it is.")
+    message: str = ""
+    last_transition_time: str = Field(description="RFC 3339 time of the last status change.")
+
+
+class MemberPartition(_Status):
+    partition: int
+    lag: int | None = Field(None, description="Leader's commit minus this member's match.")
+    state: str | None = Field(None, description="Progress state: probe, replicate or snapshot.")
+    snapshot_required: bool = False
+
+
+class Promotion(_Status):
+    """A learner's promotion window: its lag must stay within the limit for the whole window."""
+
+    window_started_at: float | None = Field(
+        None, description="Epoch seconds the current window began; null while it lags."
+    )
+    window_seconds: float = Field(description="The window's length (learnerPromotionStableWindow).")
+    elapsed_seconds: float = 0.0
+    restarts: int = Field(0, description="Times a lag excursion restarted the window.")
+    max_lag: int | None = Field(None, description="The learner's largest lag over its partitions.")
+
+
+MemberRole = Literal["voter", "learner", "joining", "removing"]
+
+
+class MemberStatus(_Status):
+    name: str
+    ordinal: int
+    role: MemberRole = Field(
+        description="voter; learner (added, waiting for its promotion window); joining "
+        "(created, being added as a learner); removing (being taken out of the cluster)."
+    )
+    bootstrap: bool = Field(False, description="One of the initial voters.")
+    ready: bool = False
+    partitions: list[MemberPartition] = Field(default_factory=list)
+    promotion: Promotion | None = None
+
+
+class SnapshotInstall(_Status):
+    member: str
+    partition: int
+    source: str = Field(description='The member that streams the snapshot, or "leader".')
+    state: Literal["pending", "installed", "failed"] = "pending"
+    attempts: int = 0
+    next_attempt_at: float = 0.0
+    started_at: float
+    finished_at: float | None = None
+    last_error: str | None = None
+    detail: str | None = None
+
+
+class RaftClusterStatus(_Status):
+    observed_generation: int | None = None
+    phase: str = Field("Pending", description="Pending, Bootstrapping, Running, Scaling, ...")
+    replicas: int = Field(0, description="Members (for the scale subresource).")
+    ready_replicas: int = 0
+    selector: str = Field("", description="Label selector of the members' pods.")
+    leaders: dict[str, str] = Field(
+        default_factory=dict, description="Leader of each partition (its number as a string)."
+    )
+    leader_summary: str = Field("", description="The leaders, compactly (printer column).")
+    bootstrapped: bool = Field(False, description="Every partition of the initial voters elected.")
+    next_ordinal: int = 0
+    members: list[MemberStatus] = Field(default_factory=list)
+    snapshot_installs: list[SnapshotInstall] = Field(
+        default_factory=list, description="Pending installs, then the most recent finished ones."
+    )
+    conditions: list[Condition] = Field(default_factory=list)
+    last_action: str = Field("", description="The operator's most recent step.")
+
+    def member(self, name: str) -> MemberStatus | None:
+        return next((m for m in self.members if m.name == name), None)

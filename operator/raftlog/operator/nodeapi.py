@@ -1,0 +1,130 @@
+"""The operator's calls to the nodes: status, peers and the admin API, each with a timeout."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from typing import Any
+
+import aiohttp
+
+from raftlog.operator.actions import (
+    Action,
+    ChangeMembership,
+    InstallSnapshot,
+    Outcome,
+    SyncPeers,
+    TransferLeader,
+)
+from raftlog.operator.observed import NodeView, parse_node_status
+
+
+class NodeApiError(Exception):
+    pass
+
+
+class NodeApi:
+    def __init__(
+        self,
+        token: str | None = None,
+        ca_file: str | None = None,
+        timeout_s: float = 3.0,
+        install_timeout_s: float = 600.0,
+    ) -> None:
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        # A snapshot install answers when the whole snapshot is streamed.
+        self.install_timeout = aiohttp.ClientTimeout(total=install_timeout_s)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> NodeApi:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            self._session = aiohttp.ClientSession(
+                headers=self.headers, connector=aiohttp.TCPConnector(ssl=self._ssl or True)
+            )
+        return self._session
+
+    async def call(
+        self,
+        method: str,
+        url: str,
+        body: Any = None,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        try:
+            async with self.session.request(
+                method, url, json=body, timeout=timeout or self.timeout
+            ) as r:
+                data = await r.json(content_type=None) if r.content_length != 0 else {}
+                return r.status, data if isinstance(data, dict) else {"value": data}
+        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
+            raise NodeApiError(f"{method} {url}: {type(e).__name__}: {e}") from None
+
+    async def view(self, url: str) -> NodeView | None:
+        """The node's status and known peers; None when it does not answer (or not fully)."""
+        try:
+            code, status = await self.call("GET", f"{url}/v1/status")
+            pcode, peers = await self.call("GET", f"{url}/v1/admin/peers")
+        except NodeApiError:
+            return None
+        if code != 200 or pcode != 200:
+            return None
+        return parse_node_status(status, peers.get("peers", {}))
+
+    async def views(self, urls: dict[str, str]) -> dict[str, NodeView | None]:
+        names = list(urls)
+        got = await asyncio.gather(*(self.view(urls[n]) for n in names))
+        return dict(zip(names, got, strict=True))
+
+    async def perform(self, action: Action, urls: dict[str, str]) -> Outcome:
+        """Carry out an action that is a call to a node; the reply's reason on refusal."""
+        try:
+            match action:
+                case SyncPeers(name, peers):
+                    code, body = await self.call(
+                        "POST", f"{urls[name]}/v1/admin/peers", dict(peers)
+                    )
+                case ChangeMembership(p, leader, op, member):
+                    req: dict[str, Any] = {"op": op, "node": member}
+                    if op == "add_learner":
+                        req["url"] = urls[member]
+                    code, body = await self.call(
+                        "POST", f"{urls[leader]}/v1/admin/partitions/{p}/members", req
+                    )
+                case TransferLeader(p, leader, target):
+                    code, body = await self.call(
+                        "POST", f"{urls[leader]}/v1/admin/partitions/{p}/transfer",
+                        {"target": target},
+                    )  # fmt: skip
+                case InstallSnapshot(p, leader, target, source):
+                    code, body = await self.call(
+                        "POST", f"{urls[leader]}/v1/admin/partitions/{p}/snapshot-install",
+                        {"target": target, "source": source}, timeout=self.install_timeout,
+                    )  # fmt: skip
+                case _:
+                    raise TypeError(f"not a node call: {action}")
+        except NodeApiError as e:
+            return Outcome(False, str(e))
+        except KeyError as e:
+            return Outcome(False, f"no address known for {e}")
+        if code != 200:
+            return Outcome(False, f"HTTP {code}: {body.get('reason') or body.get('error')}")
+        return Outcome(True, _summary(body))
+
+
+def _summary(body: dict[str, Any]) -> str:
+    keep = ("status", "source", "fell_back_to_leader", "leader", "voters", "learners")
+    return ", ".join(f"{k}={body[k]}" for k in keep if k in body)

@@ -1,0 +1,115 @@
+"""What the operator sees of a cluster in one pass: its members' pods and each node's status.
+
+Runtimes build these (the Kubernetes runtime from pods and PVCs, the local runtime from processes
+and directories); the reconciler reads nothing else, which is what makes it testable without I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+PodState = Literal["missing", "pending", "running", "failed", "terminating"]
+
+
+@dataclass(frozen=True)
+class FollowerView:
+    """A leader's view of one follower of one partition."""
+
+    name: str
+    learner: bool
+    state: str
+    match: int
+    lag: int | None
+    snapshot_required: bool
+    recent_active: bool
+
+
+@dataclass(frozen=True)
+class PartitionView:
+    """One node's status of one partition (`/v1/status`)."""
+
+    partition: int
+    role: str
+    member: str  # voter, learner or none
+    term: int
+    leader: str | None
+    high_water_mark: int
+    compaction_floor: int
+    voters: frozenset[str]
+    learners: frozenset[str]
+    followers: dict[str, FollowerView] = field(default_factory=dict)
+
+    @property
+    def is_leader(self) -> bool:
+        return self.role == "leader"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node's answer to `/v1/status` (and the peers it knows, from `/v1/admin/peers`)."""
+
+    name: str
+    partitions: dict[int, PartitionView]
+    peers: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class MemberObserved:
+    name: str
+    pod: PodState
+    volume: bool  # its data volume (PVC or directory) exists
+    config_hash: str | None = None  # the launch configuration its pod was created with
+    node: NodeView | None = None  # None: the node did not answer
+
+
+@dataclass(frozen=True)
+class Observed:
+    members: dict[str, MemberObserved]
+    urls: dict[str, str] = field(default_factory=dict)  # each member's node URL
+
+    def node(self, name: str) -> NodeView | None:
+        m = self.members.get(name)
+        return m.node if m else None
+
+    def leader_view(self, partition: int) -> PartitionView | None:
+        """The partition's leader as the leaders themselves say (the highest term wins)."""
+        best: PartitionView | None = None
+        for m in self.members.values():
+            pv = m.node.partitions.get(partition) if m.node else None
+            if pv is not None and pv.is_leader and (best is None or pv.term > best.term):
+                best = pv
+        return best
+
+
+def parse_node_status(body: dict[str, Any], peers: dict[str, str] | None = None) -> NodeView:
+    """A `NodeView` from the node's `/v1/status` JSON."""
+    parts = {}
+    for p in body["partitions"]:
+        leader_name = body["node"]
+        followers = {
+            name: FollowerView(
+                name=name,
+                learner=bool(f["learner"]),
+                state=str(f["state"]),
+                match=int(f["match"]),
+                lag=None if f["lag"] is None else int(f["lag"]),
+                snapshot_required=bool(f["snapshot_required"]),
+                recent_active=bool(f["recent_active"]),
+            )
+            for name, f in p.get("followers", {}).items()
+            if name != leader_name
+        }
+        parts[int(p["partition"])] = PartitionView(
+            partition=int(p["partition"]),
+            role=str(p["role"]),
+            member=str(p["member"]),
+            term=int(p["term"]),
+            leader=p["leader"],
+            high_water_mark=int(p["high_water_mark"]),
+            compaction_floor=int(p["compaction_floor"]),
+            voters=frozenset(p["voters"]),
+            learners=frozenset(p["learners"]),
+            followers=followers,
+        )
+    return NodeView(name=str(body["node"]), partitions=parts, peers=dict(peers or {}))

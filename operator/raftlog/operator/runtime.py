@@ -1,0 +1,123 @@
+"""What a runtime provides, and one reconcile pass over it.
+
+A runtime turns members into running nodes (pods and PVCs on Kubernetes, processes and
+directories locally) and says what it sees of them. Everything else, the node calls and the
+decisions, is shared: `reconcile_pass` observes, decides, saves the status, acts, and folds the
+outcome back, so that an operator that dies at any point resumes from what it saved.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from raftlog.operator.actions import (
+    Action,
+    CreateMembers,
+    DeleteMember,
+    Event,
+    Outcome,
+    RestartMember,
+    Wait,
+    describe,
+)
+from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.nodeapi import NodeApi
+from raftlog.operator.observed import MemberObserved, Observed, PodState
+from raftlog.operator.reconciler import decide, record_outcome
+
+log = logging.getLogger("raftlog.operator")
+
+
+@dataclass(frozen=True)
+class PodInfo:
+    pod: PodState
+    volume: bool
+    url: str
+    config_hash: str | None = None
+
+
+class Runtime(Protocol):
+    async def pods(self, spec: RaftClusterSpec, status: RaftClusterStatus) -> dict[str, PodInfo]:
+        """Every member's pod (or process) the runtime knows of, by member name."""
+        ...
+
+    async def create_members(
+        self, spec: RaftClusterSpec, status: RaftClusterStatus, names: tuple[str, ...], join: bool
+    ) -> None: ...
+
+    async def delete_member(self, name: str, delete_volume: bool) -> None: ...
+
+    async def restart_member(self, name: str) -> None: ...
+
+
+@dataclass
+class PassResult:
+    action: Action | None
+    outcome: Outcome | None
+    status: RaftClusterStatus
+    events: list[Event] = field(default_factory=list)
+
+
+async def observe(
+    runtime: Runtime, api: NodeApi, spec: RaftClusterSpec, status: RaftClusterStatus
+) -> Observed:
+    pods = await runtime.pods(spec, status)
+    running = {n: p.url for n, p in pods.items() if p.pod == "running"}
+    views = await api.views(running)
+    members = {
+        n: MemberObserved(n, p.pod, p.volume, p.config_hash, views.get(n)) for n, p in pods.items()
+    }
+    return Observed(members, {n: p.url for n, p in pods.items()})
+
+
+async def reconcile_pass(
+    name: str,
+    spec: RaftClusterSpec,
+    status: RaftClusterStatus,
+    runtime: Runtime,
+    api: NodeApi,
+    save: Callable[[RaftClusterStatus], Awaitable[None]],
+    generation: int | None = None,
+    clock: Callable[[], float] = time.time,
+) -> PassResult:
+    obs = await observe(runtime, api, spec, status)
+    plan = decide(name, spec, status, obs, clock(), generation)
+    # Saved before acting: a restarted operator finds the member it was about to create.
+    await save(plan.status)
+    if plan.action is None or isinstance(plan.action, Wait):
+        return PassResult(plan.action, None, plan.status, plan.events)
+    log.info("%s: %s", name, describe(plan.action))
+    outcome = await act(plan.action, spec, plan.status, runtime, api, obs.urls)
+    new_status, more = record_outcome(plan.status, plan.action, outcome, clock())
+    await save(new_status)
+    return PassResult(plan.action, outcome, new_status, plan.events + more)
+
+
+async def act(
+    action: Action,
+    spec: RaftClusterSpec,
+    status: RaftClusterStatus,
+    runtime: Runtime,
+    api: NodeApi,
+    urls: dict[str, str],
+) -> Outcome:
+    try:
+        match action:
+            case CreateMembers(names, join):
+                await runtime.create_members(spec, status, names, join)
+                return Outcome(True)
+            case DeleteMember(member, delete_volume):
+                await runtime.delete_member(member, delete_volume)
+                return Outcome(True)
+            case RestartMember(member):
+                await runtime.restart_member(member)
+                return Outcome(True)
+            case _:
+                return await api.perform(action, urls)
+    except Exception as e:  # a runtime failure is reported, and the next pass decides again
+        log.exception("%s failed", describe(action))
+        return Outcome(False, f"{type(e).__name__}: {e}")
