@@ -18,10 +18,10 @@ from aiohttp import web
 
 from raftlog.node.core.errors import Compacted, InvalidMessage, NotLeader, ProposalRefused
 from raftlog.node.core.raft import Role
-from raftlog.node.core.types import EntryKind
+from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
 from raftlog.node.routing import partition_for
-from raftlog.node.server import admin
+from raftlog.node.server import admin, columnar
 from raftlog.node.server.api_common import (
     NODE_KEY,
     ApiError,
@@ -42,6 +42,8 @@ from raftlog.node.server.partition import (
     SequenceConflict,
     SnapshotTooOld,
 )
+from raftlog.node.server.peer_stream import peer_stream
+from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed
 from raftlog.node.storage.snapshots import Chunk
 from raftlog.node.transport.codec import decode_frame
@@ -248,6 +250,70 @@ async def read(request: web.Request) -> web.Response:
     )
 
 
+def _compacted(d: PartitionDriver, start: int) -> ApiError:
+    return ApiError(
+        410,
+        "compacted",
+        f"index {start} is below the compaction floor "
+        f"{d.storage.compaction_floor()}; read the snapshot or from the floor",
+        compaction_floor=d.storage.compaction_floor(),
+        snapshot_index=d.storage.snapshot_meta().index,
+    )
+
+
+async def read_columns(request: web.Request) -> web.Response:
+    """Committed records [from, to) as a column page (`columnar`), for bulk readers: at most
+    `limit` entries and about `max_bytes` of record data, never above this replica's mark."""
+    d = driver_of(request)
+    start = int_param(request, "from", 1, 1, 2**62)
+    stop = int_param(request, "to", 2**62, 1, 2**62)
+    limit = int_param(request, "limit", 10_000, 1, 50_000)
+    max_bytes = int_param(request, "max_bytes", 8 << 20, 1, 64 << 20)
+    min_index = int_param(request, "min_index", 0, 0, 2**62)
+    if min_index > d.raft.commit:
+        raise ApiError(
+            503,
+            "behind",
+            f"this replica's high-water mark {d.raft.commit} is below {min_index}",
+            high_water_mark=d.raft.commit,
+        )
+    hwm = d.raft.commit
+    end = min(stop, start + limit, hwm + 1)
+    entries: list[Entry] = []
+    size, at = 0, start
+    try:
+        while at < end and size < max_bytes:  # in steps, so a page of big records stops early
+            step = d.raft.read_committed(at, min(end, at + 1_000))
+            if not step:
+                break
+            for e in step:
+                entries.append(e)
+                size += len(e.data)
+                if size >= max_bytes:
+                    break
+            at = entries[-1].index + 1
+    except Compacted:
+        raise _compacted(d, at) from None
+    body = columnar.record_page(
+        d.p,
+        entries,
+        high_water_mark=hwm,
+        next_index=entries[-1].index + 1 if entries else start,
+        floor=d.storage.compaction_floor(),
+    )
+    return web.Response(body=body, content_type=columnar.CONTENT_TYPE)
+
+
+async def snapshot_table(request: web.Request) -> web.Response:
+    """The keyed table of this replica's latest stored snapshot as a column page (index 0 and no
+    rows when there is none): with the log after it, a reader rebuilds the table at any index."""
+    d = driver_of(request)
+    meta = d.storage.snapshot_meta()
+    rows = KeyedTable.restore(d.storage.snapshot_data()).rows if meta.index else {}
+    body = columnar.table_page(d.p, meta.index, meta.term, rows)
+    return web.Response(body=body, content_type=columnar.CONTENT_TYPE)
+
+
 async def get_key(request: web.Request) -> web.Response:
     """The keyed table's value of a key: `consistency=linearizable` (ReadIndex on the leader,
     the default) or `local` (this replica's applied state, possibly behind)."""
@@ -428,6 +494,8 @@ def build_app(node: Node) -> web.Application:
     app.router.add_post("/v1/partitions/{partition}/records", append)
     app.router.add_post("/v1/records", append_by_key)
     app.router.add_get("/v1/partitions/{partition}/records", read)
+    app.router.add_get("/v1/partitions/{partition}/columns", read_columns)
+    app.router.add_get("/v1/partitions/{partition}/snapshot/table", snapshot_table)
     app.router.add_get("/v1/partitions/{partition}/keys/{key}", get_key)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/metrics", metrics)
@@ -435,6 +503,7 @@ def build_app(node: Node) -> web.Application:
     app.router.add_get("/readyz", readyz)
     admin.add_routes(app)
     app.router.add_post("/peer/v1/messages", peer_messages)
+    app.router.add_get("/peer/v1/stream", peer_stream)
     app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
     app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
     app.router.add_post("/peer/v1/partitions/{partition}/send-snapshot", send_snapshot_for_leader)

@@ -1,0 +1,248 @@
+"""The options of the `raftlog` data source, validated once, with errors naming the option.
+
+Offsets follow Spark's Kafka source: `earliest`, `latest`, or JSON per partition such as
+`{"0": 120, "1": -2}` where a number is the next log index to read (a start is inclusive, an end
+exclusive), -2 means earliest and -1 latest.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+EARLIEST = -2
+LATEST = -1
+
+Mode = Literal["log", "table"]
+# A position per partition: the next index to read, or EARLIEST / LATEST.
+OffsetSpec = Literal["earliest", "latest"] | dict[int, int]
+
+
+class OptionError(ValueError):
+    """A bad option: the message names the option and the reason."""
+
+    def __init__(self, option: str, reason: str) -> None:
+        self.option = option
+        self.reason = reason
+        super().__init__(f"raftlog option {option!r}: {reason}")
+
+
+_TRUE = {"true", "1", "yes"}
+_FALSE = {"false", "0", "no"}
+# The documented spelling of each option (the README's table lists the same).
+_DOC = (
+    "endpoints",
+    "partitions",
+    "startingOffsets",
+    "endingOffsets",
+    "mode",
+    "preferFollowers",
+    "token",
+    "tokenFile",
+    "caFile",
+    "maxRecordsPerSplit",
+    "maxRecordsPerTrigger",
+    "failOnDataLoss",
+    "retentionHold",
+    "retentionHoldTtlSeconds",
+    "timeoutSeconds",
+    "pageRecords",
+)
+KNOWN = {name.lower() for name in _DOC} | {"path"}  # Spark passes load(path) as "path"
+
+
+@dataclass(frozen=True)
+class Options:
+    endpoints: tuple[str, ...]
+    partitions: tuple[int, ...] | None  # None: all of them
+    starting: OffsetSpec
+    ending: OffsetSpec
+    mode: Mode
+    prefer_followers: bool
+    token: str | None
+    ca_file: str | None
+    max_records_per_split: int
+    max_records_per_trigger: int | None
+    fail_on_data_loss: bool
+    retention_hold: str | None  # the holder's name; None: no hold
+    retention_hold_ttl_s: float
+    timeout_s: float
+    page_records: int
+
+
+def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    v = str(raw).strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise OptionError(name, f"must be true or false, got {raw!r}")
+
+
+def _int(opts: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        v = int(str(raw).strip())
+    except ValueError:
+        raise OptionError(name, f"must be an integer, got {raw!r}") from None
+    if not lo <= v <= hi:
+        raise OptionError(name, f"must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def _float(opts: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default
+    try:
+        v = float(str(raw).strip())
+    except ValueError:
+        raise OptionError(name, f"must be a number, got {raw!r}") from None
+    if not lo <= v <= hi:
+        raise OptionError(name, f"must be between {lo} and {hi}, got {v}")
+    return v
+
+
+def parse_offsets(name: str, raw: str | None, default: OffsetSpec, *, ending: bool) -> OffsetSpec:
+    """`earliest`, `latest` or a JSON object of partition -> index (-2 earliest, -1 latest)."""
+    if raw is None:
+        return default
+    text = str(raw).strip()
+    if text.lower() in ("earliest", "latest"):
+        if ending and text.lower() == "earliest":
+            raise OptionError(name, "an ending offset cannot be earliest (use latest or JSON)")
+        return "earliest" if text.lower() == "earliest" else "latest"
+    try:
+        parsed = json.loads(text)
+    except ValueError as e:
+        raise OptionError(
+            name, f'must be earliest, latest or a JSON object like {{"0": 42}}: {e}'
+        ) from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise OptionError(
+            name, 'must be a non-empty JSON object of partition -> index, like {"0": 42}'
+        )
+    out: dict[int, int] = {}
+    for k, v in parsed.items():
+        try:
+            p = int(k)
+        except ValueError:
+            raise OptionError(name, f"partition {k!r} is not an integer") from None
+        if p < 0:
+            raise OptionError(name, f"partition {p} is negative")
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise OptionError(name, f"the offset of partition {p} must be an integer, got {v!r}")
+        if v < EARLIEST or v == 0:
+            raise OptionError(
+                name,
+                f"the offset of partition {p} must be a log index >= 1, -2 (earliest) "
+                f"or -1 (latest), got {v}",
+            )
+        if ending and v == EARLIEST:
+            raise OptionError(name, f"the ending offset of partition {p} cannot be -2 (earliest)")
+        out[p] = v
+    return out
+
+
+def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
+    """Every option validated; OptionError names the first bad one."""
+    opts = {str(k).lower(): v for k, v in raw_options.items()}
+    unknown = sorted(set(opts) - KNOWN)
+    if unknown:
+        raise OptionError(unknown[0], f"unknown option (known: {', '.join(sorted(_DOC))})")
+    if opts.get("path"):
+        raise OptionError("path", "the raftlog source takes no path; give option('endpoints', ...)")
+    raw_endpoints = str(opts.get("endpoints") or "").strip()
+    if not raw_endpoints:
+        raise OptionError("endpoints", "is required: comma-separated node URLs (http://host:port)")
+    endpoints = tuple(e.strip().rstrip("/") for e in raw_endpoints.split(",") if e.strip())
+    for e in endpoints:
+        if not e.startswith(("http://", "https://")):
+            raise OptionError("endpoints", f"{e!r} is not an http(s) URL")
+    partitions: tuple[int, ...] | None = None
+    raw_parts = opts.get("partitions")
+    if raw_parts is not None and str(raw_parts).strip():
+        try:
+            partitions = tuple(sorted({int(p) for p in str(raw_parts).split(",") if p.strip()}))
+        except ValueError:
+            raise OptionError(
+                "partitions", f"must be comma-separated partition numbers, got {raw_parts!r}"
+            ) from None
+        if not partitions or partitions[0] < 0:
+            raise OptionError(
+                "partitions", f"must be non-negative partition numbers: {raw_parts!r}"
+            )
+    mode = str(opts.get("mode", "log")).strip().lower()
+    if mode not in ("log", "table"):
+        raise OptionError("mode", f"must be log or table, got {opts.get('mode')!r}")
+    if mode == "table" and streaming:
+        raise OptionError("mode", "table is a batch read; a stream reads the log (mode=log)")
+    starting = parse_offsets(
+        "startingOffsets",
+        opts.get("startingoffsets"),
+        "latest" if streaming else "earliest",
+        ending=False,
+    )
+    if streaming and "endingoffsets" in opts:
+        raise OptionError("endingOffsets", "is for batch reads; a stream has no end")
+    ending = parse_offsets("endingOffsets", opts.get("endingoffsets"), "latest", ending=True)
+    if mode == "table":
+        if starting != "earliest":
+            raise OptionError("startingOffsets", "mode=table reads the whole table: leave it out")
+        if ending != "latest":
+            raise OptionError("endingOffsets", "mode=table reads the table as of latest")
+    token = opts.get("token")
+    token_file = opts.get("tokenfile")
+    if token and token_file:
+        raise OptionError("tokenFile", "give token or tokenFile, not both")
+    if token_file:
+        try:
+            token = Path(str(token_file)).read_text().strip()
+        except OSError as e:
+            raise OptionError("tokenFile", f"cannot be read: {e}") from None
+        if not token:
+            raise OptionError("tokenFile", f"{token_file} is empty")
+    ca_file = opts.get("cafile")
+    if ca_file and not Path(str(ca_file)).is_file():
+        raise OptionError("caFile", f"{ca_file} is not a file")
+    hold = opts.get("retentionhold")
+    if hold is not None:
+        hold = str(hold).strip()
+        if not streaming:
+            raise OptionError("retentionHold", "holds are for streams (a batch range is fixed)")
+        if not hold or len(hold) > 200 or "/" in hold:
+            raise OptionError(
+                "retentionHold", "must be a holder name of 1 to 200 characters without '/'"
+            )
+    per_split = _int(opts, "maxRecordsPerSplit", 200_000, 1, 2**40)
+    assert per_split is not None
+    page = _int(opts, "pageRecords", 10_000, 1, 50_000)
+    assert page is not None
+    per_trigger = _int(opts, "maxRecordsPerTrigger", None, 1, 2**40)
+    if per_trigger is not None and not streaming:
+        raise OptionError("maxRecordsPerTrigger", "is for streams (readStream)")
+    return Options(
+        endpoints=endpoints,
+        partitions=partitions,
+        starting=starting,
+        ending=ending,
+        mode="table" if mode == "table" else "log",
+        prefer_followers=_bool(opts, "preferFollowers", True),
+        token=str(token) if token else None,
+        ca_file=str(ca_file) if ca_file else None,
+        max_records_per_split=per_split,
+        max_records_per_trigger=per_trigger,
+        fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        retention_hold=hold or None,
+        retention_hold_ttl_s=_float(opts, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0),
+        timeout_s=_float(opts, "timeoutSeconds", 30.0, 0.1, 3600.0),
+        page_records=page,
+    )

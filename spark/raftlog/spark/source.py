@@ -1,0 +1,437 @@
+"""The `raftlog` Python data source (Spark 4): batch and streaming reads of committed records.
+
+Planning (on the driver) asks every endpoint for its status and fixes, per raftlog partition, an
+index range at or below the high-water mark; the range is cut into splits of at most
+`maxRecordsPerSplit` indexes, each read by one Spark task from a follower first (the leader last,
+unless `preferFollowers=false`). A task reads its range in column pages (`/columns`) and yields
+them as Arrow batches. A stream's offsets are the next index to read per partition (as Kafka's
+source), checkpointed by Spark: a restarted query replans the same ranges of the same committed
+log, so every record lands exactly once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from raftlog.spark import arrow
+from raftlog.spark.nodes import (
+    ClusterView,
+    DataLoss,
+    NodeError,
+    Nodes,
+    PartitionView,
+    backoff,
+    survey,
+)
+from raftlog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, Options, parse
+
+log = logging.getLogger("raftlog.spark")
+
+
+class LogSplit(InputPartition):
+    """Committed records [start, stop) of one raftlog partition, from `replicas` in order."""
+
+    def __init__(self, partition: int, start: int, stop: int, replicas: list[str]) -> None:
+        self.partition = partition
+        self.start = start
+        self.stop = stop
+        self.replicas = replicas
+
+    def __repr__(self) -> str:
+        return f"LogSplit(p{self.partition} [{self.start}, {self.stop}) from {self.replicas})"
+
+
+class TableSplit(InputPartition):
+    """The keyed table of one raftlog partition as of `stop` - 1 (or a newer snapshot)."""
+
+    def __init__(self, partition: int, stop: int, replicas: list[str]) -> None:
+        self.partition = partition
+        self.stop = stop
+        self.replicas = replicas
+
+    def __repr__(self) -> str:
+        return f"TableSplit(p{self.partition} up to {self.stop - 1} from {self.replicas})"
+
+
+# ====================================================================== planning
+def _resolve(spec: OffsetSpec, p: int, view: PartitionView, default: int) -> int:
+    """The next index to read for `p` given `earliest`, `latest` or JSON (missing: default)."""
+    if spec == "earliest":
+        return view.earliest
+    if spec == "latest":
+        return view.high_water_mark + 1
+    assert isinstance(spec, dict)
+    v = spec.get(p, default)
+    if v == EARLIEST:
+        return view.earliest
+    if v == LATEST:
+        return view.high_water_mark + 1
+    return v
+
+
+def _check_json_partitions(name: str, spec: OffsetSpec, view: ClusterView) -> None:
+    if isinstance(spec, dict):
+        unknown = sorted(set(spec) - set(view.partitions))
+        if unknown:
+            raise OptionError(
+                name,
+                f"partition {unknown[0]} is not read (the partitions read are "
+                f"{sorted(view.partitions)})",
+            )
+
+
+def _data_loss(p: int, start: int, floor: int, where: str) -> DataLoss:
+    return DataLoss(
+        f"raftlog partition {p}: {where} {start} is below the compaction floor {floor} on every "
+        f"replica, so records [{start}, {floor}) are gone; start at earliest, or set "
+        "failOnDataLoss=false to skip them (what is skipped is logged)"
+    )
+
+
+def _start_or_skip(opts: Options, view: PartitionView, start: int, where: str) -> int:
+    """`start`, or the earliest index still held when `start` was compacted and
+    `failOnDataLoss=false` (DataLoss otherwise)."""
+    if start >= view.earliest:
+        return start
+    if opts.fail_on_data_loss:
+        raise _data_loss(view.partition, start, view.earliest, where)
+    log.warning(
+        "raftlog partition %d: skipped records [%d, %d): compacted before they were read "
+        "(failOnDataLoss=false)",
+        view.partition,
+        start,
+        view.earliest,
+    )
+    return view.earliest
+
+
+def _order(view: PartitionView, opts: Options, stop: int, rotate: int) -> list[str]:
+    """Replicas for a range ending at `stop`: those that already have it first."""
+    order = view.read_order(opts.prefer_followers, rotate)
+    have = {r.url for r in view.replicas if r.high_water_mark >= stop - 1}
+    return [u for u in order if u in have] + [u for u in order if u not in have]
+
+
+def log_splits(
+    opts: Options, view: PartitionView, start: int, stop: int, first: int = 0
+) -> list[LogSplit]:
+    out: list[LogSplit] = []
+    for lo in range(start, stop, opts.max_records_per_split):
+        hi = min(stop, lo + opts.max_records_per_split)
+        out.append(LogSplit(view.partition, lo, hi, _order(view, opts, hi, first + len(out))))
+    return out
+
+
+# ====================================================================== reading
+def _fetch(nodes: Nodes, split: LogSplit, at: int, opts: Options) -> dict[str, Any] | int:
+    """The next column page of `split` from `at`, or the index to skip to after data loss."""
+    deadline = time.monotonic() + opts.timeout_s
+    floors: dict[str, int] = {}
+    errors: dict[str, str] = {}
+    attempt = 0
+    while True:
+        for url in split.replicas:
+            if url in floors:
+                continue
+            try:
+                page = nodes.columns(url, split.partition, at, split.stop, opts.page_records)
+            except NodeError as e:
+                if e.status == 410:
+                    floors[url] = int(e.body.get("compaction_floor", at + 1))
+                    continue
+                if not e.retryable:
+                    raise RuntimeError(
+                        f"raftlog partition {split.partition}: reading [{at}, {split.stop}) "
+                        f"failed: {e}"
+                    ) from None
+                errors[url] = str(e)
+                continue
+            if int(page["next"]) > at:
+                return page
+            errors[url] = f"{url}: no progress at {at}"
+        if len(floors) == len(split.replicas):
+            floor = min(floors.values())
+            if opts.fail_on_data_loss:
+                raise _data_loss(split.partition, at, floor, "the planned index")
+            skip_to = min(floor, split.stop)
+            log.warning(
+                "raftlog partition %d: skipped records [%d, %d): compacted before they were "
+                "read (failOnDataLoss=false)",
+                split.partition,
+                at,
+                skip_to,
+            )
+            return skip_to
+        if time.monotonic() >= deadline:
+            raise TimeoutError(
+                f"raftlog partition {split.partition}: no replica served [{at}, {split.stop}) "
+                f"within timeoutSeconds={opts.timeout_s}: " + "; ".join(errors.values())
+            )
+        backoff(attempt)
+        attempt += 1
+
+
+def read_log(opts: Options, split: LogSplit) -> Iterator[pa.RecordBatch]:
+    nodes = Nodes(opts)
+    try:
+        at = split.start
+        while at < split.stop:
+            got = _fetch(nodes, split, at, opts)
+            if isinstance(got, int):
+                at = got
+                continue
+            batch = arrow.page_to_batch(got)
+            if batch.num_rows:
+                yield batch
+            at = int(got["next"])
+    finally:
+        nodes.close()
+
+
+def read_table(opts: Options, split: TableSplit) -> Iterator[pa.RecordBatch]:
+    """Snapshot plus tail: a replica's latest snapshot, then the log after it up to the planned
+    end, merged to the latest value per key. When a new snapshot compacts the tail meanwhile,
+    the read starts over from it (the table is then as of that newer snapshot)."""
+    nodes = Nodes(opts)
+    strict = Options(**{**opts.__dict__, "fail_on_data_loss": True})
+    try:
+        last: Exception | None = None
+        for attempt in range(5):
+            for i, url in enumerate(split.replicas):
+                try:
+                    snap = nodes.snapshot_table(url, split.partition)
+                except NodeError as e:
+                    if not e.retryable:
+                        raise RuntimeError(f"raftlog partition {split.partition}: {e}") from None
+                    last = e
+                    continue
+                start = int(snap["snapshot_index"]) + 1
+                replicas = split.replicas[i:] + split.replicas[:i]
+                tail_split = LogSplit(split.partition, start, split.stop, replicas)
+                try:
+                    tail = list(read_log(strict, tail_split)) if start < split.stop else []
+                except DataLoss as e:  # a newer snapshot replaced the one read: start over
+                    last = e
+                    break
+                table = arrow.latest_per_key(
+                    arrow.snapshot_to_table(snap), pa.Table.from_batches(tail, arrow.ARROW_SCHEMA)
+                )
+                yield from table.to_batches(max_chunksize=opts.page_records)
+                return
+            backoff(attempt)
+        raise RuntimeError(
+            f"raftlog partition {split.partition}: the table could not be read: {last}"
+        )
+    finally:
+        nodes.close()
+
+
+# ====================================================================== batch
+class RaftlogBatchReader(DataSourceReader):
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+
+    def partitions(self) -> Sequence[InputPartition]:
+        opts = self.opts
+        nodes = Nodes(opts)
+        try:
+            view = survey(nodes)
+        finally:
+            nodes.close()
+        _check_json_partitions("startingOffsets", opts.starting, view)
+        _check_json_partitions("endingOffsets", opts.ending, view)
+        out: list[InputPartition] = []
+        for p, pv in sorted(view.partitions.items()):
+            hwm = pv.high_water_mark
+            if opts.mode == "table":
+                out.append(TableSplit(p, hwm + 1, _order(pv, opts, hwm + 1, p)))
+                continue
+            start = _resolve(opts.starting, p, pv, pv.earliest)
+            stop = _resolve(opts.ending, p, pv, hwm + 1)
+            if stop > hwm + 1:
+                raise OptionError(
+                    "endingOffsets",
+                    f"partition {p}: {stop} is past the high-water mark {hwm} (+1); "
+                    "only committed records can be read",
+                )
+            if start > stop:
+                raise OptionError(
+                    "startingOffsets", f"partition {p}: {start} is after the ending offset {stop}"
+                )
+            start = _start_or_skip(opts, pv, start, "the starting offset")
+            out.extend(log_splits(opts, pv, start, stop, len(out)))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, TableSplit):
+            return read_table(self.opts, partition)
+        if isinstance(partition, LogSplit):
+            return read_log(self.opts, partition)
+        return iter(())  # Spark's placeholder when there is nothing to read
+
+
+# ====================================================================== streaming
+def _offsets(d: dict[int, int]) -> dict[str, int]:
+    return {str(p): v for p, v in sorted(d.items())}
+
+
+def _parse_offsets(d: dict[str, Any]) -> dict[int, int]:
+    return {int(p): int(v) for p, v in d.items()}
+
+
+def allot(start: dict[int, int], end: dict[int, int], budget: int) -> dict[int, int]:
+    """`end` cut back so that at most `budget` records are read, shared in proportion to what
+    each partition has available (every partition with records moves when the budget allows)."""
+    avail = {p: max(0, end[p] - start.get(p, end[p])) for p in end}
+    total = sum(avail.values())
+    if total <= budget:
+        return dict(end)
+    take = {p: a * budget // total for p, a in avail.items()}
+    left = budget - sum(take.values())
+    for p in sorted(avail):
+        if left <= 0:
+            break
+        if take[p] < avail[p]:
+            take[p] += 1
+            left -= 1
+    return {p: start.get(p, end[p]) + take[p] for p in end}
+
+
+@dataclass
+class _Holds:
+    placed_at: float = 0.0
+    offsets: dict[int, int] | None = None
+
+
+class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: Options) -> None:
+        self.opts = opts
+        self._view: ClusterView | None = None
+        self._target: dict[int, int] | None = None  # Trigger.AvailableNow's end
+        self._holds = _Holds()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Only the options travel to the executors' `read`.
+        return {"opts": self.opts, "_view": None, "_target": None, "_holds": _Holds()}
+
+    def _survey(self) -> ClusterView:
+        nodes = Nodes(self.opts)
+        try:
+            self._view = survey(nodes)
+        finally:
+            nodes.close()
+        return self._view
+
+    def initialOffset(self) -> dict[str, int]:
+        view = self._survey()
+        _check_json_partitions("startingOffsets", self.opts.starting, view)
+        start = {
+            p: _resolve(self.opts.starting, p, pv, pv.high_water_mark + 1)
+            for p, pv in view.partitions.items()
+        }
+        self._hold(start)
+        return _offsets(start)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_records_per_trigger
+        return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        view = self._survey()
+        self._target = {p: pv.high_water_mark + 1 for p, pv in view.partitions.items()}
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        view = self._survey()
+        begin = _parse_offsets(start)
+        end = {p: pv.high_water_mark + 1 for p, pv in view.partitions.items()}
+        if self._target is not None:
+            end = {p: min(v, self._target.get(p, v)) for p, v in end.items()}
+        # A partition new to the query starts at its earliest record (as Kafka's source does).
+        for p, pv in view.partitions.items():
+            begin.setdefault(p, pv.earliest)
+        end = {p: max(v, begin[p]) for p, v in end.items()}
+        if self._holds.offsets is None:
+            self._hold(begin)  # a restarted query: hold from its checkpoint on
+        elif time.monotonic() - self._holds.placed_at > self.opts.retention_hold_ttl_s / 4:
+            self._hold(self._holds.offsets)  # renewed while idle
+        if isinstance(limit, ReadMaxRows):
+            end = allot(begin, end, limit.max_rows)
+        return _offsets(end)
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        view = self._view or self._survey()
+        begin, stop = _parse_offsets(start), _parse_offsets(end)
+        out: list[InputPartition] = []
+        for p, hi in sorted(stop.items()):
+            pv = view.partitions.get(p)
+            lo = begin.get(p, pv.earliest if pv else hi)
+            if pv is None or hi <= lo:
+                continue
+            lo = _start_or_skip(self.opts, pv, lo, "the checkpointed offset")
+            if lo < hi:
+                out.extend(log_splits(self.opts, pv, lo, hi, len(out)))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, LogSplit)
+        return read_log(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        self._hold(_parse_offsets(end))
+
+    def _hold(self, offsets: dict[int, int]) -> None:
+        """Place or renew the retention hold at `offsets` on every replica (best effort: a
+        replica that cannot take it is logged, and retried at the next commit)."""
+        holder = self.opts.retention_hold
+        if holder is None:
+            return
+        self._holds = _Holds(time.monotonic(), dict(offsets))
+        view = self._view or self._survey()
+        nodes = Nodes(self.opts)
+        try:
+            for p, index in sorted(offsets.items()):
+                pv = view.partitions.get(p)
+                for r in pv.replicas if pv else []:
+                    try:
+                        nodes.set_hold(r.url, p, holder, index, self.opts.retention_hold_ttl_s)
+                    except NodeError as e:
+                        log.warning("retention hold %s on partition %d: %s", holder, p, e)
+        finally:
+            nodes.close()
+
+
+# ====================================================================== the source
+class RaftlogDataSource(DataSource):
+    """`spark.read.format("raftlog")` / `spark.readStream.format("raftlog")`."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "raftlog"
+
+    def schema(self) -> StructType:
+        return arrow.SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return RaftlogBatchReader(parse(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return RaftlogStreamReader(parse(self.options, streaming=True))

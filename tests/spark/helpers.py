@@ -1,0 +1,116 @@
+"""What the Spark tests share: a local Spark session, appends that record what was acknowledged,
+and waits with deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+
+from raftlog.client import AsyncClient
+from raftlog.node.local import LocalCluster
+from raftlog.spark import register
+
+# (partition, index, term, key, value, headers, timestamp) as the source returns it
+Row = tuple[int, int, int, bytes | None, bytes | None, dict[str, str], datetime | None]
+
+
+def start_spark() -> SparkSession:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .appName("raftlog-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.driver.memory", "1g")
+        .config("spark.sql.streaming.pollingDelay", "50ms")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def append(cluster: LocalCluster, partition: int, records: list[dict[str, Any]]) -> list[Row]:
+    """Append `records` (one batch) and return the rows the source must show for them."""
+
+    async def go() -> Any:
+        async with AsyncClient(cluster.endpoints) as c:
+            return await c.append(partition, records)
+
+    done = asyncio.run(go())
+    rows: list[Row] = []
+    for i, r in zip(range(done.first_index, done.last_index + 1), records, strict=True):
+        ts = r.get("timestamp_ms", 0)
+        rows.append(
+            (
+                partition,
+                i,
+                done.term,
+                None if r.get("key") is None else str(r["key"]).encode(),
+                None if r.get("value") is None else str(r["value"]).encode(),
+                dict(r.get("headers", {})),
+                datetime.fromtimestamp(ts / 1000, UTC).replace(tzinfo=None) if ts else None,
+            )
+        )
+    return rows
+
+
+def records(n: int, tag: str, keys: int = 0) -> list[dict[str, Any]]:
+    """`n` records: keyed (`keys` distinct) or not, some with headers and a timestamp."""
+    out: list[dict[str, Any]] = []
+    for i in range(n):
+        r: dict[str, Any] = {"value": f"{tag}-{i}"}
+        if keys:
+            r["key"] = f"k{i % keys}"
+        if i % 3 == 0:
+            r["headers"] = {"source": tag, "n": str(i)}
+        if i % 2 == 0:
+            r["timestamp_ms"] = 1_700_000_000_000 + i
+        out.append(r)
+    return out
+
+
+def _b(v: Any) -> bytes | None:
+    return None if v is None else bytes(v)
+
+
+def rows_of(df: DataFrame) -> list[Row]:
+    """The DataFrame's rows as tuples, sorted by (partition, index)."""
+    out: list[Row] = [
+        (r["partition"], r["index"], r["term"], _b(r["key"]), _b(r["value"]),
+         dict(r["headers"] or {}), r["timestamp"])
+        for r in df.collect()
+    ]  # fmt: skip
+    return sorted(out, key=lambda t: (t[0], t[1] or 0, t[3] or b""))
+
+
+def wait_until(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def hwm(cluster: LocalCluster, name: str, partition: int) -> int:
+    return int(cluster.status(name)["partitions"][partition]["high_water_mark"])
+
+
+def wait_replicated(cluster: LocalCluster, partition: int, index: int) -> None:
+    """Until every running node's high-water mark reaches `index` (followers learn it late)."""
+    names = [n for n, node in cluster.nodes.items() if node.running]
+    wait_until(
+        f"every replica to commit {index}",
+        lambda: all(hwm(cluster, n, partition) >= index for n in names),
+        timeout=30,
+    )

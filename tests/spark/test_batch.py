@@ -1,0 +1,88 @@
+"""Batch reads (mode=log) against a real 3-node cluster: record for record what it acknowledged."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from raftlog.node.local import LocalCluster
+from tests.spark.helpers import append, records, rows_of, wait_replicated
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    d = tmp_path_factory.mktemp("spark-batch")
+    with LocalCluster(d, replicas=3, partitions=3, durable=False) as c:
+        c.wait_ready()
+        acked = []
+        for p in range(3):
+            for batch in range(3):
+                acked += append(c, p, records(40 + 7 * p, f"p{p}b{batch}", keys=5 if p else 0))
+        acked += append(c, 0, [{"key": "gone", "value": None}])  # a tombstone is a record too
+        for p in range(3):
+            wait_replicated(c, p, max(r[1] for r in acked if r[0] == p))
+        c.acked = sorted(acked, key=lambda r: (r[0], r[1]))  # type: ignore[attr-defined]
+        yield c
+
+
+def reader(spark: SparkSession, cluster: LocalCluster, **options: str) -> DataFrame:
+    r = spark.read.format("raftlog").option("endpoints", ",".join(cluster.endpoints))
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+def test_batch_read_equals_what_the_cluster_acknowledged_across_partitions_and_splits(
+    spark, cluster
+):
+    for per_split in ("1000000", "17"):
+        df = reader(spark, cluster, maxRecordsPerSplit=per_split, pageRecords="25")
+        assert rows_of(df) == cluster.acked, f"maxRecordsPerSplit={per_split}"
+    # 17 indexes per split: every partition is cut into several Spark partitions.
+    assert reader(spark, cluster, maxRecordsPerSplit="17").rdd.getNumPartitions() >= 3 * 8
+
+
+def test_schema_is_the_documented_one(spark, cluster):
+    df = reader(spark, cluster)
+    assert df.schema.simpleString() == (
+        "struct<partition:int,index:bigint,term:bigint,key:binary,value:binary,"
+        "headers:map<string,string>,timestamp:timestamp>"
+    )
+
+
+def test_offsets_and_partitions_select_ranges(spark, cluster):
+    acked = cluster.acked
+    first = {p: min(r[1] for r in acked if r[0] == p) for p in range(3)}
+    starting = {"0": first[0] + 10, "2": -2}
+    ending = {"0": first[0] + 30, "1": -1}
+    df = reader(
+        spark,
+        cluster,
+        partitions="0,2",
+        startingOffsets=json.dumps(starting),
+        endingOffsets=json.dumps({"0": first[0] + 30}),
+    )
+    want = [r for r in acked if (r[0] == 0 and first[0] + 10 <= r[1] < first[0] + 30) or r[0] == 2]
+    assert rows_of(df) == want
+    # Partitions missing from the JSON read from earliest to latest.
+    df = reader(spark, cluster, endingOffsets=json.dumps(ending))
+    assert rows_of(df) == [r for r in acked if r[0] != 0 or r[1] < first[0] + 30]
+
+
+def test_leader_first_or_a_subset_of_endpoints_reads_the_same_records(spark, cluster):
+    """preferFollowers=false reads from each partition's leader first; any subset of the nodes
+    that includes a replica of every partition serves the whole log."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    for endpoints in (cluster.endpoints, [cluster.nodes[leader].url]):
+        df = (
+            spark.read.format("raftlog")
+            .option("endpoints", ",".join(endpoints))
+            .option("preferFollowers", "false")
+            .load()
+        )
+        assert rows_of(df) == cluster.acked

@@ -1,0 +1,111 @@
+"""Bad options fail at planning, naming the option and the reason."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import DataFrame, SparkSession
+
+from raftlog.node.local import LocalCluster, free_ports
+from raftlog.spark.options import OptionError, parse
+from tests.spark.helpers import append, records
+
+pytestmark = [pytest.mark.spark]
+
+EP = {"endpoints": "http://127.0.0.1:1"}
+
+
+@pytest.mark.parametrize(
+    ("options", "streaming", "option", "reason"),
+    [
+        ({}, False, "endpoints", "is required"),
+        ({"endpoints": "127.0.0.1:7001"}, False, "endpoints", "is not an http(s) URL"),
+        ({**EP, "mode": "tail"}, False, "mode", "must be log or table, got 'tail'"),
+        ({**EP, "mode": "table"}, True, "mode", "table is a batch read"),
+        ({**EP, "startingOffsets": '{"0": 5'}, False, "startingOffsets", "JSON object like"),
+        ({**EP, "startingOffsets": "[1, 2]"}, False, "startingOffsets", "non-empty JSON object"),
+        ({**EP, "startingOffsets": '{"x": 5}'}, False, "startingOffsets", "'x' is not an integer"),
+        ({**EP, "startingOffsets": '{"0": 0}'}, False, "startingOffsets", "log index >= 1"),
+        ({**EP, "startingOffsets": '{"0": "5"}'}, False, "startingOffsets", "must be an integer"),
+        ({**EP, "endingOffsets": "earliest"}, False, "endingOffsets", "cannot be earliest"),
+        ({**EP, "endingOffsets": '{"0": -2}'}, False, "endingOffsets", "cannot be -2"),
+        ({**EP, "endingOffsets": "latest"}, True, "endingOffsets", "a stream has no end"),
+        ({**EP, "maxRecordsPerSplit": "0"}, False, "maxRecordsPerSplit", "between 1 and"),
+        ({**EP, "maxRecordsPerSplit": "lots"}, False, "maxRecordsPerSplit", "an integer"),
+        ({**EP, "maxRecordsPerTrigger": "10"}, False, "maxRecordsPerTrigger", "for streams"),
+        ({**EP, "preferFollowers": "maybe"}, False, "preferFollowers", "true or false"),
+        ({**EP, "partitions": "0,x"}, False, "partitions", "comma-separated"),
+        ({**EP, "retentionHold": "a/b"}, True, "retentionHold", "without '/'"),
+        ({**EP, "retentionHold": "r"}, False, "retentionHold", "holds are for streams"),
+        ({**EP, "tokenFile": "/nonexistent/token"}, False, "tokenFile", "cannot be read"),
+        ({**EP, "mode": "table", "startingOffsets": "latest"}, False, "startingOffsets", "table"),
+        ({**EP, "colour": "blue"}, False, "colour", "unknown option"),
+    ],
+)
+def test_bad_options_name_the_option_and_the_reason(options, streaming, option, reason):
+    with pytest.raises(OptionError) as e:
+        parse(options, streaming=streaming)
+    assert e.value.option == option
+    assert reason in e.value.reason, e.value.reason
+
+
+def test_good_options_parse():
+    o = parse(
+        {
+            "ENDPOINTS": "http://a:1/, https://b:2",
+            "startingOffsets": '{"0": 5, "1": -2}',
+            "maxRecordsPerTrigger": "100",
+            "retentionHold": "archive",
+        },
+        streaming=True,
+    )
+    assert o.endpoints == ("http://a:1", "https://b:2")
+    assert o.starting == {0: 5, 1: -2}
+    assert o.max_records_per_trigger == 100
+    assert o.retention_hold == "archive"
+    assert o.mode == "log" and o.prefer_followers and o.fail_on_data_loss
+    assert parse(EP, streaming=False).starting == "earliest"
+    assert parse(EP, streaming=True).starting == "latest"
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("opts"), replicas=1, partitions=2) as c:
+        c.wait_ready()
+        append(c, 0, records(5, "x"))
+        yield c
+
+
+def load(spark: SparkSession, **options: str) -> DataFrame:
+    r = spark.read.format("raftlog")
+    for k, v in options.items():
+        r = r.option(k, v)
+    return r.load()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"mode": "snapshot"}, "raftlog option 'mode': must be log or table, got 'snapshot'"),
+        ({"startingOffsets": "{0: 1}"}, "raftlog option 'startingOffsets': must be earliest"),
+        ({"endingOffsets": '{"0": 999999}'}, "past the high-water mark"),
+        ({"startingOffsets": '{"7": 1}'}, "'startingOffsets': partition 7 is not read"),
+        ({"partitions": "5"}, "'partitions': [5] do not exist (the cluster has 0..1)"),
+    ],
+)
+def test_bad_options_fail_at_planning_with_a_clear_message(spark, cluster, options, message):
+    df = load(spark, endpoints=cluster.endpoints[0], **options)
+    with pytest.raises(Exception, match="raftlog option") as e:
+        df.collect()
+    assert message in str(e.value)
+
+
+@pytest.mark.slow
+def test_unreachable_endpoints_fail_at_planning_naming_them(spark):
+    ports = free_ports(2)
+    endpoints = ",".join(f"http://127.0.0.1:{p}" for p in ports)
+    df = load(spark, endpoints=endpoints, timeoutSeconds="2")
+    with pytest.raises(Exception, match="raftlog option 'endpoints': no node answered") as e:
+        df.count()
+    for p in ports:
+        assert f"127.0.0.1:{p}" in str(e.value)
