@@ -308,22 +308,24 @@ def _promotions(ps: _Pass) -> Action | None:
         pr = m.promotion or Promotion(window_seconds=ps.spec.raft.learner_promotion_stable_window)
         m.promotion = pr
         pr.window_seconds = ps.spec.raft.learner_promotion_stable_window
-        lags = [_lag(lv, m.name) for lv in ps.leaders.values()]
-        known = [lag for lag in lags if lag is not None]
+        lags = {p: _lag(lv, m.name) for p, lv in sorted(ps.leaders.items())}
+        known = [lag for lag in lags.values() if lag is not None]
+        unknown = [p for p, lag in lags.items() if lag is None]
         pr.max_lag = max(known) if known else None
-        if len(known) < len(lags) or any(lag > limit for lag in known):
+        if unknown or any(lag > limit for lag in known):
+            why = (
+                f"lag unknown in partitions {unknown}"
+                if unknown
+                else f"lags by {pr.max_lag}, more than learnerPromotionLag={limit}"
+            )
             if pr.window_started_at is not None:
                 pr.restarts += 1
                 ps.event(
                     "PromotionWindowRestarted",
-                    f"{m.name} lags by {pr.max_lag}, more than learnerPromotionLag={limit}; "
-                    "its promotion window starts again",
+                    f"{m.name}: {why}; its promotion window starts again",
                 )
             pr.window_started_at, pr.elapsed_seconds = None, 0.0
-            return Wait(
-                f"{m.name} lags by {'unknown' if pr.max_lag is None else pr.max_lag} entries "
-                f"(learnerPromotionLag={limit})"
-            )
+            return Wait(f"{m.name}: {why}")
         if pr.window_started_at is None:
             pr.window_started_at = ps.now
         pr.elapsed_seconds = round(ps.now - pr.window_started_at, 3)

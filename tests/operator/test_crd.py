@@ -1,0 +1,102 @@
+"""The RaftCluster CRD: generated from the models, checked in, valid, and enforcing the spec."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from raftlog.operator.crd import CRD_PATH, build_crd, render
+from raftlog.operator.local import ManifestError, load_manifest
+from raftlog.operator.models import RaftClusterSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_checked_in_crd_is_what_the_models_generate():
+    checked_in = (ROOT / CRD_PATH).read_text()
+    assert checked_in == render(), (
+        f"{CRD_PATH} is stale: run `python -m raftlog.operator.crd --write` and commit it"
+    )
+
+
+@pytest.mark.parametrize("version", ["1.28", "1.37"])
+def test_the_crd_is_a_valid_custom_resource_definition(version):
+    kubernetes_validate.validate(build_crd(), version, strict=True)
+
+
+def spec_schema() -> dict[str, Any]:
+    crd = build_crd()
+    root = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return dict(root["properties"]["spec"])
+
+
+def validator() -> jsonschema.Draft4Validator:
+    # OpenAPI v3.0 schemas are JSON Schema draft 4 (boolean exclusiveMinimum) plus `nullable`.
+    return jsonschema.Draft4Validator(spec_schema())
+
+
+def test_the_example_manifest_passes_the_schema_and_the_models():
+    doc = yaml.safe_load((ROOT / "examples" / "raftcluster.yaml").read_text())
+    validator().validate(doc["spec"])
+    name, spec = load_manifest((ROOT / "examples" / "raftcluster.yaml").read_text())
+    assert name == "orders" and spec.replicas == 3 and spec.partitions == 2
+
+
+BAD = [
+    ({"replicas": 0}, "replicas", "greater than or equal to 1"),
+    ({"partitions": 5000}, "partitions", "less than or equal to 1024"),
+    ({"storage": {"reclaimPolicy": "Keep"}}, "storage.reclaimPolicy", "'Delete' or 'Retain'"),
+    ({"storage": {"size": "ten gigs"}}, "storage.size", "should match pattern"),
+    ({"snapshotSource": "random"}, "snapshotSource", "'follower-first' or 'leader'"),
+    ({"raft": {"backfillThreshold": -1}}, "raft.backfillThreshold", "greater than or equal"),
+    ({"raft": {"learnerPromotionStableWindow": 0}}, "raft.learnerPromotionStableWindow", ""),
+    ({"replica": 3}, "replica", "Extra inputs are not permitted"),
+]
+
+
+@pytest.mark.parametrize("spec, field, reason", BAD)
+def test_a_bad_spec_is_refused_by_the_models_naming_the_field(spec, field, reason):
+    with pytest.raises(ValidationError) as e:
+        RaftClusterSpec.model_validate(spec)
+    err = e.value.errors()[0]
+    assert ".".join(str(p) for p in err["loc"]) == field
+    assert reason in err["msg"]
+
+
+@pytest.mark.parametrize("spec, field, reason", [b for b in BAD if b[1] != "replica"])
+def test_a_bad_spec_is_refused_by_the_crd_schema_too(spec, field, reason):
+    with pytest.raises(jsonschema.ValidationError) as e:
+        validator().validate(spec)
+    assert ".".join(str(p) for p in e.value.absolute_path) == field
+
+
+def test_an_incoherent_pair_of_raft_settings_is_refused_with_both_names():
+    with pytest.raises(ValidationError, match=r"heartbeatTicks \(10\) must be below electionTicks"):
+        RaftClusterSpec.model_validate({"raft": {"electionTicks": 10, "heartbeatTicks": 10}})
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("kind: Pod\napiVersion: v1\n", "apiVersion/kind must be raftlog.dev/v1alpha1/RaftCluster"),
+        (
+            "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nspec: {}\n",
+            "metadata.name is required",
+        ),
+        (
+            "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nmetadata: {name: a}\n"
+            "spec: {replicas: two}\n",
+            "spec.replicas: Input should be a valid integer",
+        ),
+        ("{{{", "not YAML"),
+    ],
+)
+def test_a_bad_manifest_is_refused_with_the_reason(text, message):
+    with pytest.raises(ManifestError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_manifest(text)

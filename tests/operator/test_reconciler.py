@@ -1,0 +1,495 @@
+"""The reconciler's decisions, table-style, without I/O: observed state in, one step out."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from raftlog.operator.actions import (
+    ChangeMembership,
+    CreateMembers,
+    DeleteMember,
+    InstallSnapshot,
+    Outcome,
+    RestartMember,
+    SyncPeers,
+    TransferLeader,
+    Wait,
+)
+from raftlog.operator.models import MemberStatus, RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.observed import (
+    FollowerView,
+    MemberObserved,
+    NodeView,
+    Observed,
+    PartitionView,
+    PodState,
+)
+from raftlog.operator.reconciler import (
+    INSTALL_MAX_ATTEMPTS,
+    Plan,
+    config_hash,
+    decide,
+    record_outcome,
+)
+
+NAME = "c"
+T0 = 1_000_000.0
+
+
+def spec(**kw: Any) -> RaftClusterSpec:
+    base: dict[str, Any] = {"replicas": 3, "partitions": 2}
+    base.update(kw)
+    return RaftClusterSpec.model_validate(base)
+
+
+def url(n: str) -> str:
+    return f"http://{n}:7001"
+
+
+def fv(name: str, lag: int | None = 0, state: str = "replicate", **kw: Any) -> FollowerView:
+    return FollowerView(
+        name=name,
+        learner=kw.get("learner", False),
+        state=state,
+        match=kw.get("match", 100 - (lag or 0)),
+        lag=lag,
+        snapshot_required=kw.get("snapshot_required", False),
+        recent_active=kw.get("recent_active", True),
+    )
+
+
+class World:
+    """A cluster as the runtime would observe it: pods, and each partition's leader view."""
+
+    def __init__(self, members: list[str], partitions: int = 2) -> None:
+        self.pods: dict[str, PodState] = dict.fromkeys(members, "running")
+        self.volumes = {m: True for m in members}
+        self.hashes: dict[str, str | None] = {m: None for m in members}
+        self.voters = {p: set(members) for p in range(partitions)}
+        self.learners: dict[int, set[str]] = {p: set() for p in range(partitions)}
+        self.leader: dict[int, str | None] = {p: members[0] for p in range(partitions)}
+        self.followers: dict[int, dict[str, FollowerView]] = {p: {} for p in range(partitions)}
+        self.floor = 1
+        self.peers_known = True
+        self.silent: set[str] = set()  # running, but not answering
+
+    def follower(self, p: int, f: FollowerView) -> None:
+        self.followers[p][f.name] = f
+
+    def observed(self) -> Observed:
+        members = {}
+        for name, pod in self.pods.items():
+            node = None
+            if pod == "running" and name not in self.silent:
+                parts = {}
+                for p in self.voters:
+                    leading = self.leader[p] == name
+                    fol = {}
+                    if leading:
+                        others = (self.voters[p] | self.learners[p]) - {name}
+                        fol = {
+                            n: self.followers[p].get(n) or fv(n, learner=n in self.learners[p])
+                            for n in sorted(others)
+                        }
+                    parts[p] = PartitionView(
+                        partition=p, role="leader" if leading else "follower", member="voter",
+                        term=3, leader=self.leader[p], high_water_mark=100,
+                        compaction_floor=self.floor, voters=frozenset(self.voters[p]),
+                        learners=frozenset(self.learners[p]), followers=fol,
+                    )  # fmt: skip
+                peers = {n: url(n) for n in self.pods} if self.peers_known else {}
+                node = NodeView(name, parts, peers)
+            members[name] = MemberObserved(
+                name,
+                pod,
+                self.volumes.get(name, False),
+                self.hashes.get(name),
+                node,
+            )
+        return Observed(members, {n: url(n) for n in self.pods})
+
+
+def running_status(members: list[str], s: RaftClusterSpec | None = None) -> RaftClusterStatus:
+    st = RaftClusterStatus(
+        bootstrapped=True,
+        next_ordinal=len(members),
+        members=[
+            MemberStatus(name=m, ordinal=int(m.split("-")[1]), role="voter", bootstrap=True)
+            for m in members
+        ],
+    )
+    return st
+
+
+def step(
+    st: RaftClusterStatus, w: World, s: RaftClusterSpec | None = None, now: float = T0
+) -> Plan:
+    return decide(NAME, s or spec(), st, w.observed(), now)
+
+
+MEMBERS = ["c-0", "c-1", "c-2"]
+
+
+# ===================================================================== bootstrap
+def test_an_empty_status_creates_every_initial_voter_at_once():
+    plan = decide(NAME, spec(), RaftClusterStatus(), Observed({}), T0)
+    assert plan.action == CreateMembers(("c-0", "c-1", "c-2"), join=False)
+    assert [m.role for m in plan.status.members] == ["voter"] * 3
+    assert all(m.bootstrap for m in plan.status.members)
+    assert plan.status.next_ordinal == 3
+    assert [e.reason for e in plan.events] == ["Bootstrapping"]
+
+
+def test_before_the_first_elections_the_operator_waits_and_says_why():
+    w = World(MEMBERS)
+    w.leader = {0: "c-0", 1: None}
+    st = running_status(MEMBERS)
+    st.bootstrapped = False
+    plan = step(st, w)
+    assert isinstance(plan.action, Wait) and "partitions [1]" in plan.action.reason
+    assert not plan.status.bootstrapped and plan.status.phase == "Bootstrapping"
+
+
+def test_once_every_partition_elected_the_cluster_is_available_and_steady():
+    st = running_status(MEMBERS)
+    st.bootstrapped = False
+    plan = step(st, World(MEMBERS))
+    assert plan.action is None
+    assert plan.status.bootstrapped and plan.status.phase == "Running"
+    cond = {c.type: c for c in plan.status.conditions}
+    assert cond["Available"].status == "True" and cond["Degraded"].status == "False"
+    assert cond["Progressing"].status == "False"
+    assert plan.status.leaders == {"0": "c-0", "1": "c-0"}
+    assert plan.status.ready_replicas == 3 and plan.status.replicas == 3
+    assert [e.reason for e in plan.events] == ["Bootstrapped"]
+
+
+def test_a_pod_lost_before_bootstrap_is_recreated_able_to_bootstrap():
+    w = World(MEMBERS)
+    w.pods["c-1"] = "missing"
+    w.leader = {0: None, 1: None}
+    st = running_status(MEMBERS)
+    st.bootstrapped = False
+    assert step(st, w).action == CreateMembers(("c-1",), join=False)
+
+
+# ===================================================================== pods and peers
+def test_a_crashed_member_with_its_volume_comes_back_joining():
+    w = World(MEMBERS)
+    w.pods["c-2"] = "failed"
+    plan = step(running_status(MEMBERS), w)
+    # `--join`: were its volume empty, it could never bootstrap a second cluster.
+    assert plan.action == CreateMembers(("c-2",), join=True)
+    assert plan.status.phase == "Degraded" or plan.status.phase == "Reconciling"
+    assert {c.type: c.status for c in plan.status.conditions}["Degraded"] == "True"
+
+
+def test_a_member_that_lost_pod_and_volume_is_removed_then_replaced():
+    w = World(MEMBERS)
+    w.pods["c-2"] = "missing"
+    w.volumes["c-2"] = False
+    plan = step(running_status(MEMBERS), w)
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-2")
+    assert plan.status.member("c-2").role == "removing"  # type: ignore[union-attr]
+    assert "MemberLost" in [e.reason for e in plan.events]
+    # Out of both partitions: its remains go; then a new member takes its place.
+    for p in (0, 1):
+        w.voters[p].discard("c-2")
+    plan = step(plan.status, w)
+    assert plan.action == DeleteMember("c-2", delete_volume=True)
+    st, _ = record_outcome(plan.status, plan.action, Outcome(True), T0)
+    assert [m.name for m in st.members] == ["c-0", "c-1"]
+    del w.pods["c-2"]
+    plan = step(st, w)
+    assert plan.action == CreateMembers(("c-3",), join=True)
+
+
+def test_a_node_missing_a_members_address_is_told_every_address():
+    w = World(MEMBERS)
+    w.peers_known = False
+    plan = step(running_status(MEMBERS), w)
+    assert plan.action == SyncPeers("c-0", tuple((n, url(n)) for n in MEMBERS))
+
+
+# ===================================================================== scale up, learners
+def scaled_up_world() -> tuple[World, RaftClusterStatus, RaftClusterSpec]:
+    s = spec(replicas=4)
+    plan = step(running_status(MEMBERS), World(MEMBERS), s)
+    assert plan.action == CreateMembers(("c-3",), join=True)
+    assert plan.status.member("c-3").role == "joining"  # type: ignore[union-attr]
+    w = World(MEMBERS)
+    w.pods["c-3"] = "running"
+    return w, plan.status, s
+
+
+def test_scale_up_adds_the_new_member_as_a_learner_of_each_partition_in_turn():
+    w, st, s = scaled_up_world()
+    plan = step(st, w, s)
+    assert plan.action == ChangeMembership(0, "c-0", "add_learner", "c-3")
+    w.learners[0].add("c-3")
+    plan = step(plan.status, w, s)
+    assert plan.action == ChangeMembership(1, "c-0", "add_learner", "c-3")
+    w.learners[1].add("c-3")
+    w.follower(0, fv("c-3", lag=500, learner=True))
+    w.follower(1, fv("c-3", lag=500, learner=True))
+    plan = step(plan.status, w, s)
+    m = plan.status.member("c-3")
+    assert m is not None and m.role == "learner" and m.promotion is not None
+    assert isinstance(plan.action, Wait) and "lags by 500, more than" in plan.action.reason
+    assert plan.status.phase == "Scaling"
+
+
+def learner_world(lag: int) -> tuple[World, RaftClusterStatus, RaftClusterSpec]:
+    w, st, s = scaled_up_world()
+    for p in (0, 1):
+        w.learners[p].add("c-3")
+        w.follower(p, fv("c-3", lag=lag, learner=True))
+    plan = step(st, w, s)  # adds nothing: already a learner everywhere
+    return w, plan.status, s
+
+
+def test_a_learner_is_promoted_only_after_a_whole_window_within_the_lag():
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    assert st.member("c-3").promotion.window_started_at == T0  # type: ignore[union-attr]
+    plan = step(st, w, s, now=T0 + window - 0.5)
+    assert isinstance(plan.action, Wait) and "within learnerPromotionLag" in plan.action.reason
+    plan = step(plan.status, w, s, now=T0 + window)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
+    w.learners[0].discard("c-3")
+    w.voters[0].add("c-3")
+    plan = step(plan.status, w, s, now=T0 + window + 0.2)
+    assert plan.action == ChangeMembership(1, "c-0", "promote", "c-3")
+    w.learners[1].discard("c-3")
+    w.voters[1].add("c-3")
+    plan = step(plan.status, w, s, now=T0 + window + 0.4)
+    assert plan.status.member("c-3").role == "voter"  # type: ignore[union-attr]
+    assert "Promoted" in [e.reason for e in plan.events]
+    assert plan.action is None and plan.status.phase == "Running"
+
+
+def test_a_lag_excursion_restarts_the_window():
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    plan = step(st, w, s, now=T0 + window / 2)
+    w.follower(1, fv("c-3", lag=11, learner=True))  # one partition falls behind
+    plan = step(plan.status, w, s, now=T0 + window * 0.9)
+    pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+    assert pr is not None and pr.window_started_at is None and pr.restarts == 1
+    assert pr.max_lag == 11
+    assert "PromotionWindowRestarted" in [e.reason for e in plan.events]
+    w.follower(1, fv("c-3", lag=2, learner=True))
+    restart = T0 + window
+    plan = step(plan.status, w, s, now=restart)
+    # The full window counts again from the end of the excursion, not from the first start.
+    plan = step(plan.status, w, s, now=restart + window - 0.1)
+    assert isinstance(plan.action, Wait)
+    plan = step(plan.status, w, s, now=restart + window)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
+
+
+def test_an_unknown_lag_never_counts_as_within():
+    w, st, s = learner_world(lag=3)
+    w.follower(0, fv("c-3", lag=None, learner=True))
+    plan = step(st, w, s, now=T0 + 100)
+    assert isinstance(plan.action, Wait) and "unknown" in plan.action.reason
+    assert plan.status.member("c-3").promotion.window_started_at is None  # type: ignore[union-attr]
+
+
+def test_a_promotion_the_leader_refuses_restarts_the_window():
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    plan = step(st, w, s, now=T0 + window)
+    assert isinstance(plan.action, ChangeMembership) and plan.action.op == "promote"
+    st2, events = record_outcome(plan.status, plan.action, Outcome(False, "HTTP 409: lags"), T0)
+    pr = st2.member("c-3").promotion  # type: ignore[union-attr]
+    assert pr is not None and pr.window_started_at is None and pr.restarts == 1
+    assert [e.reason for e in events] == ["StepFailed"]
+
+
+def test_one_new_member_at_a_time():
+    w, st, _ = learner_world(lag=500)
+    s5 = spec(replicas=5)
+    plan = step(st, w, s5)
+    assert isinstance(plan.action, Wait)  # c-3 still catching up: no c-4 yet
+    assert [m.name for m in plan.status.members] == ["c-0", "c-1", "c-2", "c-3"]
+
+
+def test_scale_up_waits_for_unready_members():
+    w = World(MEMBERS)
+    w.silent.add("c-1")
+    plan = step(running_status(MEMBERS), w, spec(replicas=4))
+    assert isinstance(plan.action, Wait) and "c-1" in plan.action.reason
+
+
+# ===================================================================== scale down
+def test_scale_down_transfers_leadership_away_then_removes_one_voter_then_deletes():
+    w = World(MEMBERS)
+    w.leader = {0: "c-2", 1: "c-0"}
+    w.follower(0, fv("c-0", lag=0, match=100))
+    w.follower(0, fv("c-1", lag=5, match=95))
+    s = spec(replicas=2)
+    plan = step(running_status(MEMBERS), w, s)
+    assert plan.action == TransferLeader(0, "c-2", "c-0")  # the most caught-up voter
+    assert plan.status.member("c-2").role == "removing"  # type: ignore[union-attr]
+    w.leader[0] = "c-0"
+    plan = step(plan.status, w, s)
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-2")
+    w.voters[0].discard("c-2")
+    plan = step(plan.status, w, s)
+    assert plan.action == ChangeMembership(1, "c-0", "remove", "c-2")
+    w.voters[1].discard("c-2")
+    plan = step(plan.status, w, s)
+    assert plan.action == DeleteMember("c-2", delete_volume=True)
+    st, _ = record_outcome(plan.status, plan.action, Outcome(True), T0)
+    assert [m.name for m in st.members] == ["c-0", "c-1"]
+
+
+def test_retained_volumes_are_kept_on_scale_down():
+    w = World(MEMBERS)
+    for p in (0, 1):
+        w.voters[p].discard("c-2")
+    s = spec(replicas=2, storage={"reclaimPolicy": "Retain"})
+    assert step(running_status(MEMBERS), w, s).action == DeleteMember("c-2", delete_volume=False)
+
+
+def test_scale_down_never_removes_a_voter_when_the_rest_would_lose_their_majority():
+    members = ["c-0", "c-1", "c-2", "c-3"]
+    w = World(members)
+    w.silent |= {"c-1", "c-2"}  # two of the three that would stay are down
+    plan = step(running_status(members), w, spec(replicas=3))
+    assert isinstance(plan.action, Wait) and "below a majority" in plan.action.reason
+
+
+def test_no_transfer_without_a_caught_up_successor():
+    w = World(MEMBERS)
+    w.leader = {0: "c-2", 1: "c-0"}
+    w.follower(0, fv("c-0", state="probe"))
+    w.follower(0, fv("c-1", recent_active=False))
+    plan = step(running_status(MEMBERS), w, spec(replicas=2))
+    assert isinstance(plan.action, Wait) and "no caught-up voter" in plan.action.reason
+
+
+# ===================================================================== snapshot installs
+def snapshot_world(**kw: Any) -> World:
+    w = World(MEMBERS)
+    w.floor = 500
+    w.follower(1, fv("c-2", lag=None, state="snapshot", match=10, snapshot_required=True))
+    w.follower(1, fv("c-1", **({"lag": 0, "match": 900} | kw)))
+    return w
+
+
+def test_snapshot_required_schedules_an_install_from_an_eligible_follower():
+    plan = step(running_status(MEMBERS), snapshot_world())
+    assert plan.action == InstallSnapshot(1, "c-0", "c-2", "c-1")
+    inst = plan.status.snapshot_installs[0]
+    assert (inst.member, inst.partition, inst.source, inst.state) == ("c-2", 1, "c-1", "pending")
+    assert "SnapshotRequired" in [e.reason for e in plan.events]
+    assert plan.status.member("c-2").partitions[1].snapshot_required  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    "follower, why",
+    [
+        ({"recent_active": False}, "unresponsive"),
+        ({"match": 400}, "its match is below what the target needs"),
+        ({"snapshot_required": True, "state": "snapshot"}, "it needs a snapshot itself"),
+    ],
+)
+def test_an_ineligible_follower_leaves_the_install_to_the_leader(follower, why):
+    plan = step(running_status(MEMBERS), snapshot_world(**follower))
+    assert isinstance(plan.action, InstallSnapshot) and plan.action.source == "leader", why
+
+
+def test_the_leader_policy_always_uses_the_leader():
+    plan = step(running_status(MEMBERS), snapshot_world(), spec(snapshotSource="leader"))
+    assert plan.action == InstallSnapshot(1, "c-0", "c-2", "leader")
+
+
+def test_a_failed_install_is_retried_with_back_off_then_given_up_and_reported():
+    w = snapshot_world()
+    plan = step(running_status(MEMBERS), w)
+    st = plan.status
+    now = T0
+    seen = []
+    for attempt in range(1, INSTALL_MAX_ATTEMPTS + 1):
+        assert isinstance(plan.action, InstallSnapshot)
+        st, _ = record_outcome(plan.status, plan.action, Outcome(False, "HTTP 503: reset"), now)
+        inst = st.snapshot_installs[0]
+        assert inst.attempts == attempt and inst.last_error == "HTTP 503: reset"
+        plan = step(st, w, now=now + 0.1)
+        seen += [e.reason for e in plan.events]
+        if attempt < INSTALL_MAX_ATTEMPTS:
+            assert isinstance(plan.action, Wait) and "next snapshot install" in plan.action.reason
+        now = inst.next_attempt_at
+        plan = step(plan.status, w, now=now)
+    assert not isinstance(plan.action, InstallSnapshot)
+    assert plan.status.snapshot_installs[0].state == "failed"
+    assert seen == ["SnapshotInstallFailed"]  # once, when given up
+    degraded = {c.type: c for c in plan.status.conditions}["Degraded"]
+    assert degraded.status == "True" and degraded.reason == "SnapshotInstallFailed"
+
+
+def test_a_successful_install_is_recorded_and_the_member_leaves_the_list_of_pending():
+    w = snapshot_world()
+    plan = step(running_status(MEMBERS), w)
+    assert isinstance(plan.action, InstallSnapshot)
+    st, events = record_outcome(plan.status, plan.action, Outcome(True, "status=installed"), T0 + 2)
+    inst = st.snapshot_installs[0]
+    assert inst.state == "installed" and inst.attempts == 1 and inst.finished_at == T0 + 2
+    assert [e.reason for e in events] == ["SnapshotInstalled"]
+    w.follower(1, fv("c-2", lag=0))
+    plan = step(st, w, now=T0 + 3)
+    assert plan.action is None and plan.status.phase == "Running"
+
+
+# ===================================================================== rolling restart
+def test_a_spec_change_restarts_followers_first_then_the_leader_after_a_transfer():
+    s = spec(image="raftlog:new")
+    old = config_hash(spec())
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, old)
+    for p in (0, 1):
+        w.follower(p, fv("c-1", lag=0, match=100))
+        w.follower(p, fv("c-2", lag=1, match=99))
+    plan = step(running_status(MEMBERS), w, s)
+    assert plan.action == RestartMember("c-1")
+    w.hashes["c-1"] = w.hashes["c-2"] = config_hash(s)
+    plan = step(plan.status, w, s)
+    assert plan.action == TransferLeader(0, "c-0", "c-1")
+    w.leader = {0: "c-1", 1: "c-1"}
+    plan = step(plan.status, w, s)
+    assert plan.action == RestartMember("c-0")
+
+
+def test_a_restart_waits_while_a_follower_is_behind_or_a_member_unready():
+    s = spec(image="raftlog:new")
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    w.follower(0, fv("c-2", lag=50))
+    plan = step(running_status(MEMBERS), w, s)
+    assert isinstance(plan.action, Wait) and "c-2 behind" in plan.action.reason
+    w.follower(0, fv("c-2", lag=0))
+    w.silent.add("c-2")
+    plan = step(running_status(MEMBERS), w, s)
+    assert isinstance(plan.action, Wait) and "c-2 to be ready" in plan.action.reason
+
+
+def test_scaling_alone_restarts_nobody():
+    assert config_hash(spec(replicas=3)) == config_hash(spec(replicas=5))
+    assert config_hash(spec()) != config_hash(spec(raft={"backfillThreshold": 20}))
+
+
+def test_a_condition_keeps_its_transition_time_until_it_changes():
+    st = running_status(MEMBERS)
+    w = World(MEMBERS)
+    plan = step(st, w, now=T0)
+    first = {c.type: c.last_transition_time for c in plan.status.conditions}
+    plan = step(plan.status, w, now=T0 + 3600)
+    assert {c.type: c.last_transition_time for c in plan.status.conditions} == first
+    w.silent.add("c-1")
+    plan = step(plan.status, w, now=T0 + 7200)
+    changed = {c.type: c.last_transition_time for c in plan.status.conditions}
+    assert changed["Degraded"] != first["Degraded"] and changed["Available"] == first["Available"]
