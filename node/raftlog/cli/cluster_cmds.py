@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 
 from raftlog.client import AsyncClient, ClientError
-from raftlog.node.local import LocalCluster
+from raftlog.operator.local_cli import add_commands as add_local_commands
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -241,42 +241,6 @@ async def _transfer(args: argparse.Namespace) -> int:
 
 
 # ====================================================================== local
-def _local_up(args: argparse.Namespace) -> int:
-    stop = {"now": False}
-
-    def _stop(*_: object) -> None:
-        stop["now"] = True
-
-    # Before anything starts: an interrupt at any moment stops the nodes it started.
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    cluster = LocalCluster(Path(args.data_dir), replicas=args.replicas, partitions=args.partitions)
-    cluster.start()
-    try:
-        cluster.wait_ready(timeout=60)
-    except (TimeoutError, RuntimeError) as e:
-        print(f"raftctl local up: {e}", file=sys.stderr)
-        cluster.stop()
-        return 1
-    state = {
-        "endpoints": cluster.endpoints,
-        "pids": [n.proc.pid for n in cluster.nodes.values() if n.proc is not None],
-        "supervisor": os.getpid(),  # `local down` asks it to stop its nodes
-    }
-    (Path(args.data_dir) / "cluster.json").write_text(json.dumps(state))
-    print(
-        f"{args.replicas} nodes, {args.partitions} partitions, data in {args.data_dir}\n"
-        f"export RAFTLOG_ENDPOINTS={','.join(cluster.endpoints)}\n"
-        "Ctrl-C stops the cluster.",
-        flush=True,
-    )
-    while not stop["now"]:
-        time.sleep(0.2)
-    cluster.stop()
-    print("stopped")
-    return 0
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -397,11 +361,7 @@ def add_parsers(sub: Any) -> None:
 
     local = sub.add_parser("local", help="a local cluster of real node processes")
     lo = local.add_subparsers(dest="local_command", required=True, metavar="COMMAND")
-    p = lo.add_parser("up", help="start it and keep it running until interrupted")
-    p.add_argument("--replicas", type=int, default=3)
-    p.add_argument("--partitions", type=int, default=1)
-    p.add_argument("--data-dir", required=True)
-    p.set_defaults(run=_local_up)
+    add_local_commands(lo)  # up and scale: the operator's reconciler, run here
     p = lo.add_parser("down", help="stop the local cluster started in --data-dir")
     p.add_argument("--data-dir", required=True)
     p.set_defaults(run=_local_down)

@@ -1,0 +1,127 @@
+"""`raftctl local up` and `raftctl local scale`: the operator's reconciler on this machine."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from raftlog.operator.actions import Event
+from raftlog.operator.local import MANIFEST, LocalOperator, ManifestError, load_manifest
+
+
+def _print_event(e: Event) -> None:
+    mark = "!" if e.type == "Warning" else " "
+    print(f"{time.strftime('%H:%M:%S')} {mark} {e.reason}: {e.message}", flush=True)
+
+
+def _manifest_from_flags(args: argparse.Namespace) -> str:
+    return (
+        "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nmetadata:\n  name: local\n"
+        f"spec:\n  replicas: {args.replicas}\n  partitions: {args.partitions}\n"
+    )
+
+
+def local_up(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    base = Path(args.data_dir)
+    try:
+        if args.file:
+            text = Path(args.file).read_text()
+        elif (base / MANIFEST).is_file():
+            text = (base / MANIFEST).read_text()  # the cluster already set up there
+        else:
+            text = _manifest_from_flags(args)
+        op = LocalOperator.create(base, text, on_event=_print_event)
+    except (OSError, ManifestError) as e:
+        print(f"raftctl local up: {e}", file=sys.stderr)
+        return 1
+    name, spec = op.desired()
+    print(
+        f"cluster {name}: {spec.replicas} members, {spec.partitions} partitions, data in {base}",
+        flush=True,
+    )
+
+    async def run() -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        announced: list[str] = []
+        try:
+            while not stop.is_set():
+                try:
+                    await op.step()
+                except ManifestError as e:
+                    print(f"raftctl local up: {e} (keeping the cluster as it is)", file=sys.stderr)
+                _write_state(base, op)
+                endpoints = op.endpoints()
+                if op.status.phase == "Running" and endpoints != announced:
+                    announced = endpoints
+                    print(f"export RAFTLOG_ENDPOINTS={','.join(endpoints)}", flush=True)
+                    print(f"export RAFTLOG_TOKEN_FILE={op.token_file}", flush=True)
+                    print("Ctrl-C stops the cluster.", flush=True)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stop.wait(), op.interval_s)
+        finally:
+            await op.close()
+        print("stopped", flush=True)
+        return 0
+
+    return asyncio.run(run())
+
+
+def _write_state(base: Path, op: LocalOperator) -> None:
+    """`cluster.json`, read by `raftctl local status|down`."""
+    state = {
+        "endpoints": op.endpoints(),
+        "pids": op.runtime.pids(),
+        "supervisor": os.getpid(),  # `local down` asks it to stop its nodes
+        "phase": op.status.phase,
+    }
+    tmp = base / "cluster.json.tmp"
+    tmp.write_text(json.dumps(state))
+    os.replace(tmp, base / "cluster.json")
+
+
+def local_scale(args: argparse.Namespace) -> int:
+    path = Path(args.data_dir) / MANIFEST
+    try:
+        name, _ = load_manifest(path.read_text(), str(path))
+        if name != args.name:
+            raise ManifestError(f"{args.data_dir} holds cluster {name!r}, not {args.name!r}")
+        doc = yaml.safe_load(path.read_text())
+        doc.setdefault("spec", {})["replicas"] = args.replicas
+        text = yaml.safe_dump(doc, sort_keys=False)
+        load_manifest(text, "the scaled manifest")  # refuses e.g. --replicas 0 with the reason
+    except (OSError, ManifestError) as e:
+        print(f"raftctl local scale: {e}", file=sys.stderr)
+        return 1
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    print(f"{name}: replicas set to {args.replicas}; `raftctl local up` reconciles it")
+    return 0
+
+
+def add_commands(lo: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = lo.add_parser(
+        "up", help="run a cluster here with the operator's reconciler, until interrupted"
+    )
+    p.add_argument("-f", "--file", help="a RaftCluster manifest (e.g. examples/raftcluster.yaml)")
+    p.add_argument("--replicas", type=int, default=3, help="without -f: voters")
+    p.add_argument("--partitions", type=int, default=1, help="without -f: partitions")
+    p.add_argument("--data-dir", required=True)
+    p.set_defaults(run=local_up)
+    p = lo.add_parser("scale", help="change the replicas of the cluster `local up` runs")
+    p.add_argument("name", help="the cluster's name (metadata.name)")
+    p.add_argument("--replicas", type=int, required=True)
+    p.add_argument("--data-dir", required=True)
+    p.set_defaults(run=local_scale)

@@ -1,0 +1,61 @@
+"""`raftctl local up -f MANIFEST` and `raftctl local scale`: the reconciler behind the commands."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from raftlog.cli.main import main
+
+pytestmark = [pytest.mark.operator, pytest.mark.slow]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "raftcluster.yaml"
+
+
+def read_until(proc: subprocess.Popen[str], needle: str, lines: list[str], timeout: float) -> None:
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if needle in line:
+            return
+    raise AssertionError(f"no {needle!r} in the output: {''.join(lines)}")
+
+
+def test_local_up_from_a_manifest_then_scale(tmp_path, capsys):
+    env = {**os.environ, "RAFTLOG_DURABLE": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlog.cli.main", "local", "up", "-f", str(EXAMPLE),
+         "--data-dir", str(tmp_path)],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        read_until(proc, "Ctrl-C", lines, 60)
+        assert "cluster orders: 3 members, 2 partitions" in lines[0]
+        assert any("Bootstrapped" in ln for ln in lines)
+        assert main(["local", "scale", "orders", "--replicas", "0", "--data-dir", str(tmp_path)])
+        assert (
+            "spec.replicas: Input should be greater than or equal to 1" in capsys.readouterr().err
+        )
+        assert main(["local", "scale", "other", "--replicas", "4", "--data-dir", str(tmp_path)])
+        assert "holds cluster 'orders', not 'other'" in capsys.readouterr().err
+        assert (
+            main(["local", "scale", "orders", "--replicas", "4", "--data-dir", str(tmp_path)]) == 0
+        )
+        read_until(proc, "LearnerAdded", lines, 60)
+        read_until(proc, "Promoted", lines, 60)
+        read_until(proc, "Ctrl-C", lines, 60)  # Running again, with the new endpoints
+        assert main(["local", "status", "--data-dir", str(tmp_path)]) == 0
+        assert "4 of 4 nodes running" in capsys.readouterr().out
+    finally:
+        proc.terminate()
+        assert proc.wait(timeout=30) == 0
