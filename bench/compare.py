@@ -312,7 +312,12 @@ def pysyncobj_cluster(workdir: Path, batch: bool) -> Iterator[Target]:
                     return i
             return None
 
-        i = _wait(f"PySyncObj cluster (batching {tag})", leader)
+        try:
+            i = _wait(f"PySyncObj cluster (batching {tag})", leader)
+        except TimeoutError as e:
+            logs = [(workdir / f"pysyncobj-{tag}-{k}.log").read_text()[-600:] for k in range(3)]
+            codes = [p.poll() for p in procs]
+            raise TimeoutError(f"{e}; exit codes {codes}; logs: {logs}") from None
         url = f"http://127.0.0.1:{http_ports[i]}/v1/partitions/0/records"
         yield Target(f"PySyncObj, batching {tag}", url, raftlog_body(1))
     finally:

@@ -9,6 +9,7 @@ from tests.storage.helpers import ents, payload
 
 from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
 from raftlog.node.core.types import Entry, EntryKind, Membership
+from raftlog.node.storage import wal as wal_module
 from raftlog.node.storage.recovery import list_segments
 from raftlog.node.storage.wal import Wal
 
@@ -202,5 +203,40 @@ def test_wal_matches_a_list_model_through_any_operations(tmp_path_factory, ops):
         lo, hi = w.first_index(), w.last_index()
         assert sorted(model) == list(range(lo, hi + 1))
         assert w.entries(lo, hi + 1) == [model[i] for i in range(lo, hi + 1)]
+        for sub in (max(lo, hi - 3), max(lo, (lo + hi) // 2)):  # short reads: the tail cache
+            assert w.entries(sub, hi + 1) == [model[i] for i in range(sub, hi + 1)]
         assert all(w.term(i) == model[i].term for i in range(lo, hi + 1))
+    w.close()
+
+
+def test_tail_cache_follows_truncation_reset_and_its_bounds(tmp_path, monkeypatch):
+    """Reads served from memory agree with the disk after overlaps, trims and a reset."""
+    monkeypatch.setattr(wal_module, "TAIL_CACHE_ENTRIES", 8)
+    monkeypatch.setattr(wal_module, "TAIL_CACHE_BYTES", 10_000)
+    w = open_wal(tmp_path)
+
+    def check() -> None:
+        lo, hi = w.first_index(), w.last_index()
+        disk = open_wal(tmp_path)
+        try:
+            for a in range(lo, hi + 1):
+                assert w.entries(a, hi + 1) == disk.entries(a, hi + 1)
+        finally:
+            disk.close()
+
+    w.append(ents(1, 20, term=1))
+    w.sync()
+    check()
+    w.append(ents(17, 25, term=2))  # overlaps the cached tail: 17.. replaced
+    w.sync()
+    check()
+    assert [e.term for e in w.entries(15, 26)] == [1, 1] + [2] * 9
+    w.append([Entry(26, 2, EntryKind.NORMAL, b"x" * 9_000)])  # over the byte bound: trimmed
+    w.sync()
+    check()
+    w.reset(40, 3)
+    w.append(ents(41, 43, term=3))
+    w.sync()
+    check()
+    assert [e.index for e in w.entries(41, 44)] == [41, 42, 43]
     w.close()

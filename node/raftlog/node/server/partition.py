@@ -5,9 +5,10 @@ through the inbox and runs in this driver's loop, between one `advance` and the 
 the core stays single-threaded while the loop awaits the disk. Proposals that arrive while an
 fsync is in flight become one batch in the next Ready: that is the node's group commit.
 
-Per Ready: write entries and hard state, wait until durable, install a received snapshot, send
-messages, apply committed entries (waking the appenders and the readers), serve snapshot
-requests, advance, then run a snapshot-and-compaction pass when one is due.
+Per Ready: install a received snapshot, write entries and hard state, send a leader's appends
+and heartbeats, wait until durable, send the other messages, apply committed entries (waking the
+appenders and the readers), serve snapshot requests, advance, then run a snapshot-and-compaction
+pass when one is due.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.errors import NotLeader, ProposalRefused
-from raftlog.node.core.messages import InstallSnapshot, Message
+from raftlog.node.core.messages import AppendRequest, HeartbeatRequest, InstallSnapshot, Message
 from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
@@ -293,10 +294,24 @@ class PartitionDriver:
         # Entries wait for their fsync; term and vote were synced by their own atomic write;
         # a commit index alone rides with the next sync (after a power loss it may step back
         # to the last synced value, which Raft allows: the leader tells it again).
+        messages = rd.messages
         if rd.entries:
+            # A leader's appends and heartbeats go out while its own fsync runs (Raft
+            # dissertation 10.2.1; etcd does the same): they claim nothing about this node's
+            # disk, and the core counts the leader in a quorum only once `advance` marks its
+            # entries stable, after the fsync. Every other message (an AppendResponse says
+            # "durable here", a vote relies on the term and vote written above) waits for it.
+            early: list[Message] = [
+                m for m in messages if isinstance(m, AppendRequest | HeartbeatRequest)
+            ]
+            if early:
+                self.node.transport.send(self.p, early)
+                messages = [
+                    m for m in messages if not isinstance(m, AppendRequest | HeartbeatRequest)
+                ]
             await self.group.durable(self.group.wrote())
-        if rd.messages:
-            self.node.transport.send(self.p, rd.messages)
+        if messages:
+            self.node.transport.send(self.p, messages)
         if rd.committed:
             self._apply(rd)
         for req in rd.snapshot_requests:

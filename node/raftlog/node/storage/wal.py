@@ -33,6 +33,10 @@ from raftlog.node.storage.recovery import analyze_wal
 log = logging.getLogger("raftlog.storage.wal")
 
 DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
+# The newest entries written stay in memory too, so the reads that follow an append (the apply
+# after the commit, appends to followers a little behind) need no pread and no decoding.
+TAIL_CACHE_ENTRIES = 4096
+TAIL_CACHE_BYTES = 4 * 1024 * 1024
 T = TypeVar("T")
 
 
@@ -87,6 +91,10 @@ class Wal:
         # writing, and must never mark a write durable that its fsync did not cover.
         self._written_gen = 0
         self._synced_gen = 0
+        # The last entries written, contiguous from `_tail_first` (see TAIL_CACHE_*).
+        self._tail: list[Entry] = []
+        self._tail_first = 0
+        self._tail_bytes = 0
 
     # ================================================================== open and recover
     @classmethod
@@ -212,6 +220,9 @@ class Wal:
             raise Compacted(f"index {lo} is below the compaction floor {self.first_index()}")
         if hi > self.last_index() + 1:
             raise Unavailable(f"index {hi - 1} is beyond the last index {self.last_index()}")
+        tail_first = self._tail_first
+        if self._tail and tail_first <= lo and hi <= tail_first + len(self._tail):
+            return self._tail[lo - tail_first : hi - tail_first]
         out: list[Entry] = []
         i = bisect.bisect_right(self._firsts, lo) - 1
         while lo < hi:
@@ -286,6 +297,27 @@ class Wal:
             seg.end += len(buf)
             self.config_indexes.extend(configs)
             self._written_gen += 1
+        self._remember(entries)
+
+    def _remember(self, entries: list[Entry]) -> None:
+        """Keep the entries just written in the tail cache (bounded; the oldest leave first)."""
+        tail = self._tail
+        if not tail or entries[0].index != self._tail_first + len(tail):
+            tail.clear()
+            self._tail_first = entries[0].index
+            self._tail_bytes = 0
+        tail.extend(entries)
+        self._tail_bytes += sum(len(e.data) for e in entries)
+        if len(tail) > TAIL_CACHE_ENTRIES or self._tail_bytes > TAIL_CACHE_BYTES:
+            # Trim to three quarters of the bounds at once, so trimming is not paid per append.
+            keep_n, keep_bytes, cut = TAIL_CACHE_ENTRIES * 3 // 4, TAIL_CACHE_BYTES * 3 // 4, 0
+            size = self._tail_bytes
+            while cut < len(tail) and (len(tail) - cut > keep_n or size > keep_bytes):
+                size -= len(tail[cut].data)
+                cut += 1
+            del tail[:cut]
+            self._tail_first += cut
+            self._tail_bytes = size
 
     def append_commit(self, commit: int) -> None:
         """Record the commit index (rides along with the next sync)."""
@@ -373,6 +405,10 @@ class Wal:
                 self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
         cut = bisect.bisect_left(self.config_indexes, index)
         del self.config_indexes[cut:]
+        if index < self._tail_first + len(self._tail):
+            keep = max(0, index - self._tail_first)
+            self._tail_bytes -= sum(len(e.data) for e in self._tail[keep:])
+            del self._tail[keep:]
 
     def compact(self, new_first_index: int) -> int:
         """Delete whole segments below `new_first_index`; the active one always stays.
@@ -417,6 +453,8 @@ class Wal:
         self._segments = [new]
         self._firsts = [new.first_index]
         self.config_indexes = []
+        self._tail.clear()
+        self._tail_bytes = 0
         try:
             for seg in old:
                 self._io("unlink", seg.path, functools.partial(self.ops.unlink, seg.path))

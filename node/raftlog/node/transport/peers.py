@@ -1,9 +1,16 @@
-"""Sending to peers: one long-lived HTTP connection pool and one sender task per peer.
+"""Sending to peers: one long-lived stream and one sender task per peer.
 
-Messages for a peer queue up while the previous frame is in flight and go out together in the
-next one (binary frames, see `codec`). A failed send drops its frame (Raft retransmits what
-matters) and the sender backs off, doubling from 50 ms to 2 s, until the peer answers again. The
-queue is bounded: when a peer is down for long, the oldest messages are dropped first.
+Each peer gets a WebSocket (`/peer/v1/stream`, on the node's own port, behind the same token and
+TLS as every peer call) that carries binary frames one way, with TCP_NODELAY: a frame costs one
+write here and one read there, with no request, response or header round. Messages for a peer
+queue up while the previous frame is written and go out together in the next one (binary frames,
+see `codec`). A peer that does not know the stream (an older node, 404 on the handshake) is sent
+frames by `POST /peer/v1/messages`, one request per frame, as before.
+
+A failed send drops its frame (Raft retransmits what matters) and the sender backs off, doubling
+from 50 ms to 2 s, until the peer answers again; a write that cannot finish within
+`SEND_TIMEOUT` (a peer that stopped reading) drops the connection. The queue is bounded: when a
+peer is down for long, the oldest messages are dropped first.
 
 Snapshots stream in chunks, each with its offset and CRC32C; the receiver appends them to a
 partial file, so a transfer cut short resumes where it stopped.
@@ -27,10 +34,16 @@ log = logging.getLogger("raftlog.transport")
 
 MAX_QUEUE = 10_000
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
+STREAM_PATH = "/peer/v1/stream"
+SEND_TIMEOUT = 5.0
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+class _StreamUnsupported(Exception):
+    """The peer answered the stream handshake with 404: it only takes POSTed frames."""
 
 
 class PeerSender:
@@ -38,38 +51,43 @@ class PeerSender:
         self.name = name
         self.url = url
         self.session = session
+        self.token = token
         self.headers = {**auth_headers(token), "Content-Type": "application/x-raftlog-frame"}
         self.queue: deque[tuple[int, Message]] = deque(maxlen=MAX_QUEUE)
         self.ready = asyncio.Event()
         self.sent_frames = 0
         self.failures = 0
         self.connected = False
+        self.streaming = True  # False once the peer turned out not to know the stream
+        self._closed = False  # the open stream was closed by the peer or failed while reading
         self.task: asyncio.Task[None] | None = None
 
     def send(self, partition: int, messages: list[Message]) -> None:
         self.queue.extend((partition, m) for m in messages)
         self.ready.set()
 
+    def _take(self) -> bytes:
+        items = list(self.queue)
+        self.queue.clear()
+        return encode_frame(items)
+
     async def run(self) -> None:
         backoff = BACKOFF_MIN
         while True:
             await self.ready.wait()
-            self.ready.clear()
             if not self.queue:
+                self.ready.clear()
                 continue
-            items = list(self.queue)
-            self.queue.clear()
             try:
-                async with self.session.post(
-                    f"{self.url}/peer/v1/messages", data=encode_frame(items), headers=self.headers
-                ) as resp:
-                    if resp.status != 204:
-                        raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-                self.sent_frames += 1
-                if not self.connected:
-                    log.info("peer %s reachable at %s", self.name, self.url)
-                self.connected = True
+                if self.streaming:
+                    await self._stream()
+                else:
+                    self.ready.clear()
+                    await self._post(self._take())
                 backoff = BACKOFF_MIN
+            except _StreamUnsupported:
+                log.info("peer %s has no %s; sending frames by POST", self.name, STREAM_PATH)
+                self.streaming = False
             except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as e:
                 self.failures += 1
                 if self.connected:
@@ -78,6 +96,64 @@ class PeerSender:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
                 self.ready.set()
+
+    def _reachable(self) -> None:
+        if not self.connected:
+            log.info("peer %s reachable at %s", self.name, self.url)
+        self.connected = True
+
+    async def _stream(self) -> None:
+        """Open the stream and write frames to it until it fails (raises) or closes."""
+        try:
+            ws = await self.session.ws_connect(
+                self.url + STREAM_PATH,
+                headers=auth_headers(self.token),
+                autoping=True,
+                max_msg_size=0,
+                compress=0,
+                # Closing a stream whose peer stopped reading must not hold the sender for long.
+                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=1.0),
+            )
+        except aiohttp.WSServerHandshakeError as e:
+            if e.status == 404:
+                raise _StreamUnsupported() from None
+            raise
+        self._closed = False
+        reader = asyncio.get_running_loop().create_task(self._watch(ws))
+        try:
+            self._reachable()
+            while True:
+                await self.ready.wait()
+                self.ready.clear()
+                if self._closed or ws.closed:
+                    raise ConnectionResetError(f"the stream to {self.name} was closed")
+                if not self.queue:
+                    continue
+                frame = self._take()
+                async with asyncio.timeout(SEND_TIMEOUT):
+                    await ws.send_bytes(frame)
+                self.sent_frames += 1
+        finally:
+            reader.cancel()
+            await ws.close()
+
+    async def _watch(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        """Read the stream (the peer sends nothing but control frames) to notice it closing."""
+        try:
+            async for _ in ws:
+                pass
+        finally:
+            self._closed = True
+            self.ready.set()
+
+    async def _post(self, frame: bytes) -> None:
+        async with self.session.post(
+            f"{self.url}/peer/v1/messages", data=frame, headers=self.headers
+        ) as resp:
+            if resp.status != 204:
+                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        self.sent_frames += 1
+        self._reachable()
 
 
 class Transport:

@@ -1,0 +1,48 @@
+"""The receiving end of a peer's stream (`GET /peer/v1/stream`, a WebSocket; see `transport.peers`).
+
+Each binary message is one frame of core messages (`codec`), stepped into the partitions' drivers
+as it arrives, in order; nothing is sent back but control frames. A frame that does not decode
+closes the stream with the reason (the sender reconnects and goes on with later frames); a message
+for a partition this node does not have is dropped and logged, as `POST /peer/v1/messages`
+refuses it with 404.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from aiohttp import WSCloseCode, WSMsgType, web
+
+from raftlog.node.core.errors import InvalidMessage
+from raftlog.node.server.api_common import node_of
+from raftlog.node.transport.codec import decode_frame
+
+log = logging.getLogger("raftlog.transport")
+
+
+async def peer_stream(request: web.Request) -> web.WebSocketResponse:
+    node = node_of(request)
+    ws = web.WebSocketResponse(
+        max_msg_size=node.settings.max_request_bytes, compress=False, autoping=True
+    )
+    await ws.prepare(request)
+    async for msg in ws:
+        if msg.type != WSMsgType.BINARY:
+            await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"binary frames only")
+            break
+        try:
+            items = decode_frame(msg.data)
+        except InvalidMessage as e:
+            log.warning(
+                "peer stream from %s: bad frame (%s: %s)", request.remote, e.field, e.reason
+            )
+            reason = f"{e.field}: {e.reason}"[:120].encode()
+            await ws.close(code=WSCloseCode.INVALID_TEXT, message=reason)
+            break
+        for p, m in items:
+            d = node.driver(p)
+            if d is None:
+                log.warning("peer stream: %s sent a message for unknown partition %d", m.src, p)
+                continue
+            d.step(m)
+    return ws
