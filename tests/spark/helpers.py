@@ -9,6 +9,7 @@ import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -21,10 +22,30 @@ from raftlog.spark import register
 Row = tuple[int, int, int, bytes | None, bytes | None, dict[str, str], datetime | None]
 
 
-def start_spark() -> SparkSession:
+def start_spark(stderr: Path | None = None) -> SparkSession:
+    """A local Spark; with `stderr`, the JVM (and the Python workers it starts, whose warnings
+    it passes on) writes its standard error to that file instead of this process's."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
-    spark = (
+    saved = None
+    if stderr is not None:
+        saved = os.dup(2)
+        fd = os.open(stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 2)  # the JVM inherits it
+        os.close(fd)
+    try:
+        spark = _build()
+    finally:
+        if saved is not None:
+            os.dup2(saved, 2)
+            os.close(saved)
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    return spark
+
+
+def _build() -> SparkSession:
+    return (
         SparkSession.builder.master("local[2]")
         .appName("raftlog-tests")
         .config("spark.ui.enabled", "false")
@@ -34,9 +55,6 @@ def start_spark() -> SparkSession:
         .config("spark.sql.streaming.pollingDelay", "50ms")
         .getOrCreate()
     )
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
 
 
 def append(cluster: LocalCluster, partition: int, records: list[dict[str, Any]]) -> list[Row]:
@@ -64,11 +82,12 @@ def append(cluster: LocalCluster, partition: int, records: list[dict[str, Any]])
     return rows
 
 
-def records(n: int, tag: str, keys: int = 0) -> list[dict[str, Any]]:
-    """`n` records: keyed (`keys` distinct) or not, some with headers and a timestamp."""
+def records(n: int, tag: str, keys: int = 0, pad: int = 0) -> list[dict[str, Any]]:
+    """`n` records: keyed (`keys` distinct) or not, some with headers and a timestamp; `pad`
+    bytes more in each value (to fill WAL segments)."""
     out: list[dict[str, Any]] = []
     for i in range(n):
-        r: dict[str, Any] = {"value": f"{tag}-{i}"}
+        r: dict[str, Any] = {"value": f"{tag}-{i}" + "." * pad}
         if keys:
             r["key"] = f"k{i % keys}"
         if i % 3 == 0:

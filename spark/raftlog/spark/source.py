@@ -369,10 +369,11 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for p, pv in view.partitions.items():
             begin.setdefault(p, pv.earliest)
         end = {p: max(v, begin[p]) for p, v in end.items()}
-        if self._holds.offsets is None:
-            self._hold(begin)  # a restarted query: hold from its checkpoint on
-        elif time.monotonic() - self._holds.placed_at > self.opts.retention_hold_ttl_s / 4:
-            self._hold(self._holds.offsets)  # renewed while idle
+        # `start` is where the previous micro-batch ended, and Spark asks for the next one only
+        # once that batch is committed: the hold moves up to it (commit() would only be told
+        # with the batch after), is placed from the checkpoint on for a restarted query, and is
+        # renewed while the stream idles.
+        self._hold(begin)
         if isinstance(limit, ReadMaxRows):
             end = allot(begin, end, limit.max_rows)
         return _offsets(end)
@@ -399,12 +400,20 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._hold(_parse_offsets(end))
 
     def _hold(self, offsets: dict[int, int]) -> None:
-        """Place or renew the retention hold at `offsets` on every replica (best effort: a
-        replica that cannot take it is logged, and retried at the next commit)."""
+        """Move the retention hold up to `offsets` on every replica (never down: a stream
+        does not go back), or renew it when a quarter of its TTL has passed. Best effort: a
+        replica that cannot take it is logged, and asked again when the hold moves or is
+        renewed."""
         holder = self.opts.retention_hold
         if holder is None:
             return
-        self._holds = _Holds(time.monotonic(), dict(offsets))
+        held = self._holds.offsets or {}
+        merged = {**held, **{p: max(i, held.get(p, i)) for p, i in offsets.items()}}
+        fresh = time.monotonic() - self._holds.placed_at < self.opts.retention_hold_ttl_s / 4
+        if merged == held and fresh:
+            return
+        self._holds = _Holds(time.monotonic(), merged)
+        offsets = merged
         view = self._view or self._survey()
         nodes = Nodes(self.opts)
         try:

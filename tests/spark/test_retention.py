@@ -1,0 +1,143 @@
+"""Retention holds and data loss: with `retentionHold`, compaction waits for what the stream has
+not committed; without it, a stream whose next records were compacted fails with a clear error,
+or with failOnDataLoss=false skips them and says so."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
+
+from raftlog.node.local import LocalCluster
+from tests.spark.helpers import Row, append, records, rows_of, wait_replicated, wait_until
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.fixture
+def cluster(tmp_path, request):
+    """Small WAL segments; a snapshot-and-compaction every `request.param` entries applied
+    (by default only when asked)."""
+    every = getattr(request, "param", 10**6)
+    with LocalCluster(
+        tmp_path / "cluster", replicas=3, partitions=1, durable=False,
+        raft={"compact_every_operations": every, "compact_number_entries": 0},
+        env={"RAFTLOG_SEGMENT_BYTES": "4096"},
+    ) as c:  # fmt: skip
+        c.wait_ready()
+        yield c
+
+
+def start(spark: SparkSession, cluster: LocalCluster, path: Any, **options: str) -> StreamingQuery:
+    r = spark.readStream.format("raftlog").option("endpoints", ",".join(cluster.endpoints))
+    for k, v in {"startingOffsets": "earliest", **options}.items():
+        r = r.option(k, v)
+    return (
+        r.load()
+        .writeStream.format("parquet")
+        .option("path", str(path / "sink"))
+        .option("checkpointLocation", str(path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+
+
+def sink(spark: SparkSession, path: Any) -> list[Row]:
+    try:
+        return rows_of(spark.read.parquet(str(path / "sink")))
+    except Exception:  # nothing written yet
+        return []
+
+
+def floors(cluster: LocalCluster) -> dict[str, int]:
+    return {n: cluster.status(n)["partitions"][0]["compaction_floor"] for n in cluster.nodes}
+
+
+def compact_everywhere(cluster: LocalCluster) -> None:
+    for n in cluster.nodes:
+        code, body = cluster.request(n, "POST", "/v1/admin/partitions/0/compact")
+        assert code == 200, body
+
+
+def run_until_sink_holds(
+    spark, cluster, path, n: int, then: list[dict[str, Any]] | None = None, **options: str
+) -> list[Row]:
+    """Run the stream until the sink holds `n` records (plus `then`, appended once the query
+    started, before compaction can run); returns the rows `then` appended."""
+    query = start(spark, cluster, path, **options)
+    try:
+        wait_until("the query to start", lambda: bool(query.recentProgress), timeout=60)
+        added = append(cluster, 0, then) if then else []
+        n += len(added)
+        wait_until(f"{n} records in the sink", lambda: len(sink(spark, path)) >= n)
+    finally:
+        query.stop()
+    return added
+
+
+@pytest.mark.parametrize("cluster", [25], indirect=True, ids=["compacting-every-25"])
+def test_a_retention_hold_keeps_what_the_stream_has_not_committed(spark, cluster, tmp_path):
+    # The hold is placed when the query starts, before anything can be compacted.
+    acked = run_until_sink_holds(
+        spark, cluster, tmp_path, 0, records(40, "first", pad=300), retentionHold="reader-1"
+    )
+    committed = acked[-1][1] + 1  # the stream's next index: where its hold now stands
+    # (Spark tells a source a batch is done when it plans the next one; idle triggers do.)
+    for n in cluster.nodes:
+        code, body = cluster.get(n, "/v1/admin/partitions/0/holds")
+        assert code == 200
+        assert {"reader-1": committed} == {h["holder"]: h["min_index"] for h in body["holds"]}
+    # Much more is written and compacted while the stream is stopped.
+    for i in range(4):
+        acked += append(cluster, 0, records(40, f"more{i}", pad=300))
+    wait_replicated(cluster, 0, acked[-1][1])
+    compact_everywhere(cluster)
+    assert all(1 < f <= committed for f in floors(cluster).values()), (floors(cluster), committed)
+    assert max(r[1] for r in acked) > committed + 100
+    # The restarted stream finds everything after its checkpoint: no gap, no duplicate.
+    run_until_sink_holds(spark, cluster, tmp_path, len(acked), retentionHold="reader-1")
+    got = sink(spark, tmp_path)
+    assert got == acked
+
+
+def test_a_stream_below_the_compaction_floor_fails_or_skips_and_says_so(
+    spark, spark_stderr, cluster, tmp_path
+):
+    acked = run_until_sink_holds(spark, cluster, tmp_path, 0, records(40, "first", pad=300))
+    committed = acked[-1][1] + 1
+    for i in range(4):
+        acked += append(cluster, 0, records(40, f"more{i}", pad=300))
+    wait_replicated(cluster, 0, acked[-1][1])
+    compact_everywhere(cluster)
+    floor = min(floors(cluster).values())
+    assert floor > committed, "compaction passed the stream's offset (no hold)"
+    query = start(spark, cluster, tmp_path)
+    with pytest.raises(Exception, match="below the compaction floor") as e:
+        query.awaitTermination(60)
+    query.stop()
+    assert f"{committed} is below the compaction floor {floor}" in str(e.value)
+    assert "failOnDataLoss=false" in str(e.value)
+    # A batch read from below the floor fails the same way at planning.
+    df = (
+        spark.read.format("raftlog")
+        .option("endpoints", ",".join(cluster.endpoints))
+        .option("startingOffsets", json.dumps({"0": committed}))
+        .load()
+    )
+    with pytest.raises(Exception, match="below the compaction floor"):
+        df.collect()
+    # failOnDataLoss=false: the stream skips what is gone, logs it, and reads on from the floor.
+    logged = spark_stderr.stat().st_size
+    run_until_sink_holds(
+        spark, cluster, tmp_path, len([r for r in acked if r[1] < committed or r[1] >= floor]),
+        failOnDataLoss="false",
+    )  # fmt: skip
+    got = sink(spark, tmp_path)
+    assert got == [r for r in acked if r[1] < committed or r[1] >= floor]
+    with spark_stderr.open() as f:
+        f.seek(logged)
+        err = f.read()
+    assert f"raftlog partition 0: skipped records [{committed}, {floor})" in err, err[-2000:]
