@@ -162,7 +162,8 @@ async def test_snapshot_required_is_healed_by_an_install_from_a_follower(tmp_pat
         3, partitions=1, compactEveryOperations=50, compactNumberEntries=10, backfillThreshold=10
     )
     # Small WAL segments: compaction drops whole segments, so the floor moves quickly.
-    async with cluster(tmp_path, text, {"RAFTLOG_SEGMENT_BYTES": "4096"}) as h:
+    text += "  storage:\n    segmentBytes: 4096\n"
+    async with cluster(tmp_path, text) as h:
         st = await h.until("bootstrap", running(3), 30)
         target = max(m.name for m in st.members if m.name != st.leaders["0"])
         h.signal(target, signal.SIGSTOP)

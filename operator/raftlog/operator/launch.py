@@ -40,4 +40,5 @@ def node_env(spec: RaftClusterSpec) -> dict[str, str]:
     # SnapshotRequired waits for the operator's install call, which picks the source.
     env["RAFTLOG_SNAPSHOT_INSTALL"] = "operator"
     env["RAFTLOG_SNAPSHOT_SOURCE"] = spec.snapshot_source
+    env["RAFTLOG_SEGMENT_BYTES"] = str(spec.storage.segment_bytes)
     return env

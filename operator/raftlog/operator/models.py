@@ -122,6 +122,11 @@ class Storage(_Model):
     storage_class_name: str | None = Field(
         None, description="Storage class of the members' volumes (the cluster default if unset)."
     )
+    segment_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=4096,
+        description="Size of a WAL segment; compaction removes whole segments behind a snapshot.",
+    )
     reclaim_policy: Literal["Delete", "Retain"] = Field(
         "Delete",
         description="What happens to a member's volume when the member is removed or the "

@@ -58,9 +58,10 @@ def member_name(cluster: str, ordinal: int) -> str:
 def config_hash(spec: RaftClusterSpec) -> str:
     """What a member's pod is launched with; a change rolls the members one at a time.
 
-    `replicas` is left out (scaling does not restart anybody), and so is the storage (a volume
-    is not resized by restarting its pod)."""
-    launch = spec.model_dump(mode="json", exclude={"replicas", "storage"})
+    `replicas` is left out (scaling does not restart anybody), and so is the volume itself (it
+    is not resized or moved by restarting its pod)."""
+    volume = {"size", "storage_class_name", "reclaim_policy"}
+    launch = spec.model_dump(mode="json", exclude={"replicas": True, "storage": volume})
     return hashlib.sha256(json.dumps(launch, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -1,0 +1,153 @@
+"""The kopf handlers: thin. A daemon per RaftCluster runs reconcile passes; deletion cleans up.
+
+All decisions are the reconciler's; all state is the resource's status and the cluster itself,
+so a restarted operator resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import kopf
+from kubernetes import client as k8s
+from pydantic import ValidationError
+
+from raftlog.operator import metrics
+from raftlog.operator.actions import ChangeMembership, InstallSnapshot
+from raftlog.operator.kube import KubeRuntime
+from raftlog.operator.models import GROUP, PLURAL, VERSION, RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.nodeapi import NodeApi
+from raftlog.operator.runtime import reconcile_pass
+from raftlog.operator.settings import OperatorSettings, api_client
+
+log = logging.getLogger("raftlog.operator")
+FINALIZER = f"{GROUP}/finalizer"
+
+_settings: OperatorSettings | None = None
+_api: k8s.ApiClient | None = None
+
+
+def operator_settings() -> OperatorSettings:
+    global _settings
+    if _settings is None:
+        _settings = OperatorSettings()
+    return _settings
+
+
+def api() -> k8s.ApiClient:
+    global _api
+    if _api is None:
+        _api = api_client()
+    return _api
+
+
+@kopf.on.startup()
+def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+    settings.persistence.finalizer = FINALIZER
+    settings.posting.level = logging.INFO
+    settings.watching.server_timeout = 120
+    port = operator_settings().metrics_port
+    if port:
+        metrics.serve(port)
+
+
+def _runtime(name: str, namespace: str, body: kopf.Body) -> KubeRuntime:
+    return KubeRuntime(
+        api(), namespace, name,
+        adopt=lambda obj: kopf.adopt(obj, owner=body),
+        member_url=operator_settings().member_url,
+    )  # fmt: skip
+
+
+async def _save_status(name: str, namespace: str, status: RaftClusterStatus) -> None:
+    patch = {"status": status.model_dump(mode="json", by_alias=True)}
+    custom = k8s.CustomObjectsApi(api())
+    await asyncio.to_thread(
+        custom.patch_namespaced_custom_object_status,
+        GROUP, VERSION, namespace, PLURAL, name, patch,
+        _content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
+@kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
+async def reconcile(
+    *,
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    meta: kopf.Meta,
+    status: kopf.Status,
+    stopped: kopf.DaemonStopped,
+    **_: Any,
+) -> None:
+    """One reconcile pass every `interval` seconds for as long as the resource exists."""
+    assert namespace is not None  # the resource is namespaced
+    runtime = _runtime(name, namespace, body)
+    current = RaftClusterStatus.model_validate(dict(status))
+    node_api: NodeApi | None = None
+
+    async def save(st: RaftClusterStatus) -> None:
+        await _save_status(name, namespace, st)
+
+    try:
+        while not stopped:
+            started = time.monotonic()
+            try:
+                desired = RaftClusterSpec.model_validate(dict(spec))  # the live spec
+            except ValidationError as e:
+                kopf.warn(body, reason="InvalidSpec", message=str(e).replace("\n", " "))
+                await asyncio.sleep(operator_settings().interval_s * 10)
+                continue
+            try:
+                token = await runtime.ensure_shared(desired)
+                if node_api is None:
+                    node_api = NodeApi(token=token)
+                result = await reconcile_pass(
+                    name, desired, current, runtime, node_api, save, meta.get("generation")
+                )
+            except Exception as e:  # the API server or a runtime call: the next pass retries
+                log.exception("%s/%s: reconcile pass failed", namespace, name)
+                metrics.RECONCILES.labels(outcome="error").inc()
+                kopf.warn(body, reason="ReconcileFailed", message=f"{type(e).__name__}: {e}")
+                await asyncio.sleep(operator_settings().interval_s * 5)
+                continue
+            current = result.status
+            kind = type(result.action).__name__ if result.action is not None else "Steady"
+            metrics.RECONCILES.labels(outcome=kind).inc()
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+            _count(result.action, result.outcome is not None and result.outcome.ok)
+            for ev in result.events:
+                kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+            await asyncio.sleep(operator_settings().interval_s)
+    finally:
+        if node_api is not None:
+            await node_api.close()
+
+
+def _count(action: object, ok: bool) -> None:
+    if isinstance(action, ChangeMembership) and action.op == "promote" and ok:
+        metrics.PROMOTIONS.inc()
+    if isinstance(action, InstallSnapshot):
+        metrics.INSTALLS.labels(result="ok" if ok else "failed").inc()
+
+
+@kopf.on.delete(GROUP, VERSION, PLURAL)
+async def delete(
+    *,
+    name: str,
+    namespace: str | None,
+    body: kopf.Body,
+    spec: kopf.Spec,
+    status: kopf.Status,
+    **_: Any,
+) -> None:
+    """Members' pods go, and their volumes per `storage.reclaimPolicy`."""
+    assert namespace is not None
+    desired = RaftClusterSpec.model_validate(dict(spec))
+    members = [m.name for m in RaftClusterStatus.model_validate(dict(status)).members]
+    await _runtime(name, namespace, body).delete_all(desired, members)
+    log.info("%s/%s: deleted %d members", namespace, name, len(members))

@@ -1,0 +1,185 @@
+"""The Kubernetes runtime: members as Pods with PVCs, through the API server.
+
+It uses the official `kubernetes` client (synchronous, so every call runs in a worker thread and
+the operator's event loop never blocks) and reads answers as plain JSON. What it creates it
+adopts: owner references to the RaftCluster, so the API server's garbage collector removes them
+with it; a PVC is adopted only when the reclaim policy is Delete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+
+from raftlog.operator import manifests
+from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.observed import PodState
+from raftlog.operator.reconciler import config_hash
+from raftlog.operator.runtime import PodInfo
+
+Adopt = Callable[[dict[str, Any]], None]
+
+
+def _json(resp: Any) -> dict[str, Any]:
+    return dict(json.loads(resp.data))
+
+
+class KubeRuntime:
+    def __init__(
+        self,
+        api: k8s.ApiClient,
+        namespace: str,
+        cluster: str,
+        adopt: Adopt,
+        member_url: str = manifests.DEFAULT_MEMBER_URL,
+    ) -> None:
+        self.core = k8s.CoreV1Api(api)
+        self.policy = k8s.PolicyV1Api(api)
+        self.namespace = namespace
+        self.cluster = cluster
+        self.adopt = adopt
+        self.member_url = member_url
+
+    def url(self, member: str) -> str:
+        return manifests.member_url(self.member_url, self.cluster, self.namespace, member)
+
+    # ----------------------------------------------------------------- observation
+    async def pods(self, spec: RaftClusterSpec, status: RaftClusterStatus) -> dict[str, PodInfo]:
+        sel = f"{manifests.LABEL_CLUSTER}={self.cluster}"
+        pods, claims = await asyncio.gather(
+            asyncio.to_thread(
+                self.core.list_namespaced_pod, self.namespace, label_selector=sel,
+                _preload_content=False,
+            ),
+            asyncio.to_thread(
+                self.core.list_namespaced_persistent_volume_claim, self.namespace,
+                label_selector=sel, _preload_content=False,
+            ),
+        )  # fmt: skip
+        volumes = {
+            c["metadata"]["name"]
+            for c in _json(claims)["items"]
+            if _mine(c, self.cluster) and not c["metadata"].get("deletionTimestamp")
+        }
+        out: dict[str, PodInfo] = {}
+        for p in _json(pods)["items"]:
+            if not _mine(p, self.cluster):
+                continue  # an API server that ignored the selector
+            meta = p["metadata"]
+            name = meta["labels"][manifests.LABEL_MEMBER]
+            out[name] = PodInfo(
+                _pod_state(p),
+                manifests.pvc_name(name) in volumes,
+                self.url(name),
+                (meta.get("annotations") or {}).get(manifests.ANNOTATION_HASH),
+            )
+        for m in status.members:  # members whose pod is gone: is their volume still there?
+            if m.name not in out:
+                out[m.name] = PodInfo(
+                    "missing", manifests.pvc_name(m.name) in volumes, self.url(m.name)
+                )
+        return out
+
+    # ----------------------------------------------------------------- shared objects
+    async def ensure_shared(self, spec: RaftClusterSpec) -> str:
+        """Services, the PodDisruptionBudget and the auth secret; returns the token."""
+        for svc in manifests.services(self.cluster, self.namespace):
+            self.adopt(svc)
+            await self._create(self.core.create_namespaced_service, svc)
+        budget = manifests.pdb(self.cluster, self.namespace)
+        self.adopt(budget)
+        await self._create(self.policy.create_namespaced_pod_disruption_budget, budget)
+        return await self._token(spec)
+
+    async def _token(self, spec: RaftClusterSpec) -> str:
+        name = manifests.auth_secret(self.cluster, spec)
+        try:
+            resp = await asyncio.to_thread(
+                self.core.read_namespaced_secret, name, self.namespace, _preload_content=False
+            )
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            if spec.auth_secret_name is not None:
+                raise RuntimeError(
+                    f"spec.authSecretName: secret {name} not found in {self.namespace}"
+                ) from None
+            body = manifests.secret(self.cluster, self.namespace, spec, secrets.token_urlsafe(32))
+            self.adopt(body)
+            await self._create(self.core.create_namespaced_secret, body)
+            resp = await asyncio.to_thread(
+                self.core.read_namespaced_secret, name, self.namespace, _preload_content=False
+            )
+        data = _json(resp).get("data") or {}
+        if "token" not in data:
+            raise RuntimeError(f"secret {name} has no key `token`")
+        return base64.b64decode(data["token"]).decode().strip()
+
+    # ----------------------------------------------------------------- members
+    async def create_members(
+        self, spec: RaftClusterSpec, status: RaftClusterStatus, names: tuple[str, ...], join: bool
+    ) -> None:
+        peers = {m.name: self.url(m.name) for m in status.members}
+        for name in names:
+            claim = manifests.pvc(spec, self.cluster, self.namespace, name)
+            if spec.storage.reclaim_policy == "Delete":
+                self.adopt(claim)
+            await self._create(self.core.create_namespaced_persistent_volume_claim, claim)
+            body = manifests.pod(
+                spec, self.cluster, self.namespace, name, peers, join=join,
+                config_hash=config_hash(spec),
+            )  # fmt: skip
+            self.adopt(body)
+            await self._create(self.core.create_namespaced_pod, body)
+
+    async def delete_member(self, name: str, delete_volume: bool) -> None:
+        await self._delete(self.core.delete_namespaced_pod, name)
+        if delete_volume:
+            await self._delete(
+                self.core.delete_namespaced_persistent_volume_claim, manifests.pvc_name(name)
+            )
+
+    async def restart_member(self, name: str) -> None:
+        await self._delete(self.core.delete_namespaced_pod, name)
+
+    async def delete_all(self, spec: RaftClusterSpec, members: list[str]) -> None:
+        """On deletion of the RaftCluster: pods, then volumes per the reclaim policy."""
+        for name in members:
+            await self.delete_member(name, spec.storage.reclaim_policy == "Delete")
+
+    # ----------------------------------------------------------------- plumbing
+    async def _create(self, fn: Callable[..., Any], body: dict[str, Any]) -> None:
+        try:
+            await asyncio.to_thread(fn, self.namespace, body, _preload_content=False)
+        except ApiException as e:
+            if e.status != 409:  # already there: creation is idempotent
+                raise
+
+    async def _delete(self, fn: Callable[..., Any], name: str) -> None:
+        try:
+            await asyncio.to_thread(fn, name, self.namespace, _preload_content=False)
+        except ApiException as e:
+            if e.status != 404:
+                raise
+
+
+def _mine(obj: dict[str, Any], cluster: str) -> bool:
+    return (obj["metadata"].get("labels") or {}).get(manifests.LABEL_CLUSTER) == cluster
+
+
+def _pod_state(p: dict[str, Any]) -> PodState:
+    if p["metadata"].get("deletionTimestamp"):
+        return "terminating"
+    phase = (p.get("status") or {}).get("phase")
+    if phase == "Running":
+        return "running"
+    if phase in ("Failed", "Succeeded"):
+        return "failed"
+    return "pending"

@@ -1,0 +1,49 @@
+"""`raftlog-operator`: the kopf operator of RaftCluster resources."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+
+import kopf
+
+from raftlog.operator import handlers  # noqa: F401  (registers the handlers)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="raftlog-operator", description=__doc__)
+    scope = ap.add_mutually_exclusive_group()
+    scope.add_argument(
+        "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
+    )
+    scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
+    ap.add_argument(
+        "--standalone", action="store_true", help="no peering with other operator replicas"
+    )
+    ap.add_argument("--peering", default="raftlog-operator", help="peering object name (HA)")
+    ap.add_argument(
+        "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
+    )
+    ap.add_argument("--log-level", default="INFO")
+    args = ap.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if not args.namespace and not args.all_namespaces:
+        ap.error("give --namespace NS (repeatable) or --all-namespaces")
+    asyncio.run(
+        kopf.operator(
+            clusterwide=args.all_namespaces,
+            namespaces=args.namespace,
+            standalone=args.standalone,
+            # A peering name makes peering mandatory in kopf: only when not standalone.
+            peering_name=None if args.standalone else args.peering,
+            liveness_endpoint=args.liveness or None,
+        )
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,36 @@
+"""The operator's own settings (`RAFTLOG_OPERATOR_` environment), and its API client."""
+
+from __future__ import annotations
+
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from raftlog.operator.manifests import DEFAULT_MEMBER_URL
+
+
+class OperatorSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RAFTLOG_OPERATOR_", extra="forbid", frozen=True)
+
+    interval_s: float = Field(
+        1.0, gt=0, le=300, description="seconds between two reconcile passes of a cluster"
+    )
+    member_url: str = Field(
+        DEFAULT_MEMBER_URL,
+        description="how the operator and the members reach a member: a template over "
+        "{member}, {cluster}, {namespace}, {port} and {ordinal} (the default is the headless "
+        "service's DNS name; change it for another cluster domain)",
+    )
+    metrics_port: int = Field(
+        8000, ge=0, le=65535, description="port of the operator's /metrics (0: none)"
+    )
+
+
+def api_client() -> k8s.ApiClient:
+    """In a pod: its service account; elsewhere: the kubeconfig (`KUBECONFIG`)."""
+    try:
+        k8s_config.load_incluster_config()  # type: ignore[no-untyped-call]
+    except k8s_config.ConfigException:
+        k8s_config.load_kube_config()  # type: ignore[no-untyped-call]
+    return k8s.ApiClient()
