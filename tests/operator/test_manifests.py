@@ -1,0 +1,122 @@
+"""Every object the operator creates passes the real Kubernetes schemas and Pod Security
+"restricted", for the oldest and newest versions the chart supports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kubernetes_validate
+import pytest
+
+from raftlog.operator import manifests
+from raftlog.operator.launch import node_env
+from raftlog.operator.models import RaftClusterSpec
+from raftlog.operator.reconciler import config_hash
+
+VERSIONS = ["1.28", "1.37"]
+PEERS = {f"c-{i}": manifests.member_url(manifests.DEFAULT_MEMBER_URL, "c", "ns", f"c-{i}")
+         for i in range(3)}  # fmt: skip
+
+FULL = RaftClusterSpec.model_validate(
+    {
+        "replicas": 3,
+        "partitions": 4,
+        "storage": {"size": "20Gi", "storageClassName": "fast", "reclaimPolicy": "Retain"},
+        "tlsSecretName": "c-tls",
+        "authSecretName": "c-token",
+        "raft": {"backfillThreshold": 20, "learnerPromotionStableWindow": 10},
+        "podTemplate": {
+            "labels": {"team": "data"},
+            "annotations": {"prometheus.io/scrape": "true"},
+            "nodeSelector": {"disk": "ssd"},
+            "tolerations": [
+                {"key": "dedicated", "operator": "Equal", "value": "raft", "effect": "NoSchedule"}
+            ],
+            "affinity": {
+                "podAntiAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "weight": 100,
+                            "podAffinityTerm": {
+                                "labelSelector": {"matchLabels": {"raftlog.dev/cluster": "c"}},
+                                "topologyKey": "kubernetes.io/hostname",
+                            },
+                        }
+                    ]
+                }
+            },
+            "priorityClassName": "high",
+            "serviceAccountName": "raft",
+        },
+    }
+)
+
+
+def objects(spec: RaftClusterSpec) -> list[dict[str, Any]]:
+    pod = manifests.pod(spec, "c", "ns", "c-1", PEERS, join=True, config_hash=config_hash(spec))
+    return [
+        pod,
+        manifests.pvc(spec, "c", "ns", "c-1"),
+        *manifests.services("c", "ns"),
+        manifests.pdb("c", "ns"),
+        manifests.secret("c", "ns", spec, "s3cret"),
+    ]
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+@pytest.mark.parametrize("spec", [RaftClusterSpec(), FULL], ids=["defaults", "everything-set"])
+def test_every_object_passes_the_kubernetes_schema(spec, version):
+    for obj in objects(spec):
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+def test_a_misspelt_field_would_be_caught_by_the_validation():
+    bad = objects(RaftClusterSpec())[0]
+    bad["spec"]["containers"][0]["imagePullPolice"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, VERSIONS[-1], strict=True)
+
+
+def test_member_pods_meet_pod_security_restricted():
+    pod = objects(FULL)[0]
+    spec = pod["spec"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    for c in spec["containers"]:
+        sc = c["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False and sc["runAsNonRoot"] is True
+        assert sc["readOnlyRootFilesystem"] is True
+        assert sc["capabilities"] == {"drop": ["ALL"]}
+        assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    # A read-only root: every path the node writes is a volume.
+    mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
+    assert {manifests.DATA_DIR, "/tmp"} <= mounts
+    assert all(not v.get("hostPath") for v in spec["volumes"])
+
+
+def test_the_pod_carries_the_spec_to_the_node():
+    pod = objects(FULL)[0]
+    c = pod["spec"]["containers"][0]
+    args = c["args"]
+    assert args[args.index("--node-id") + 1] == "c-1" and "--join" in args
+    assert args[args.index("--partitions") + 1] == "4"
+    assert args[args.index("--peers") + 1].split(",")[0] == ("c-0=http://c-0.c-peers.ns.svc:7001")
+    assert "--tls-cert-file" in args and "--auth-token-file" in args
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env == node_env(FULL)
+    assert env["RAFTLOG_RAFT__BACKFILL_THRESHOLD"] == "20"
+    assert env["RAFTLOG_SNAPSHOT_INSTALL"] == "operator"
+    assert c["readinessProbe"]["httpGet"]["scheme"] == "HTTPS"
+    meta = pod["metadata"]
+    assert meta["labels"]["team"] == "data" and meta["labels"]["raftlog.dev/member"] == "c-1"
+    assert meta["annotations"][manifests.ANNOTATION_HASH] == config_hash(FULL)
+    assert pod["spec"]["subdomain"] == "c-peers" and pod["spec"]["hostname"] == "c-1"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["token"]["secret"]["secretName"] == "c-token"
+    assert vols["data"]["persistentVolumeClaim"]["claimName"] == "data-c-1"
+
+
+def test_the_budget_allows_one_member_down_and_the_peer_service_publishes_unready_members():
+    svc = manifests.services("c", "ns")[0]
+    assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert manifests.pdb("c", "ns")["spec"]["maxUnavailable"] == 1
