@@ -16,7 +16,8 @@ the shared machine hits them alike. Missing tools are installed: `wrk` and `etcd
 `apt-get install -y`, PySyncObj with pip into this interpreter (it is not a raftlog dependency).
 
 Results: a Markdown table on stdout and `bench/results/append.json`. `python -m bench.compare`
-runs it alone; `BENCH_SECONDS` sets the length of each run (default 10).
+runs it alone; `BENCH_SECONDS` sets the length of each run (default 10). Then `bench.recovery`
+(backfill catch-up and snapshot install against a loopback socket copy) runs in the same process.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from bench import recovery
 from raftlog.node.local import LocalCluster, free_ports
 
 HERE = Path(__file__).resolve().parent
@@ -357,6 +359,12 @@ def main() -> dict[str, Any]:
             if t.batch_body is not None:
                 runs.append(measure(t, 8, 100, workdir))
                 print(_line(runs[-1]), file=sys.stderr, flush=True)
+    print("\nbackfill catch-up and snapshot install (bench.recovery):", file=sys.stderr)
+    try:
+        recovered: dict[str, Any] = recovery.main()
+    except Exception as e:  # the append figures are still written
+        recovered = {"error": f"{type(e).__name__}: {e}"}
+        print(f"bench.recovery failed: {recovered['error']}", file=sys.stderr)
     load_after = Path("/proc/loadavg").read_text().split()[:3]
     result = {
         "command": "python -m bench.compare",
@@ -371,6 +379,7 @@ def main() -> dict[str, Any]:
         "tools": tools,
         "runs": [asdict(r) for r in runs],
         "summary": summarize(runs),
+        "recovery": recovered,
     }
     RESULTS.parent.mkdir(exist_ok=True)
     RESULTS.write_text(json.dumps(result, indent=2) + "\n")

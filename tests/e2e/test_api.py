@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 
+import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -40,6 +42,31 @@ def test_peer_calls_need_the_token_and_change_nothing_without_it(node):
         assert code == 401 and body["error"] == "unauthorized", headers
     code, _ = post(node, "/peer/v1/messages", frame, Authorization="Bearer s3cret-token")
     assert code == 204
+    assert last_index(node) == before
+
+
+def test_peer_stream_needs_the_token_and_closes_on_a_bad_frame(node):
+    """The WebSocket peers stream frames over: 401 without the token; a frame that does not
+    decode closes it with the reason and changes nothing."""
+    before = last_index(node)
+    url = node.nodes["n1"].url + "/peer/v1/stream"
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as s:
+            for headers in ({}, {"Authorization": "Bearer wrong"}):
+                with pytest.raises(aiohttp.WSServerHandshakeError) as e:
+                    await s.ws_connect(url, headers=headers)
+                assert e.value.status == 401
+            auth = {"Authorization": "Bearer s3cret-token"}
+            async with s.ws_connect(url, headers=auth) as ws:
+                await ws.send_bytes(encode_frame([]))  # an empty frame is fine
+                await ws.send_bytes(b"\xc1 not msgpack")
+                msg = await ws.receive(timeout=5)
+                assert msg.type == aiohttp.WSMsgType.CLOSE
+                assert msg.data == aiohttp.WSCloseCode.INVALID_TEXT
+                assert "MessagePack" in msg.extra
+
+    asyncio.run(run())
     assert last_index(node) == before
 
 
