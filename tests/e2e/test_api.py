@@ -64,7 +64,7 @@ def test_peer_stream_needs_the_token_and_closes_on_a_bad_frame(node):
                 msg = await ws.receive(timeout=5)
                 assert msg.type == aiohttp.WSMsgType.CLOSE
                 assert msg.data == aiohttp.WSCloseCode.INVALID_TEXT
-                assert "MessagePack" in msg.extra
+                assert "MessagePack" in (msg.extra or "")
 
     asyncio.run(run())
     assert last_index(node) == before
