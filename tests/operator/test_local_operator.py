@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import signal
 import time
 from collections.abc import AsyncIterator
@@ -21,6 +22,7 @@ from raftlog.client import AsyncClient, IdempotentProducer
 from raftlog.operator.actions import Event
 from raftlog.operator.local import LocalOperator
 from raftlog.operator.models import RaftClusterStatus
+from raftlog.operator.reconciler import config_hash
 
 pytestmark = [pytest.mark.operator, pytest.mark.slow, pytest.mark.asyncio]
 
@@ -249,3 +251,49 @@ async def test_an_operator_restart_in_the_middle_of_a_scale_up_resumes_without_a
         assert h.reasons().count("ScalingUp") == 1
     finally:
         await h.op.close()
+
+
+async def test_a_spec_change_rolls_the_members_one_at_a_time_leader_last(tmp_path):
+    async with cluster(tmp_path, manifest(3, partitions=1)) as h:
+        st = await h.until("bootstrap", running(3), 30)
+        first_leader = st.leaders["0"]
+        acked = 0
+        stop = asyncio.Event()
+
+        async def producer() -> None:
+            nonlocal acked
+            async with AsyncClient(h.op.endpoints(), retries=30) as client:
+                while not stop.is_set():
+                    await client.append(0, [{"key": f"k{acked}", "value": "v"}])
+                    acked += 1
+
+        task = asyncio.create_task(producer())
+        path = tmp_path / "raftcluster.yaml"
+        path.write_text(
+            path.read_text().replace("learnerPromotionLag: 10", "learnerPromotionLag: 12")
+        )
+        _, spec = h.op.desired()
+        want = config_hash(spec)
+        st = await h.until(
+            "every member restarted",
+            lambda s: set(h.op.runtime.hashes.values()) == {want} and running(3)(s),
+            120,
+        )
+        stop.set()
+        await asyncio.wait_for(task, 30)  # the producer never failed
+        restarted = [e.message.split()[1] for _, e in h.events if e.reason == "RollingRestart"]
+        assert sorted(restarted) == ["c-0", "c-1", "c-2"], restarted  # each once
+        assert restarted[-1] == first_leader  # followers first, the leader last
+        assert acked > 0
+
+
+async def test_a_member_that_lost_its_data_is_replaced_by_a_new_learner(tmp_path):
+    async with cluster(tmp_path, manifest(3, partitions=2, learnerPromotionStableWindow=0.5)) as h:
+        await h.until("bootstrap", running(3), 30)
+        shutil.rmtree(h.op.runtime.data_dir("c-1"))  # the volume is gone for good ...
+        h.signal("c-1", signal.SIGKILL)  # ... and so is the pod
+        st = await h.until("replaced", lambda s: running(3)(s) and s.member("c-1") is None, 90)
+        assert sorted(m.name for m in st.members) == ["c-0", "c-2", "c-3"]
+        reasons = h.reasons()
+        for reason in ("MemberLost", "MemberRemoved", "ScalingUp", "LearnerAdded", "Promoted"):
+            assert reason in reasons, reasons
