@@ -1,0 +1,61 @@
+"""The archive job: committed records into Parquet partitioned by raftlog partition and date,
+exactly once across a restart, with a progress line per micro-batch."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from raftlog.node.local import LocalCluster
+from raftlog.spark.jobs import archive
+from tests.spark.helpers import Row, append, records, rows_of, wait_replicated
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+def test_archive_is_exactly_once_across_a_restart_and_partitioned(spark, tmp_path):
+    out, checkpoint = tmp_path / "archive", tmp_path / "checkpoint"
+    with LocalCluster(tmp_path / "cluster", replicas=3, partitions=2, durable=False) as cluster:
+        cluster.wait_ready()
+        acked: list[Row] = []
+        for p in (0, 1):
+            acked += append(cluster, p, records(30, f"first{p}", keys=4))
+            wait_replicated(cluster, p, acked[-1][1])
+        argv = ["--endpoints", ",".join(cluster.endpoints), "--output", str(out),
+                "--checkpoint", str(checkpoint), "--once", "--max-records-per-trigger", "25",
+                "--timeout-seconds", "120"]  # fmt: skip
+        lines = io.StringIO()
+        assert archive.run(spark, archive.parse_args(argv), lines) == 60
+        progress = [line for line in lines.getvalue().splitlines() if "archive batch" in line]
+        assert len(progress) >= 3, lines.getvalue()  # 60 records, at most 25 per micro-batch
+        assert all("records/s" in line for line in progress)
+        for p in (0, 1):
+            acked += append(cluster, p, records(20, f"second{p}", keys=4))
+            wait_replicated(cluster, p, acked[-1][1])
+        # The restart is the command itself (its own Spark, local[*]): it resumes from the
+        # checkpoint and writes only what came after.
+        done = subprocess.run(
+            [sys.executable, "-m", "raftlog.spark.jobs.archive", *argv],
+            capture_output=True, text=True, timeout=300,
+            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "archive batch" in done.stdout
+        assert "archive: 40 records written" in done.stdout, done.stdout
+    df = spark.read.parquet(str(out))
+    got = rows_of(df)
+    assert got == sorted(acked, key=lambda r: (r[0], r[1]))
+    today = dt.datetime.now(dt.UTC).date()
+    dates = {r["date"] for r in df.select("date").distinct().collect()}
+    assert dates <= {dt.date(2023, 11, 14), today, today - dt.timedelta(days=1)}, dates
+    assert dt.date(2023, 11, 14) in dates
+    assert sorted(d.name for d in out.iterdir() if d.name.startswith("partition=")) == [
+        "partition=0",
+        "partition=1",
+    ]
+    assert any(d.name == "date=2023-11-14" for d in (out / "partition=0").iterdir())
