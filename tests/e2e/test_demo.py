@@ -23,7 +23,9 @@ def test_demo_tells_the_whole_story():
         "reported SnapshotRequired",
         "installed a snapshot",
         "promote while it lags: 409",
-        "promote once caught up: 200",
+        "operator: Promoted",
+        "for the whole 3 s window",
+        "Available True",
         "97 of 97 keys hold the latest value",
     ):
         assert needle in out, f"missing {needle!r} in:\n{out}"

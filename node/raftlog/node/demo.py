@@ -1,41 +1,107 @@
-"""`make demo`: a local cluster of real node processes, through the story of the design.
+"""`make demo`: the operator's reconciler running a local cluster of real node processes.
 
-Three nodes on 127.0.0.1 with two partitions, durable (fsync on). It writes, pauses a follower
+Three members with two partitions, durable (fsync on), started and healed by the same reconciler
+the Kubernetes operator runs (`raftctl local up -f` uses it too). It writes, pauses a follower
 past the backfill threshold and shows the bounded rounds, stops a follower while the others
-compact past it and shows SnapshotRequired and the install, adds a learner and promotes it once
-it has caught up, and prints a summary. Everything shown is read from the nodes' status API.
+compact past it and shows SnapshotRequired healed by an install the operator schedules, scales
+to four members and shows the learner's promotion window (the leader refusing a promotion while
+the learner lags), and prints a summary. Everything shown is read from the nodes' status API and
+the operator's status and events.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from raftlog.cli.cluster_cmds import status_table
 from raftlog.client import AsyncClient
-from raftlog.node.local import LocalCluster
+from raftlog.operator.actions import Event
+from raftlog.operator.local import LocalOperator
+from raftlog.operator.models import RaftClusterStatus
 
-RAFT = {"compact_every_operations": 300, "compact_number_entries": 100}
-ENV = {"RAFTLOG_SEGMENT_BYTES": "16384"}
+MANIFEST = """\
+apiVersion: raftlog.dev/v1alpha1
+kind: RaftCluster
+metadata:
+  name: demo
+spec:
+  replicas: 3
+  partitions: 2
+  raft:
+    compactEveryOperations: 300
+    compactNumberEntries: 1000
+    learnerPromotionLag: 10
+    learnerPromotionStableWindow: 3
+  storage:
+    segmentBytes: 16384
+"""
 
 
 class Demo:
-    def __init__(self, cluster: LocalCluster) -> None:
-        self.c = cluster
+    def __init__(self, base: Path) -> None:
+        self.base = base
+        self.started = time.monotonic()
         self.acked = 0
         self.latest: dict[str, str] = {}  # what each key of partition 0 must hold
-        self.started = time.monotonic()
+        self.op = LocalOperator.create(base, MANIFEST, interval_s=0.2, on_event=self.event)
+        self.token = self.op.token_file.read_text().strip()
+        self._stop = asyncio.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_operator, daemon=True)
 
+    # ----------------------------------------------------------------- the operator
+    def _run_operator(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_until_complete(self.op.run(self._stop))
+        self._loop.run_until_complete(self.op.close())
+
+    def event(self, e: Event) -> None:
+        mark = "!" if e.type == "Warning" else ">"
+        print(f"    {mark} operator: {e.reason}: {e.message}", flush=True)
+
+    def status(self) -> RaftClusterStatus:
+        return self.op.status
+
+    def until(self, what: str, pred: Callable[[RaftClusterStatus], bool], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred(self.op.status):
+                return
+            time.sleep(0.1)
+        raise TimeoutError(
+            f"{what}: not within {timeout} s (last step: {self.op.status.last_action})"
+        )
+
+    def stop(self) -> None:
+        self._loop.call_soon_threadsafe(self._stop.set)
+        self._thread.join(60)
+
+    # ----------------------------------------------------------------- the cluster
     def chapter(self, title: str) -> None:
         print(f"\n== {title}  [{time.monotonic() - self.started:.1f} s]", flush=True)
 
+    def endpoints(self) -> list[str]:
+        return list(self.op.endpoints())
+
+    def url(self, name: str) -> str:
+        return self.op.runtime.url(name)
+
+    def signal(self, name: str, sig: int) -> None:
+        self.op.runtime.procs[name].send_signal(sig)
+
     def write(self, n: int, partition: int = 0, batch: int = 20) -> None:
         async def go() -> None:
-            async with AsyncClient(self.c.endpoints) as client:
+            async with AsyncClient(self.endpoints(), retries=20) as client:
                 for i in range(0, n, batch):
                     records = [
                         {"key": f"user-{j % 97}", "value": f"event-{self.acked + j}"}
@@ -48,110 +114,129 @@ class Demo:
 
         asyncio.run(go())
 
-    def p0(self, name: str) -> dict[str, Any]:
-        return dict(self.c.status(name)["partitions"][0])
+    def call(self, name: str, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        async def go() -> tuple[int, Any]:
+            headers = {"Authorization": f"Bearer {self.token}"}
+            async with (
+                aiohttp.ClientSession(headers=headers) as s,
+                s.request(
+                    method, self.url(name) + path, json=body, timeout=aiohttp.ClientTimeout(30)
+                ) as r,
+            ):
+                return r.status, await r.json(content_type=None)
 
-    def leader(self, timeout: float = 30) -> str:
-        """The node that leads partition 0 (in the highest term seen), once there is one."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            best: tuple[int, str] | None = None
-            for name, node in self.c.nodes.items():
-                if not node.running:
-                    continue
-                try:
-                    st = self.c.get(name, "/v1/status", timeout=0.5)[1]["partitions"][0]
-                except (OSError, KeyError, TypeError):
-                    continue
-                if st["role"] == "leader" and (best is None or st["term"] > best[0]):
-                    best = (st["term"], name)
-            if best is not None:
-                return best[1]
-            time.sleep(0.05)
-        raise TimeoutError("no leader for partition 0")
+        return asyncio.run(go())
+
+    def p0(self, name: str) -> dict[str, Any]:
+        return dict(self.call(name, "GET", "/v1/status")[1]["partitions"][0])
+
+    def leader(self) -> str:
+        self.until("a leader of partition 0", lambda s: "0" in s.leaders, 60)
+        return self.op.status.leaders["0"]
 
     def converge(self, name: str, timeout: float = 60) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            top = self.p0(self.leader())["high_water_mark"]
             try:
-                if self.p0(name)["applied"] >= top:
+                if self.p0(name)["applied"] >= self.p0(self.leader())["high_water_mark"]:
                     return
-            except OSError:
+            except (OSError, aiohttp.ClientError, KeyError):
                 pass
             time.sleep(0.1)
         raise TimeoutError(f"{name} did not catch up within {timeout} s")
 
+    # ----------------------------------------------------------------- the story
     def run(self) -> None:
-        c = self.c
-        self.chapter("1. Three node processes start and elect a leader per partition")
-        c.wait_ready(timeout=60)
-        for p in (0, 1):
-            print(f"    partition {p}: leader {c.leader(p)}")
+        self._thread.start()
+        self.chapter("1. The operator creates three members; each partition elects a leader")
+        self.until("Running", lambda s: s.phase == "Running", 60)
+        st = self.status()
+        for p, lead in sorted(st.leaders.items()):
+            print(f"    partition {p}: leader {lead}")
         self.write(200)
         lead = self.leader()
         print(f"    200 records acknowledged (after fsync on a quorum); high-water mark "
               f"{self.p0(lead)['high_water_mark']}")  # fmt: skip
 
         self.chapter("2. A follower is paused (SIGSTOP); 600 writes later, bounded backfill")
-        slow = next(n for n in c.nodes if n != lead)
-        c.pause(slow)
+        slow = next(m.name for m in self.status().members if m.name != lead)
+        self.signal(slow, signal.SIGSTOP)
         self.write(600)
-        behind = self.p0(lead)["high_water_mark"] - self.p0(lead)["followers"][slow]["match"]
+        st0 = self.p0(lead)
+        behind = st0["high_water_mark"] - st0["followers"][slow]["match"]
         print(f"    {slow} is {behind} entries behind (backfill_threshold=10); writes went on")
-        c.resume(slow)
+        self.signal(slow, signal.SIGCONT)
         self.write(100)
         self.converge(slow)
-        st = self.p0(lead)
-        f, counters = st["followers"][slow], st["counters"]
-        largest = counters["backfill_largest_round"]
+        st0 = self.p0(self.leader())
+        f, counters = st0["followers"][slow], st0["counters"]
         print(f"    {slow} caught up in {f['backfill_rounds']} backfill rounds "
-              f"({f['backfill_entries']} entries, largest round {largest} <= "
-              "max_backfill_entries_per_round=128), then rejoined live replication")  # fmt: skip
+              f"({f['backfill_entries']} entries, largest round "
+              f"{counters['backfill_largest_round']} <= max_backfill_entries_per_round=128), "
+              "then rejoined live replication")  # fmt: skip
 
-        self.chapter("3. A follower stops (SIGKILL); the others compact past it")
+        self.chapter("3. A follower stops; the others compact past it; the operator heals it")
         lead = self.leader()
-        stopped = next(n for n in c.nodes if n != lead)
+        stopped = next(m.name for m in self.status().members if m.name != lead)
         last = self.p0(stopped)["last_index"]
-        c.kill(stopped)
+        self.signal(stopped, signal.SIGSTOP)
         self.write(1500)
-        st = self.p0(self.leader())
+        st0 = self.p0(self.leader())
         print(f"    {stopped} stopped at index {last}; the leader's compaction floor is now "
-              f"{st['compaction_floor']} (snapshot at {st['snapshot_index']})")  # fmt: skip
-        c.start(stopped)
-        c.wait_ready()
+              f"{st0['compaction_floor']} (snapshot at {st0['snapshot_index']})")  # fmt: skip
+        self.signal(stopped, signal.SIGCONT)
+        self.until(
+            "the install",
+            lambda s: any(
+                i.member == stopped and i.state == "installed" for i in s.snapshot_installs
+            ),
+            90,
+        )
         self.converge(stopped)
-        lead = self.leader()
-        st, theirs = self.p0(lead), self.p0(stopped)
-        required = st["counters"]["events"].get("snapshot_required", 0)
-        by_follower = st["counters"]["snapshots_from_followers"]
-        print(f"    the leader reported SnapshotRequired for it {required} time(s); it installed "
-              f"a snapshot at {theirs['snapshot_index']} streamed by "
-              f"{'another follower (RATIS-2428)' if by_follower else 'the leader'}, "
-              f"then caught up to {theirs['high_water_mark']}")  # fmt: skip
+        inst = next(i for i in self.status().snapshot_installs if i.member == stopped)
+        required = self.p0(self.leader())["counters"]["events"].get("snapshot_required", 0)
+        print(f"    the leader reported SnapshotRequired for it {required} time(s); the operator "
+              f"installed a snapshot streamed by {inst.source}"
+              f"{' (a follower: RATIS-2428)' if inst.source != 'leader' else ''}; "
+              f"{stopped} caught up to {self.p0(stopped)['high_water_mark']}")  # fmt: skip
 
-        self.chapter("4. A learner joins; promotion is refused while it lags, then accepted")
-        lead = self.leader()
-        new = c.add_node()
-        c.start(new.name)
-        time.sleep(0.5)  # it starts listening
-        c.pause(new.name)
-        code, reply = self.admin(lead, {"op": "add_learner", "node": new.name, "url": new.url})
-        print(f"    add_learner {new.name}: {code}, learners {reply.get('learners')}")
-        code, reply = self.admin(lead, {"op": "promote", "node": new.name})
+        self.chapter("4. Scale to four: a learner, its promotion window, then a voter")
+        self.op.base.joinpath("raftcluster.yaml").write_text(
+            MANIFEST.replace("replicas: 3", "replicas: 4")
+        )  # what `raftctl local scale demo --replicas 4` does
+        self.until("the learner", lambda s: any(m.role == "learner" for m in s.members), 60)
+        new = next(m.name for m in self.status().members if m.role == "learner")
+        self.signal(new, signal.SIGSTOP)  # hold it back, to show the leader's own check
+        self.write(300)
+        code, reply = self.call(self.leader(), "POST", "/v1/admin/partitions/0/members",
+                                {"op": "promote", "node": new})  # fmt: skip
         print(f"    promote while it lags: {code} {reply.get('reason')}")
-        c.resume(new.name)
-        self.converge(new.name)
-        code, reply = self.admin(lead, {"op": "promote", "node": new.name})
-        print(f"    promote once caught up: {code}, voters {reply.get('voters')}")
+        self.signal(new, signal.SIGCONT)
+        seen: list[Any] = []
+
+        def promoted(s: RaftClusterStatus) -> bool:
+            m = s.member(new)
+            if m is not None and m.promotion is not None:
+                seen.append(m.promotion)
+            return m is not None and m.role == "voter"
+
+        self.until("promoted", promoted, 90)
+        window = seen[-1] if seen else None
+        if window is not None:
+            print(f"    the operator promoted {new} once its lag stayed within "
+                  f"learnerPromotionLag=10 for the whole {window.window_seconds:g} s window "
+                  f"(window restarts: {window.restarts})")  # fmt: skip
 
         self.chapter("5. Summary")
         self.write(100)
+        self.until("Running", lambda s: s.phase == "Running", 60)
         lead = self.leader()
-        self.converge(new.name)
-        for node, mode in ((lead, "linearizable"), (new.name, "local")):
+        self.converge(new)
+        for node, mode in ((lead, "linearizable"), (new, "local")):
             right = sum(
-                self.c.get(node, f"/v1/partitions/0/keys/{k}?consistency={mode}")[1].get("value")
+                self.call(node, "GET", f"/v1/partitions/0/keys/{k}?consistency={mode}")[1].get(
+                    "value"
+                )
                 == v
                 for k, v in self.latest.items()
             )
@@ -159,37 +244,31 @@ class Demo:
                   "latest value written")  # fmt: skip
             if right != len(self.latest):
                 raise AssertionError(f"{node} lost writes")
-        print(f"    {self.acked} records acknowledged; every node's status:")
-        for line in status_table(c.endpoints).splitlines():
+        st = self.status()
+        cond = {c.type: f"{c.status} ({c.reason})" for c in st.conditions}
+        print(f"    {self.acked} records acknowledged; RaftCluster demo: phase {st.phase}, "
+              f"{st.ready_replicas}/{st.replicas} ready, "
+              f"Available {cond.get('Available')}")  # fmt: skip
+        for line in status_table(self.endpoints()).splitlines():
             print(f"    {line}")
-        print(f"    ({time.monotonic() - self.started:.1f} s; data and logs were in {c.data_dir})")
-
-    def admin(self, node: str, body: dict[str, str]) -> tuple[int, dict[str, Any]]:
-        import json
-
-        code, reply = self.c.request(
-            node, "POST", "/v1/admin/partitions/0/members", json.dumps(body).encode(),
-            {"Content-Type": "application/json"}, timeout=30,
-        )  # fmt: skip
-        return code, dict(reply or {})
+        print(f"    ({time.monotonic() - self.started:.1f} s; data and logs were in {self.base})")
 
 
 def main() -> int:
-    print("raftlog demo: a local cluster of real node processes (3 nodes, 2 partitions, fsync on)")
+    print("raftlog demo: the operator's reconciler running a local cluster of real node "
+          "processes (3 members, 2 partitions, fsync on)")  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="raftlog-demo-") as d:
-        cluster = LocalCluster(Path(d), replicas=3, partitions=2, raft=RAFT, env=ENV)
+        demo = Demo(Path(d))
         try:
-            cluster.start()
-            Demo(cluster).run()
+            demo.run()
         except Exception as e:
             print(f"demo failed: {e}; node logs follow", file=sys.stderr)
-            for node in cluster.nodes.values():
-                if node.log_path.exists():
-                    print(f"--- {node.log_path}", file=sys.stderr)
-                    print(node.log_path.read_text()[-3000:], file=sys.stderr)
+            for log in sorted(Path(d).glob("*.log")):
+                print(f"--- {log}", file=sys.stderr)
+                print(log.read_text()[-3000:], file=sys.stderr)
             return 1
         finally:
-            cluster.stop()
+            demo.stop()
     return 0
 
 
