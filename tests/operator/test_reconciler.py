@@ -317,6 +317,13 @@ def test_one_new_member_at_a_time():
     assert [m.name for m in plan.status.members] == ["c-0", "c-1", "c-2", "c-3"]
 
 
+def test_a_scale_down_during_a_scale_up_removes_the_learner_without_promoting_it():
+    w, st, _ = learner_world(lag=3)
+    plan = step(st, w, spec(replicas=3), now=T0 + 100)
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-3")
+    assert plan.status.member("c-3").role == "removing"  # type: ignore[union-attr]
+
+
 def test_scale_up_waits_for_unready_members():
     w = World(MEMBERS)
     w.silent.add("c-1")

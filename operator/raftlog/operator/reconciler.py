@@ -128,9 +128,10 @@ def _next_action(ps: _Pass) -> Action | None:
         _peers,
         _removals,
         _snapshot_installs,
+        _scale_down,  # before the learners: a member no longer wanted is not promoted first
         _joining,
         _promotions,
-        _scale,
+        _scale_up,
         _rolling_restart,
     ):
         action = step(ps)
@@ -344,24 +345,30 @@ def _promotions(ps: _Pass) -> Action | None:
     return None
 
 
-def _scale(ps: _Pass) -> Action | None:
+def _scale_up(ps: _Pass) -> Action | None:
     active = [m for m in ps.st.members if m.role != "removing"]
-    if len(active) < ps.spec.replicas:
-        unready = [m.name for m in active if not ps.ready(m.name)]
-        if unready:
-            return Wait(f"scaling up waits for {', '.join(unready)} to be ready")
-        ordinal = ps.st.next_ordinal
-        new = MemberStatus(name=member_name(ps.name, ordinal), ordinal=ordinal, role="joining")
-        ps.st.next_ordinal = ordinal + 1
-        ps.st.members.append(new)
-        ps.event("ScalingUp", f"adding {new.name} ({len(active) + 1} of {ps.spec.replicas})")
-        return CreateMembers((new.name,), join=True)
-    if len(active) > ps.spec.replicas:
-        victim = max(active, key=lambda m: m.ordinal)
-        victim.role = "removing"
-        ps.event("ScalingDown", f"removing {victim.name} ({len(active) - 1} of the members left)")
-        return _remove(ps, victim)
-    return None
+    if len(active) >= ps.spec.replicas:
+        return None
+    unready = [m.name for m in active if not ps.ready(m.name)]
+    if unready:
+        return Wait(f"scaling up waits for {', '.join(unready)} to be ready")
+    ordinal = ps.st.next_ordinal
+    new = MemberStatus(name=member_name(ps.name, ordinal), ordinal=ordinal, role="joining")
+    ps.st.next_ordinal = ordinal + 1
+    ps.st.members.append(new)
+    ps.event("ScalingUp", f"adding {new.name} ({len(active) + 1} of {ps.spec.replicas})")
+    return CreateMembers((new.name,), join=True)
+
+
+def _scale_down(ps: _Pass) -> Action | None:
+    active = [m for m in ps.st.members if m.role != "removing"]
+    if len(active) <= ps.spec.replicas:
+        return None
+    # The newest first: a learner still joining goes before any voter.
+    victim = max(active, key=lambda m: m.ordinal)
+    victim.role = "removing"
+    ps.event("ScalingDown", f"removing {victim.name} ({len(active) - 1} of the members left)")
+    return _remove(ps, victim)
 
 
 def _rolling_restart(ps: _Pass) -> Action | None:
