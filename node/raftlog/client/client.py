@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-import ssl
 from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
+from raftlog.client.session import SessionHolder
 from raftlog.node.routing import partition_for
 
 
@@ -39,7 +39,7 @@ class AppendResult:
 _RETRYABLE = {421, 502, 503, 504}
 
 
-class AsyncClient:
+class AsyncClient(SessionHolder):
     def __init__(
         self,
         endpoints: list[str],
@@ -52,35 +52,14 @@ class AsyncClient:
     ) -> None:
         if not endpoints:
             raise ValueError("endpoints: at least one node URL is needed")
+        super().__init__(
+            token=token, ca_file=ca_file, timeout=aiohttp.ClientTimeout(total=timeout_s)
+        )
         self.endpoints = [e.rstrip("/") for e in endpoints]
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.retries = retries
         self.backoff_s = backoff_s
-        self._timeout = aiohttp.ClientTimeout(total=timeout_s)
-        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
-        self._session: aiohttp.ClientSession | None = None
         self._leaders: dict[int, str] = {}
         self._partitions: int | None = None
-
-    async def __aenter__(self) -> AsyncClient:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl else None
-            self._session = aiohttp.ClientSession(
-                timeout=self._timeout, headers=self.headers, connector=connector
-            )
-        return self._session
 
     async def _request(self, method: str, url: str, **kw: Any) -> tuple[int, dict[str, Any]]:
         async with self.session.request(method, url, **kw) as resp:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import ssl
 from typing import Any
 
 import aiohttp
 
+from raftlog.client.session import SessionHolder
 from raftlog.operator.actions import (
     Action,
     ChangeMembership,
@@ -23,7 +23,7 @@ class NodeApiError(Exception):
     pass
 
 
-class NodeApi:
+class NodeApi(SessionHolder):
     def __init__(
         self,
         token: str | None = None,
@@ -31,31 +31,10 @@ class NodeApi:
         timeout_s: float = 3.0,
         install_timeout_s: float = 600.0,
     ) -> None:
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        super().__init__(token=token, ca_file=ca_file, timeout=self.timeout)
         # A snapshot install answers when the whole snapshot is streamed.
         self.install_timeout = aiohttp.ClientTimeout(total=install_timeout_s)
-        self._session: aiohttp.ClientSession | None = None
-
-    async def __aenter__(self) -> NodeApi:
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.close()
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-    @property
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            self._session = aiohttp.ClientSession(
-                headers=self.headers, connector=aiohttp.TCPConnector(ssl=self._ssl or True)
-            )
-        return self._session
 
     async def call(
         self,

@@ -1,0 +1,42 @@
+"""An aiohttp session made on first use (inside the running loop) and closed once."""
+
+from __future__ import annotations
+
+import ssl
+from typing import Self
+
+import aiohttp
+
+
+class SessionHolder:
+    def __init__(
+        self,
+        *,
+        token: str | None = None,
+        ca_file: str | None = None,
+        timeout: aiohttp.ClientTimeout | None = None,
+    ) -> None:
+        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        self._timeout = timeout or aiohttp.ClientTimeout(total=15.0)
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def session(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self._ssl) if self._ssl else None
+            self._session = aiohttp.ClientSession(
+                timeout=self._timeout, headers=self.headers, connector=connector
+            )
+        return self._session
