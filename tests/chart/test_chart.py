@@ -1,0 +1,288 @@
+"""The Helm chart, rendered by Helm's own engine for each mode, linted, and every rendered object
+validated against the schemas of the oldest and newest Kubernetes versions the chart claims."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+from tests.chart.helm import (
+    CHART,
+    KUBE_VERSIONS,
+    MODES,
+    NAMESPACE,
+    ROOT,
+    objects,
+    of_kind,
+    one,
+    render,
+)
+
+pytestmark = pytest.mark.chart
+
+# Kinds whose schema is not in Kubernetes itself: each is checked by its own CRD below.
+PEERING_KINDS = {
+    "KopfPeering": "kopfpeerings.kopf.dev",
+    "ClusterKopfPeering": "clusterkopfpeerings.kopf.dev",
+}
+
+
+def test_the_chart_yaml_claims_the_versions_the_tests_validate_against():
+    meta = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert meta["kubeVersion"] == f">={KUBE_VERSIONS[0]}.0-0"
+    assert meta["apiVersion"] == "v2" and meta["appVersion"] == "0.1.0"
+
+
+def test_the_charts_crds_are_the_top_level_crds_byte_for_byte():
+    top = {p.name: p.read_bytes() for p in (ROOT / "crds").glob("*.yaml")}
+    chart = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert sorted(chart) == sorted(top), "charts/raftlog-operator/crds differs from crds/"
+    for name, data in top.items():
+        assert chart[name] == data, (
+            f"charts/raftlog-operator/crds/{name} is stale: copy crds/{name}"
+        )
+    assert "raftclusters.raftlog.dev.yaml" in chart and "kopfpeerings.kopf.dev.yaml" in chart
+
+
+def test_helm_loads_the_crds_and_they_are_valid_for_every_claimed_version():
+    with helm.Chart.load(CHART) as chart:
+        crds = [yaml.safe_load(c["data"]) for c in chart.crds]
+    names = sorted(c["metadata"]["name"] for c in crds)
+    assert names == sorted(["raftclusters.raftlog.dev", *PEERING_KINDS.values()])
+    for crd in crds:
+        for version in KUBE_VERSIONS:
+            kubernetes_validate.validate(crd, version, strict=True)
+
+
+def _crd_schema(name: str) -> tuple[str, dict[str, Any]]:
+    crd = yaml.safe_load((CHART / "crds" / f"{name}.yaml").read_text())
+    return crd["spec"]["scope"], crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def validate(obj: dict[str, Any], version: str) -> None:
+    """A rendered object against its schema: Kubernetes' own, or the CRD that defines it."""
+    kind = obj["kind"]
+    if kind in PEERING_KINDS:
+        scope, schema = _crd_schema(PEERING_KINDS[kind])
+        assert obj["apiVersion"] == "kopf.dev/v1"
+        assert ("namespace" in obj["metadata"]) == (scope == "Namespaced"), obj
+        jsonschema.Draft4Validator(schema).validate(obj)
+    elif kind == "ServiceMonitor":
+        # The Prometheus operator's CRD is not available here: its shape is checked by
+        # test_the_service_monitor_scrapes_the_metrics_service instead.
+        assert obj["apiVersion"] == "monitoring.coreos.com/v1"
+    else:
+        kubernetes_validate.validate(obj, version, strict=True)
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_every_rendered_object_is_valid(mode, version):
+    objs = objects(MODES[mode])
+    assert one(objs, "Deployment") and one(objs, "ServiceAccount")
+    for obj in objs:
+        validate(obj, version)
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_helm_lint_finds_nothing(mode, version):
+    report = helm.lint(
+        CHART, MODES[mode], strict=True, namespace=NAMESPACE, kube_version=f"v{version}.0"
+    )
+    assert report["total_charts_linted"] == 1
+    assert report["errors"] == []
+    # Severity 1 is information ("icon is recommended"); 2 and 3 are warnings and errors.
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def container(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(one(objs, "Deployment")["spec"]["template"]["spec"]["containers"][0])
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_the_operator_pod_meets_pod_security_restricted(mode):
+    objs = objects(MODES[mode])
+    pod = one(objs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 10001
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    sc = container(objs)["securityContext"]
+    assert sc == {
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        "runAsNonRoot": True,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    # A read-only root: the only writable place is an emptyDir on /tmp.
+    assert container(objs)["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+    assert pod["volumes"] == [{"name": "tmp", "emptyDir": {}}]
+
+
+def test_probes_go_to_kopfs_liveness_endpoint_with_resources_set():
+    c = container(objects())
+    assert c["command"] == ["raftlog-operator"]
+    assert "--liveness=http://0.0.0.0:8080/healthz" in c["args"]
+    ports = {p["name"]: p["containerPort"] for p in c["ports"]}
+    assert ports == {"health": 8080, "metrics": 8000}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert c[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert c["resources"] == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "256Mi"},
+    }
+    env = {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+    assert env["RAFTLOG_OPERATOR_METRICS_PORT"] == "8000"
+    assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def test_the_default_image_is_the_one_the_dockerfile_builds_and_the_nodes_run():
+    from raftlog.operator.models import DEFAULT_IMAGE
+
+    assert container(objects())["image"] == DEFAULT_IMAGE == "ghcr.io/raftlog/raftlog:0.1.0"
+    digest = "sha256:" + "a" * 64
+    pinned = container(objects({"image": {"digest": digest}}))["image"]
+    assert pinned == f"ghcr.io/raftlog/raftlog@{digest}"
+
+
+def test_default_is_namespaced_to_the_release_namespace_and_standalone():
+    objs = objects()
+    args = container(objs)["args"]
+    assert f"--namespace={NAMESPACE}" in args and "--standalone" in args
+    assert "--all-namespaces" not in args
+    assert one(objs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert one(objs, "Role")["metadata"]["namespace"] == NAMESPACE
+    assert one(objs, "ClusterRole")["metadata"]["name"].endswith("-scanning")
+    assert not of_kind(objs, "KopfPeering") and not of_kind(objs, "PodDisruptionBudget")
+
+
+def test_namespaced_mode_gives_a_role_and_binding_per_watched_namespace():
+    objs = objects(MODES["namespaced"])
+    args = container(objs)["args"]
+    assert [a for a in args if a.startswith("--namespace")] == [
+        "--namespace=team-a",
+        "--namespace=team-b",
+    ]
+    for kind in ("Role", "RoleBinding"):
+        assert sorted(o["metadata"]["namespace"] for o in of_kind(objs, kind)) == [
+            "team-a",
+            "team-b",
+        ]
+    for binding in of_kind(objs, "RoleBinding"):
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": "raftlog-operator", "namespace": NAMESPACE}
+        ]
+    # Cluster-scoped: only what kopf reads about the cluster (CRDs, namespaces).
+    cluster_rules = one(objs, "ClusterRole")["rules"]
+    assert {r for rule in cluster_rules for r in rule["resources"]} == {
+        "customresourcedefinitions",
+        "namespaces",
+    }
+    assert all(set(rule["verbs"]) == {"list", "watch"} for rule in cluster_rules)
+
+
+def test_cluster_mode_gives_one_cluster_role_and_no_role():
+    objs = objects(MODES["cluster"])
+    assert "--all-namespaces" in container(objs)["args"]
+    assert not of_kind(objs, "Role") and not of_kind(objs, "RoleBinding")
+    role, binding = one(objs, "ClusterRole"), one(objs, "ClusterRoleBinding")
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"][0]["namespace"] == NAMESPACE
+    # Nothing in the cluster is written but what the operator owns, and no wildcard anywhere.
+    for rule in role["rules"]:
+        assert "*" not in rule["verbs"] + rule["resources"] + rule["apiGroups"]
+        assert not {"update", "deletecollection", "escalate", "bind", "impersonate"} & set(
+            rule["verbs"]
+        ) or rule["resources"] == ["raftclusters/finalizers"]
+
+
+@pytest.mark.parametrize(
+    "mode, kind", [("ha", "KopfPeering"), ("ha-cluster", "ClusterKopfPeering")]
+)
+def test_ha_runs_replicas_in_kopf_peering(mode, kind):
+    objs = objects(MODES[mode])
+    deploy = one(objs, "Deployment")
+    assert deploy["spec"]["replicas"] == MODES[mode]["replicaCount"]
+    args = container(objs)["args"]
+    assert "--peering=raftlog-operator" in args and "--standalone" not in args
+    assert deploy["spec"]["strategy"]["type"] == "RollingUpdate"
+    peering = one(objs, kind)
+    assert peering["metadata"]["name"] == "raftlog-operator"
+    assert one(objs, "PodDisruptionBudget")["spec"]["minAvailable"] == 1
+    anti = deploy["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert anti["preferredDuringSchedulingIgnoredDuringExecution"][0]["weight"] == 100
+    # The peering resource is granted, in the scope of the mode.
+    roles = of_kind(objs, "Role" if kind == "KopfPeering" else "ClusterRole")
+    granted = {(r["resources"][0], v) for role in roles for r in role["rules"] for v in r["verbs"]}
+    plural = "kopfpeerings" if kind == "KopfPeering" else "clusterkopfpeerings"
+    assert {(plural, "list"), (plural, "watch"), (plural, "patch")} <= granted
+
+
+def test_the_metrics_service_and_service_monitor_scrape_the_operator():
+    objs = objects(MODES["metrics"])
+    svc = one(objs, "Service")
+    pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert svc["spec"]["ports"] == [
+        {"name": "metrics", "port": 8000, "targetPort": "metrics", "protocol": "TCP"}
+    ]
+    mon = one(objs, "ServiceMonitor")
+    assert mon["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    assert mon["spec"]["namespaceSelector"] == {"matchNames": [NAMESPACE]}
+    assert mon["spec"]["endpoints"][0]["port"] == "metrics"
+    assert mon["metadata"]["labels"]["release"] == "prom"
+    assert not of_kind(objects(), "ServiceMonitor")  # optional: off by default
+
+
+def test_without_metrics_there_is_no_service_and_the_operator_serves_none():
+    objs = objects(MODES["no-metrics"])
+    assert not of_kind(objs, "Service")
+    env = {e["name"]: e.get("value") for e in container(objs)["env"]}
+    assert env["RAFTLOG_OPERATOR_METRICS_PORT"] == "0"
+
+
+def test_the_network_policy_lets_only_members_the_operator_and_clients_in():
+    objs = objects(MODES["network-policy"])
+    policies = of_kind(objs, "NetworkPolicy")
+    assert sorted(p["metadata"]["namespace"] for p in policies) == ["billing", "orders"]
+    for policy in policies:
+        spec = policy["spec"]
+        assert spec["policyTypes"] == ["Ingress"]
+        # The members' pods, as the operator labels them.
+        assert spec["podSelector"]["matchLabels"] == {
+            "app.kubernetes.io/name": "raftlog",
+            "app.kubernetes.io/managed-by": "raftlog-operator",
+        }
+        [rule] = spec["ingress"]
+        assert rule["ports"] == [{"port": 7001, "protocol": "TCP"}]
+        members, operator, *clients = rule["from"]
+        assert members == {"podSelector": {"matchLabels": spec["podSelector"]["matchLabels"]}}
+        pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+        assert operator["podSelector"]["matchLabels"].items() <= pod_labels.items()
+        assert operator["namespaceSelector"]["matchLabels"] == {
+            "kubernetes.io/metadata.name": NAMESPACE
+        }
+        assert clients == MODES["network-policy"]["networkPolicy"]["clients"]
+    assert not of_kind(objects(), "NetworkPolicy")  # optional: off by default
+
+
+def test_the_network_policy_selects_the_pods_the_operator_creates():
+    from raftlog.operator.manifests import labels
+
+    objs = objects({"networkPolicy": {"enabled": True}})
+    policy = one(objs, "NetworkPolicy")
+    assert policy["metadata"]["namespace"] == NAMESPACE  # the watched namespace
+    member = labels("orders", "orders-0")
+    assert policy["spec"]["podSelector"]["matchLabels"].items() <= member.items()
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_notes_tell_the_next_command(mode):
+    notes = render(MODES[mode])["raftlog-operator/templates/NOTES.txt"]
+    assert "kubectl -n raftlog-system rollout status deployment/raftlog-operator" in notes
+    assert "-f examples/raftcluster.yaml" in notes and "kubectl get raft" in notes
