@@ -1,0 +1,44 @@
+"""examples/spark: the SparkApplication and the spark-submit script run the archive job with
+arguments it accepts, from the entry file the image bakes in."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from raftlog.spark.jobs import archive
+
+pytestmark = [pytest.mark.spark]
+EXAMPLES = Path(__file__).parents[2] / "examples" / "spark"
+
+
+def test_the_spark_application_runs_the_archive_job_with_valid_arguments():
+    app = yaml.safe_load((EXAMPLES / "sparkapplication-archive.yaml").read_text())
+    assert app["apiVersion"] == "sparkoperator.k8s.io/v1beta2"
+    assert app["kind"] == "SparkApplication"
+    spec = app["spec"]
+    assert spec["type"] == "Python" and spec["mode"] == "cluster"
+    assert spec["mainApplicationFile"] == "local:///opt/raftlog/archive_main.py"
+    args = archive.parse_args(spec["arguments"])
+    assert args.output.startswith("/data/") and args.checkpoint.startswith("/data/")
+    assert args.token_file.startswith("/etc/raftlog/")
+    mounts = {m["mountPath"] for m in spec["driver"]["volumeMounts"]}
+    assert {"/data", "/etc/raftlog"} <= mounts
+    assert "/data" in {m["mountPath"] for m in spec["executor"]["volumeMounts"]}
+    docker = (EXAMPLES / "Dockerfile").read_text()
+    assert "/opt/raftlog/archive_main.py" in docker
+
+
+def test_the_spark_submit_script_is_valid_bash_with_valid_job_arguments():
+    script = EXAMPLES / "spark-submit-archive.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True, timeout=10)
+    text = script.read_text().replace("\\\n", " ")
+    line = next(x for x in text.splitlines() if x.strip().startswith("exec spark-submit"))
+    words = shlex.split(line.replace('"${ENDPOINTS}"', "http://n1:7001"))
+    assert words[words.index("--master") + 1].startswith("k8s://")
+    job = words[words.index("local:///opt/raftlog/archive_main.py") + 1 :]
+    archive.parse_args(job)
