@@ -1,0 +1,83 @@
+"""values.schema.json: Helm refuses wrong types, unknown keys (typos) and bad enums, naming them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+from tests.chart.helm import CHART, MODES, render
+
+pytestmark = pytest.mark.chart
+
+
+def refusal(values: dict[str, Any]) -> str:
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError) as e:
+        chart.validate_schema(values)
+    return str(e.value)
+
+
+def test_the_default_values_and_every_mode_pass_the_schema():
+    with helm.Chart.load(CHART) as chart:
+        defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+        assert chart.values == defaults
+        chart.validate_schema(defaults)
+        for values in MODES.values():
+            chart.validate_schema(chart.merge_values(values))
+
+
+BAD = [
+    # unknown keys: a typo anywhere fails instead of being ignored
+    ({"replicas": 3}, "at '': additional properties 'replicas' not allowed"),
+    ({"image": {"tagg": "1.0"}}, "at '/image': additional properties 'tagg' not allowed"),
+    ({"watch": {"namespace": ["a"]}}, "at '/watch': additional properties 'namespace' not allowed"),
+    (
+        {"metrics": {"serviceMonitor": {"enable": True}}},
+        "at '/metrics/serviceMonitor': additional properties 'enable' not allowed",
+    ),
+    (
+        {"networkPolicy": {"clients": [{"podSelectors": {}}]}},
+        "at '/networkPolicy/clients/0': additional properties 'podSelectors' not allowed",
+    ),
+    # wrong types
+    ({"replicaCount": "2"}, "at '/replicaCount': got string, want integer"),
+    ({"peering": {"enabled": "yes"}}, "at '/peering/enabled': got string, want boolean"),
+    ({"metrics": {"port": 80.5}}, "at '/metrics/port': got number, want integer"),
+    ({"watch": {"namespaces": "team-a"}}, "at '/watch/namespaces': got string, want array"),
+    ({"podLabels": {"tier": 1}}, "at '/podLabels/tier': got number, want string"),
+    # bad enums and ranges
+    (
+        {"watch": {"mode": "clusterwide"}},
+        "at '/watch/mode': value must be one of 'namespaced', 'cluster'",
+    ),
+    ({"image": {"pullPolicy": "always"}}, "at '/image/pullPolicy': value must be one of"),
+    ({"operator": {"logLevel": "verbose"}}, "at '/operator/logLevel': value must be one of"),
+    (
+        {"metrics": {"service": {"type": "Headless"}}},
+        "at '/metrics/service/type': value must be one of",
+    ),
+    ({"replicaCount": 0}, "at '/replicaCount': minimum: got 0, want 1"),
+    ({"operator": {"intervalSeconds": 0}}, "at '/operator/intervalSeconds': exclusiveMinimum"),
+    ({"health": {"port": 70000}}, "at '/health/port': maximum: got 70,000, want 65,535"),
+    # bad formats
+    ({"watch": {"namespaces": ["Team_A"]}}, "at '/watch/namespaces/0'"),
+    ({"image": {"digest": "latest"}}, "at '/image/digest'"),
+    ({"resources": {"requests": {"memory": "lots"}}}, "at '/resources/requests/memory'"),
+    (
+        {"metrics": {"serviceMonitor": {"interval": "often"}}},
+        "at '/metrics/serviceMonitor/interval'",
+    ),
+]
+
+
+@pytest.mark.parametrize("values, reason", BAD, ids=[str(v) for v, _ in BAD])
+def test_bad_values_are_refused_naming_the_key_and_the_reason(values, reason):
+    message = refusal(values)
+    assert reason in message, message
+
+
+@pytest.mark.parametrize("values, reason", BAD[:2], ids=["typo-at-top", "typo-nested"])
+def test_helm_refuses_to_render_with_bad_values(values, reason):
+    with pytest.raises(helm.HelmValuesError, match="values don't meet the specifications"):
+        render(values)
