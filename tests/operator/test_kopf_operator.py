@@ -41,7 +41,7 @@ class Env:
         self.k8s.start()
         # Each pod on its own loopback address, as if it had its own network namespace.
         self.net = random.randint(2, 250)
-        self.metrics_port = free_ports(1)[0]
+        self.metrics_port, self.liveness_port = free_ports(2)
         self.operator: subprocess.Popen[bytes] | None = None
         self.start_operator()
 
@@ -56,7 +56,8 @@ class Env:
         with (self.root / "operator.log").open("ab") as log:
             self.operator = subprocess.Popen(
                 [sys.executable, "-m", "raftlog.operator.main", "--all-namespaces",
-                 "--standalone", "--liveness", ""],
+                 "--standalone", "--liveness",
+                 f"http://127.0.0.1:{self.liveness_port}/healthz"],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 
@@ -197,14 +198,35 @@ def test_create_scale_heal_snapshot_scale_down_and_delete(env: Env) -> None:
                     0, [{"key": f"{tag}{j}", "value": tag} for j in range(i, i + 25)]
                 )
 
+    with urllib.request.urlopen(f"http://127.0.0.1:{env.liveness_port}/healthz", timeout=5) as r:
+        assert r.status == 200  # kopf's liveness endpoint, what the Deployment probes
+
     asyncio.run(write(200, "a"))
     scaled = time.monotonic()
     env.patch_spec("c", {"replicas": 5})
+
+    def window(member: str) -> dict[str, Any]:
+        members: list[dict[str, Any]] = env.status("c").get("members", [])
+        found = next((m for m in members if m["name"] == member), {})
+        return dict(found.get("promotion") or {})
+
+    env.until("c-3's window opens", lambda: window("c-3").get("windowStartedAt"))
+    # An excursion: the learner stops while writes go on; its window starts again.
+    env.k8s.kubelet.signal(NS, "c-3", signal.SIGSTOP)
+    asyncio.run(write(100, "excursion"))
+    env.until("the window restarts", lambda: window("c-3").get("restarts", 0) >= 1)
+    env.k8s.kubelet.signal(NS, "c-3", signal.SIGCONT)
+    resumed = time.monotonic()
+    env.until("c-3 promoted", lambda: any(m["name"] == "c-3" and m["role"] == "voter"
+                                          for m in env.status("c")["members"]))  # fmt: skip
+    assert time.monotonic() - resumed >= WINDOW  # a whole window after the excursion
     env.until("settled at 5", lambda: settled(5)(env.status("c")), 90)
-    print(f"scale 3 -> 5 (two learners promoted in turn) in {time.monotonic() - scaled:.1f} s")
+    print(f"scale 3 -> 5 (two learners promoted in turn, one window restarted) in "
+          f"{time.monotonic() - scaled:.1f} s")  # fmt: skip
     assert env.status("c")["observedGeneration"] == 2
     reasons = env.reasons()
     assert reasons.count("LearnerAdded") == 2 and reasons.count("Promoted") == 2, reasons
+    assert "PromotionWindowRestarted" in reasons
 
     # ------------------------------------------------------------- a process dies, a pod goes
     leader = env.status("c")["leaders"]["0"]
@@ -239,8 +261,8 @@ def test_create_scale_heal_snapshot_scale_down_and_delete(env: Env) -> None:
         ),
         90,
     )
-    print(f"SnapshotRequired on {target} healed from {inst['source']} in "
-          f"{time.monotonic() - resumed:.1f} s")  # fmt: skip
+    print(f"SnapshotRequired on {target} healed from {inst['source']} "
+          f"{time.monotonic() - resumed:.1f} s after it resumed")  # fmt: skip
     assert inst["source"] not in ("leader", target, leader), inst
     assert {"SnapshotRequired", "SnapshotInstalled"} <= set(env.reasons())
 
@@ -252,7 +274,9 @@ def test_create_scale_heal_snapshot_scale_down_and_delete(env: Env) -> None:
             prod = IdempotentProducer(client, "p")
             env.patch_spec("c", {"replicas": 3})
             i = 0
-            while not settled(3)(env.status("c")):
+            while not settled(3)(st := env.status("c")):
+                # Never below a majority: the cluster stays Available all the way down.
+                assert condition(st, "Available") == "True", st.get("conditions")
                 r = await prod.append(0, [{"key": f"k{i}", "value": f"v{i}"}])
                 acked.append((r.first_index, f"v{i}"))
                 i += 1
