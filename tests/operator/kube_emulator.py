@@ -135,6 +135,7 @@ class Emulator:
         )
         self.listeners: list[Callable[[str, str, dict[str, Any]], None]] = []
         self.requests: list[tuple[str, str]] = []  # (method, path) of every call
+        self.calls: list[tuple[str, str, str]] = []  # (method, path, query string) of every call
         self.app = web.Application()
         self.app.router.add_route("*", "/{tail:.*}", self.handle)
 
@@ -293,6 +294,7 @@ class Emulator:
     async def handle(self, request: web.Request) -> web.StreamResponse:
         path = request.path.rstrip("/")
         self.requests.append((request.method, path))
+        self.calls.append((request.method, path, request.query_string))
         parts = [p for p in path.split("/") if p]
         if parts == ["api"]:
             return web.json_response({"kind": "APIVersions", "versions": ["v1"]})
