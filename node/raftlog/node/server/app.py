@@ -42,7 +42,7 @@ from raftlog.node.server.partition import (
     SequenceConflict,
     SnapshotTooOld,
 )
-from raftlog.node.server.peer_stream import peer_stream
+from raftlog.node.server.peer_stream import close_peer_streams, peer_stream
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed
 from raftlog.node.storage.snapshots import Chunk
@@ -505,6 +505,7 @@ def build_app(node: Node) -> web.Application:
     admin.add_routes(app)
     app.router.add_post("/peer/v1/messages", peer_messages)
     app.router.add_get("/peer/v1/stream", peer_stream)
+    app.on_shutdown.append(close_peer_streams)
     app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
     app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
     app.router.add_post("/peer/v1/partitions/{partition}/send-snapshot", send_snapshot_for_leader)

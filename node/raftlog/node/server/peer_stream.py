@@ -4,12 +4,14 @@ Each binary message is one frame of core messages (`codec`), stepped into the pa
 as it arrives, in order; nothing is sent back but control frames. A frame that does not decode
 closes the stream with the reason (the sender reconnects and goes on with later frames); a message
 for a partition this node does not have is dropped and logged, as `POST /peer/v1/messages`
-refuses it with 404.
+refuses it with 404. Streams are closed (going away) when the server shuts down, so that it does
+not wait for peers to hang up before it exits.
 """
 
 from __future__ import annotations
 
 import logging
+import weakref
 
 from aiohttp import WSCloseCode, WSMsgType, web
 
@@ -18,6 +20,19 @@ from raftlog.node.server.api_common import node_of
 from raftlog.node.transport.codec import decode_frame
 
 log = logging.getLogger("raftlog.transport")
+STREAMS_KEY = web.AppKey("peer_streams", weakref.WeakSet[web.WebSocketResponse])
+
+
+def streams(app: web.Application) -> weakref.WeakSet[web.WebSocketResponse]:
+    if STREAMS_KEY not in app:
+        app[STREAMS_KEY] = weakref.WeakSet()
+    return app[STREAMS_KEY]
+
+
+async def close_peer_streams(app: web.Application) -> None:
+    """`on_shutdown`: close every open peer stream (else shutting down waits for them)."""
+    for ws in list(streams(app)):
+        await ws.close(code=WSCloseCode.GOING_AWAY, message=b"node shutting down")
 
 
 async def peer_stream(request: web.Request) -> web.WebSocketResponse:
@@ -26,6 +41,7 @@ async def peer_stream(request: web.Request) -> web.WebSocketResponse:
         max_msg_size=node.settings.max_request_bytes, compress=False, autoping=True
     )
     await ws.prepare(request)
+    streams(request.app).add(ws)
     async for msg in ws:
         if msg.type != WSMsgType.BINARY:
             await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"binary frames only")
