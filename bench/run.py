@@ -1,5 +1,6 @@
 """`make bench`: the Raft core and the simulator (CPU only), storage (`bench.storage`), then the
-comparison of appends through HTTP with etcd, PySyncObj and a null server (`bench.compare`).
+comparison of appends through HTTP with etcd, PySyncObj and a null server (`bench.compare`),
+then the Spark source against Parquet and the archive job (`bench.spark`).
 
 The first part has no disk and no network: it is the ceiling the core itself puts on a node, per
 partition and per core of CPU. Results are printed as Markdown tables; bench/RESULTS.md records
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from functools import partial
 
 from bench import compare as compare_bench
+from bench import spark as spark_bench
 from bench import storage as storage_bench
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.messages import Message
@@ -107,7 +109,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    parts = sys.argv[1:] or ["core", "storage", "compare"]
+    parts = sys.argv[1:] or ["core", "storage", "compare", "spark"]
     if "core" in parts:
         main()
     if "storage" in parts:
@@ -116,3 +118,6 @@ if __name__ == "__main__":
     if "compare" in parts:
         print()
         compare_bench.main()
+    if "spark" in parts:
+        print()
+        spark_bench.main()

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def test_demo_tells_the_whole_story():
     r = subprocess.run(
-        [sys.executable, "-m", "raftlog.node.demo"], capture_output=True, text=True, timeout=300
+        [sys.executable, "-m", "raftlog.node.demo"], capture_output=True, text=True, timeout=420
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
@@ -27,5 +27,6 @@ def test_demo_tells_the_whole_story():
         "for the whole 3 s window",
         "Available True",
         "97 of 97 keys hold the latest value",
+        "mode=table (snapshot plus tail) of partition 0: 97 keys; 97 of 97 hold the latest",
     ):
         assert needle in out, f"missing {needle!r} in:\n{out}"

@@ -49,6 +49,7 @@ def _build() -> SparkSession:
         SparkSession.builder.master("local[2]")
         .appName("raftlog-tests")
         .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.driver.memory", "1g")

@@ -251,6 +251,10 @@ class Demo:
               f"Available {cond.get('Available')}")  # fmt: skip
         for line in status_table(self.endpoints()).splitlines():
             print(f"    {line}")
+        self.chapter("6. Spark reads what is committed")
+        from raftlog.spark.demo import spark_reads  # the `spark` extra (in `make install`)
+
+        spark_reads(self.endpoints(), self.latest)
         print(f"    ({time.monotonic() - self.started:.1f} s; data and logs were in {self.base})")
 
 

@@ -224,7 +224,7 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
             )
     per_split = _int(opts, "maxRecordsPerSplit", 200_000, 1, 2**40)
     assert per_split is not None
-    page = _int(opts, "pageRecords", 10_000, 1, 50_000)
+    page = _int(opts, "pageRecords", 20_000, 1, 50_000)
     assert page is not None
     per_trigger = _int(opts, "maxRecordsPerTrigger", None, 1, 2**40)
     if per_trigger is not None and not streaming:

@@ -1,0 +1,126 @@
+"""Spark benchmark (issue 7): reading committed records through the `raftlog` source, against
+reading the same records from a local Parquet file in the same Spark session; and the archive
+job's rate.
+
+A local 3-node cluster (fsync off: this measures reading, not appending) is loaded with
+1,000,000 records of 100 B in one partition. Each read is `write.format("noop")`, which
+materialises every column of every row; best of 3, the two sources interleaved. Run alone with
+`python -m bench.spark` (`RECORDS=...` to change the count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from pyspark.sql import DataFrame, SparkSession
+
+from raftlog.client import AsyncClient
+from raftlog.node.local import LocalCluster
+from raftlog.spark import register
+from raftlog.spark.jobs import archive
+
+VALUE = "x" * 100
+BATCH = 2_000
+
+
+async def load(endpoints: list[str], total: int, clients: int = 4) -> None:
+    async with AsyncClient(endpoints, timeout_s=60) as c:
+        queue = list(range(0, total, BATCH))
+
+        async def worker() -> None:
+            while queue:
+                start = queue.pop()
+                n = min(BATCH, total - start)
+                await c.append(0, [{"value": VALUE} for _ in range(n)])
+
+        await asyncio.gather(*(worker() for _ in range(clients)))
+
+
+def timed_noop(df: DataFrame) -> float:
+    started = time.perf_counter()
+    df.write.format("noop").mode("overwrite").save()
+    return time.perf_counter() - started
+
+
+def main(records: int = 1_000_000) -> None:
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    with tempfile.TemporaryDirectory() as tmp, LocalCluster(
+        Path(tmp) / "cluster", replicas=3, partitions=1, durable=False,
+        raft={"compact_every_operations": 10**9},
+    ) as cluster:  # fmt: skip
+        cluster.wait_ready()
+        started = time.perf_counter()
+        asyncio.run(load(cluster.endpoints, records))
+        load_s = time.perf_counter() - started
+        hwm = max(cluster.status(n)["partitions"][0]["high_water_mark"] for n in cluster.nodes)
+        deadline = time.monotonic() + 60
+        while (
+            min(cluster.status(n)["partitions"][0]["high_water_mark"] for n in cluster.nodes) < hwm
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError("followers did not catch up within 60 s")
+            time.sleep(0.2)
+        spark = (
+            SparkSession.builder.master("local[*]")
+            .appName("raftlog-bench")
+            .config("spark.ui.enabled", "false")
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.driver.memory", "4g")
+            .config("spark.sql.shuffle.partitions", "2")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("ERROR")
+        register(spark)
+        source = (
+            spark.read.format("raftlog")
+            .option("endpoints", ",".join(cluster.endpoints))
+            .option("maxRecordsPerSplit", "125000")
+            .load()
+        )
+        parquet_path = str(Path(tmp) / "records.parquet")
+        source.write.parquet(parquet_path)
+        parquet = spark.read.parquet(parquet_path)
+        count = parquet.count()
+        assert count == records, f"expected {records} records, found {count}"
+        timed_noop(source), timed_noop(parquet)  # warm up: JIT, Python workers
+        raft_s, parquet_s = [], []
+        for _ in range(3):
+            raft_s.append(timed_noop(source))
+            parquet_s.append(timed_noop(parquet))
+        raft_rate, parquet_rate = records / min(raft_s), records / min(parquet_s)
+        args = archive.parse_args(
+            ["--endpoints", ",".join(cluster.endpoints), "--output", str(Path(tmp) / "archive"),
+             "--checkpoint", str(Path(tmp) / "checkpoint"), "--once", "--timeout-seconds", "900"]
+        )  # fmt: skip
+        started = time.perf_counter()
+        archived = archive.run(spark, args, open(os.devnull, "w"))  # noqa: SIM115
+        archive_s = time.perf_counter() - started
+        spark.stop()
+    cores = os.cpu_count()
+    print(f"python {platform.python_version()}, Spark local[*] on {cores} cores, "
+          f"{records:,} records of 100 B in one partition of a 3-node local cluster "
+          f"(loaded in {load_s:.0f} s)\n")  # fmt: skip
+    print("| measurement | result |")
+    print("|---|---|")
+    print(f"| `raftlog` source, batch read (noop sink), best of 3 | "
+          f"{raft_rate:,.0f} rows/s ({min(raft_s):.2f} s) |")  # fmt: skip
+    print(f"| same records from a local Parquet file, same session, best of 3 | "
+          f"{parquet_rate:,.0f} rows/s ({min(parquet_s):.2f} s) |")  # fmt: skip
+    print(f"| ratio raftlog / Parquet (goal: at least 50 %) | {raft_rate / parquet_rate:.0%} |")
+    print(f"| archive job (`--once`, into Parquet by partition and date), one run | "
+          f"{archived / archive_s:,.0f} records/s ({archived:,} in {archive_s:.1f} s, "
+          f"query start included) |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--records", type=int, default=int(os.environ.get("RECORDS", 1_000_000)))
+    main(p.parse_args().records)
