@@ -90,8 +90,14 @@ async def reconcile(
     current = RaftClusterStatus.model_validate(dict(status))
     node_api: NodeApi | None = None
 
+    saved: list[RaftClusterStatus] = []
+
     async def save(st: RaftClusterStatus) -> None:
+        # An unchanged status is not written: every write is a watch event for every watcher.
+        if saved and saved[-1] == st:
+            return
         await _save_status(name, namespace, st)
+        saved[:] = [st.model_copy(deep=True)]
 
     try:
         while not stopped:
