@@ -9,6 +9,7 @@ and an operator killed in the middle of a scale-up.
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import random
 import signal
@@ -23,6 +24,7 @@ from typing import Any
 import aiohttp
 import kubernetes_validate
 import pytest
+import trustme
 from tests.operator.kube_emulator import Cluster
 
 from raftlog.client import AsyncClient, IdempotentProducer
@@ -49,7 +51,7 @@ class Env:
         env = {
             **os.environ,
             "KUBECONFIG": str(self.k8s.kubeconfig()),
-            "RAFTLOG_OPERATOR_MEMBER_URL": f"http://127.{self.net}.{{ordinal}}.1:{{port}}",
+            "RAFTLOG_OPERATOR_MEMBER_URL": f"{{scheme}}://127.{self.net}.{{ordinal}}.1:{{port}}",
             "RAFTLOG_OPERATOR_INTERVAL_S": "0.3",
             "RAFTLOG_OPERATOR_METRICS_PORT": str(self.metrics_port),
         }
@@ -333,3 +335,34 @@ def test_an_operator_killed_mid_scale_up_resumes_without_a_second_learner(env: E
     assert env.status("r")["nextOrdinal"] == 4
     assert env.reasons().count("ScalingUp") == 1
     assert env.reasons().count("LearnerAdded") == 1
+
+
+def test_a_cluster_with_a_tls_secret_serves_https_and_the_operator_verifies_it(env: Env) -> None:
+    ca = trustme.CA()
+    cert = ca.issue_cert(*(f"127.{env.net}.{i}.1" for i in range(3)))
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    secret = {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/tls",
+              "metadata": {"name": "t-tls"},
+              "data": {"tls.crt": b64(b"".join(c.bytes() for c in cert.cert_chain_pems)),
+                       "tls.key": b64(cert.private_key_pem.bytes()),
+                       "ca.crt": b64(ca.cert_pem.bytes())}}  # fmt: skip
+    env.k8s.call(lambda: env.k8s.emu.create("secrets", NS, secret))
+    env.apply("t", {"replicas": 3, "partitions": 1, "tlsSecretName": "t-tls"})
+    env.until("settled at 3 over https", lambda: settled(3)(env.status("t")), 60)
+    pod = env.get("pods", "t-0")
+    assert pod is not None
+    peers = pod["spec"]["containers"][0]["args"]
+    assert all(u.split("=", 1)[1].startswith("https://") for u in
+               peers[peers.index("--peers") + 1].split(","))  # fmt: skip
+    ca_file = env.root / "ca.pem"
+    ca.cert_pem.write_to_path(str(ca_file))
+    https = [f"https://127.{env.net}.{i}.1:7001" for i in range(3)]
+
+    async def append() -> int:
+        async with AsyncClient(https, ca_file=str(ca_file)) as client:
+            return (await client.append(0, [{"key": "k", "value": "over tls"}])).last_index
+
+    assert asyncio.run(append()) >= 1

@@ -120,3 +120,15 @@ def test_the_budget_allows_one_member_down_and_the_peer_service_publishes_unread
     svc = manifests.services("c", "ns")[0]
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
     assert manifests.pdb("c", "ns")["spec"]["maxUnavailable"] == 1
+
+
+def test_members_are_reached_over_https_when_the_cluster_has_tls():
+    template = manifests.DEFAULT_MEMBER_URL
+    assert manifests.member_url(template, "c", "ns", "c-2") == "http://c-2.c-peers.ns.svc:7001"
+    assert manifests.member_url(template, "c", "ns", "c-2", tls=True) == (
+        "https://c-2.c-peers.ns.svc:7001"
+    )
+    # A template without {scheme} (another cluster domain, say) is used as it is.
+    assert manifests.member_url("http://{member}.x:{port}", "c", "ns", "c-0", tls=True) == (
+        "http://c-0.x:7001"
+    )

@@ -1,7 +1,7 @@
 """The `RaftCluster` CRD, generated from the pydantic models.
 
 `python -m raftlog.operator.crd` prints it; `python -m raftlog.operator.crd --write` rewrites
-`crds/raftclusters.raftlog.dev.yaml` (a test fails when the checked-in file is stale).
+`crds/raftclusters.raftlog.dev.yaml` and the chart's copy (tests fail when either is stale).
 
 pydantic emits JSON Schema 2020-12 with `$ref`s; a CRD needs a structural OpenAPI v3.0 schema:
 everything inlined, a `type` on every node, `nullable` instead of `anyOf [..., null]`, boolean
@@ -28,6 +28,8 @@ from raftlog.operator.models import (
 )
 
 CRD_PATH = Path("crds") / f"{PLURAL}.{GROUP}.yaml"
+# The chart ships a copy (Helm installs a chart's crds/ folder); both are written together.
+CHART_CRD_PATH = Path("charts") / "raftlog-operator" / CRD_PATH
 
 _KEEP = {
     "type", "description", "default", "enum", "pattern", "minimum", "maximum", "minLength",
@@ -169,13 +171,14 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m raftlog.operator.crd", description=__doc__)
-    ap.add_argument("--write", action="store_true", help=f"rewrite {CRD_PATH}")
+    ap.add_argument("--write", action="store_true", help=f"rewrite {CRD_PATH} and {CHART_CRD_PATH}")
     args = ap.parse_args(argv)
     text = render()
     if args.write:
-        CRD_PATH.parent.mkdir(parents=True, exist_ok=True)
-        CRD_PATH.write_text(text)
-        print(f"wrote {CRD_PATH}")
+        for path in (CRD_PATH, CHART_CRD_PATH):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+            print(f"wrote {path}")
     else:
         sys.stdout.write(text)
     return 0

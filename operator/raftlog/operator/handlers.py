@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -89,6 +91,7 @@ async def reconcile(
     runtime = _runtime(name, namespace, body)
     current = RaftClusterStatus.model_validate(dict(status))
     node_api: NodeApi | None = None
+    node_api_for: tuple[str, str | None] | None = None
 
     saved: list[RaftClusterStatus] = []
 
@@ -110,8 +113,11 @@ async def reconcile(
                 continue
             try:
                 token = await runtime.ensure_shared(desired)
-                if node_api is None:
-                    node_api = NodeApi(token=token)
+                ca = await runtime.ca_bundle(desired)
+                if node_api is None or (token, ca) != node_api_for:
+                    if node_api is not None:
+                        await node_api.close()
+                    node_api, node_api_for = _node_api(token, ca, name, namespace), (token, ca)
                 result = await reconcile_pass(
                     name, desired, current, runtime, node_api, save, meta.get("generation")
                 )
@@ -132,6 +138,16 @@ async def reconcile(
     finally:
         if node_api is not None:
             await node_api.close()
+
+
+def _node_api(token: str, ca: str | None, name: str, namespace: str) -> NodeApi:
+    """Calls to the members, verifying them against the cluster's CA when it has TLS."""
+    ca_file = None
+    if ca is not None:
+        path = Path(tempfile.gettempdir()) / f"raftlog-ca-{namespace}-{name}.crt"
+        path.write_text(ca)
+        ca_file = str(path)
+    return NodeApi(token=token, ca_file=ca_file)
 
 
 def _count(action: object, ok: bool) -> None:

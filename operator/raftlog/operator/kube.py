@@ -46,9 +46,12 @@ class KubeRuntime:
         self.cluster = cluster
         self.adopt = adopt
         self.member_url = member_url
+        self.tls = False  # set from the spec on each pass (ensure_shared)
 
     def url(self, member: str) -> str:
-        return manifests.member_url(self.member_url, self.cluster, self.namespace, member)
+        return manifests.member_url(
+            self.member_url, self.cluster, self.namespace, member, tls=self.tls
+        )
 
     # ----------------------------------------------------------------- observation
     async def pods(self, spec: RaftClusterSpec, status: RaftClusterStatus) -> dict[str, PodInfo]:
@@ -90,6 +93,7 @@ class KubeRuntime:
     # ----------------------------------------------------------------- shared objects
     async def ensure_shared(self, spec: RaftClusterSpec) -> str:
         """Services, the PodDisruptionBudget and the auth secret; returns the token."""
+        self.tls = spec.tls_secret_name is not None
         for svc in manifests.services(self.cluster, self.namespace):
             self.adopt(svc)
             await self._create(self.core.create_namespaced_service, svc)
@@ -97,6 +101,27 @@ class KubeRuntime:
         self.adopt(budget)
         await self._create(self.policy.create_namespaced_pod_disruption_budget, budget)
         return await self._token(spec)
+
+    async def ca_bundle(self, spec: RaftClusterSpec) -> str | None:
+        """The `ca.crt` of the cluster's TLS secret (what the operator verifies members with)."""
+        if spec.tls_secret_name is None:
+            return None
+        try:
+            resp = await asyncio.to_thread(
+                self.core.read_namespaced_secret, spec.tls_secret_name, self.namespace,
+                _preload_content=False,
+            )  # fmt: skip
+        except ApiException as e:
+            if e.status == 404:
+                raise RuntimeError(
+                    f"spec.tlsSecretName: secret {spec.tls_secret_name} not found "
+                    f"in {self.namespace}"
+                ) from None
+            raise
+        data = _json(resp).get("data") or {}
+        if "ca.crt" not in data:
+            raise RuntimeError(f"secret {spec.tls_secret_name} has no key `ca.crt`")
+        return base64.b64decode(data["ca.crt"]).decode()
 
     async def _token(self, spec: RaftClusterSpec) -> str:
         name = manifests.auth_secret(self.cluster, spec)

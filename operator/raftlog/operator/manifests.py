@@ -21,7 +21,8 @@ ANNOTATION_JOIN = "raftlog.dev/join"
 DATA_DIR = "/var/lib/raftlog"
 TOKEN_DIR = "/etc/raftlog/token"
 TLS_DIR = "/etc/raftlog/tls"
-DEFAULT_MEMBER_URL = "http://{member}.{cluster}-peers.{namespace}.svc:{port}"
+# {scheme} is https when the cluster has a TLS secret, else http.
+DEFAULT_MEMBER_URL = "{scheme}://{member}.{cluster}-peers.{namespace}.svc:{port}"
 
 
 def labels(cluster: str, member: str | None = None) -> dict[str, str]:
@@ -52,11 +53,12 @@ def pvc_name(member: str) -> str:
     return f"data-{member}"
 
 
-def member_url(template: str, cluster: str, namespace: str, member: str) -> str:
+def member_url(template: str, cluster: str, namespace: str, member: str, tls: bool = False) -> str:
     ordinal = member.rsplit("-", 1)[-1]
     return template.format(
-        member=member, cluster=cluster, namespace=namespace, port=PEER_PORT, ordinal=ordinal
-    )
+        member=member, cluster=cluster, namespace=namespace, port=PEER_PORT, ordinal=ordinal,
+        scheme="https" if tls else "http",
+    )  # fmt: skip
 
 
 def _restricted() -> dict[str, Any]:

@@ -19,8 +19,9 @@ class OperatorSettings(BaseSettings):
     member_url: str = Field(
         DEFAULT_MEMBER_URL,
         description="how the operator and the members reach a member: a template over "
-        "{member}, {cluster}, {namespace}, {port} and {ordinal} (the default is the headless "
-        "service's DNS name; change it for another cluster domain)",
+        "{scheme}, {member}, {cluster}, {namespace}, {port} and {ordinal} (the default is the "
+        "headless service's DNS name; change it for another cluster domain); {scheme} is https "
+        "for a cluster with spec.tlsSecretName",
     )
     metrics_port: int = Field(
         8000, ge=0, le=65535, description="port of the operator's /metrics (0: none)"
