@@ -34,7 +34,7 @@ typecheck: install
 # Everything: lint, types, and every test of every marker. pytest's exit code 5
 # (nothing collected) fails the run like any other non-zero code.
 test: lint typecheck
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q --durations=15
 
 # The quick loop for a developer: everything not marked slow.
 test-fast: install

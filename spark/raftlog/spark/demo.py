@@ -17,6 +17,8 @@ def spark_reads(endpoints: Sequence[str], latest: Mapping[str, str]) -> None:
     the table must hold `latest` (each key's last acknowledged value), or AssertionError."""
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    # A local demo: bind Spark to loopback (no warning about the hostname's address).
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("raftlog-demo")
