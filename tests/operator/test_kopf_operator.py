@@ -25,10 +25,12 @@ import aiohttp
 import kubernetes_validate
 import pytest
 import trustme
+from tests.operator import kube_emulator
 from tests.operator.kube_emulator import Cluster
 
 from raftlog.client import AsyncClient, IdempotentProducer
 from raftlog.node.local import free_ports
+from raftlog.operator.main import default_priority
 
 pytestmark = [pytest.mark.operator, pytest.mark.slow]
 
@@ -45,23 +47,32 @@ class Env:
         self.net = random.randint(2, 250)
         self.metrics_port, self.liveness_port = free_ports(2)
         self.operator: subprocess.Popen[bytes] | None = None
+        self.others: list[subprocess.Popen[bytes]] = []
         self.start_operator()
 
-    def start_operator(self) -> None:
+    def start_operator(self, *args: str) -> subprocess.Popen[bytes]:
+        """The operator; standalone unless `args` say otherwise (peering, priority)."""
         env = {
             **os.environ,
             "KUBECONFIG": str(self.k8s.kubeconfig()),
             "RAFTLOG_OPERATOR_MEMBER_URL": f"{{scheme}}://127.{self.net}.{{ordinal}}.1:{{port}}",
             "RAFTLOG_OPERATOR_INTERVAL_S": "0.3",
-            "RAFTLOG_OPERATOR_METRICS_PORT": str(self.metrics_port),
+            # Each extra operator on a port of its own (as each pod has its own network).
+            "RAFTLOG_OPERATOR_METRICS_PORT": str(free_ports(1)[0] if args else self.metrics_port),
         }
-        with (self.root / "operator.log").open("ab") as log:
-            self.operator = subprocess.Popen(
-                [sys.executable, "-m", "raftlog.operator.main", "--all-namespaces",
-                 "--standalone", "--liveness",
-                 f"http://127.0.0.1:{self.liveness_port}/healthz"],
+        liveness = f"http://127.0.0.1:{self.liveness_port}/healthz"
+        flags = list(args) or ["--standalone", "--liveness", liveness]
+        log_name = "operator.log" if not args else f"operator-{len(self.others)}.log"
+        with (self.root / log_name).open("ab") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "raftlog.operator.main", "--all-namespaces", *flags],
                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
+        if args:
+            self.others.append(proc)
+        else:
+            self.operator = proc
+        return proc
 
     def kill_operator(self) -> None:
         assert self.operator is not None
@@ -69,12 +80,13 @@ class Env:
         self.operator.wait(10)
 
     def close(self) -> None:
-        if self.operator is not None and self.operator.poll() is None:
-            self.operator.terminate()
-            try:
-                self.operator.wait(20)
-            except subprocess.TimeoutExpired:
-                self.operator.kill()
+        for proc in [self.operator, *self.others]:
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
         self.k8s.stop()
 
     # ----------------------------------------------------------------- the API, as kubectl
@@ -366,3 +378,47 @@ def test_a_cluster_with_a_tls_secret_serves_https_and_the_operator_verifies_it(e
             return (await client.append(0, [{"key": "k", "value": "over tls"}])).last_index
 
     assert asyncio.run(append()) >= 1
+
+
+def test_two_operators_in_peering_one_works_and_the_other_takes_over(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """HA: kopf peering between two replicas (as the chart runs them with replicaCount 2): the
+    higher priority works, the other stands by and takes over when it leaves."""
+    monkeypatch.setitem(
+        kube_emulator.GROUPS,
+        ("kopf.dev", "v1"),
+        {"kopfpeerings": ("KopfPeering", True),
+         "clusterkopfpeerings": ("ClusterKopfPeering", False)},
+    )  # fmt: skip
+    env = Env(tmp_path)
+    try:
+        env.kill_operator()  # the standalone one of the fixture; these two peer
+        peering = {"apiVersion": "kopf.dev/v1", "kind": "ClusterKopfPeering",
+                   "metadata": {"name": "raftlog-operator"}}  # fmt: skip
+        env.k8s.call(lambda: env.k8s.emu.create("clusterkopfpeerings", "", peering))
+        low = env.start_operator("--peering", "raftlog-operator", "--priority", "100",
+                                 "--liveness", "")  # fmt: skip
+        logs = [(tmp_path / f"operator-{i}.log") for i in range(2)]
+        env.until("the first is alone and works", lambda: "Resuming" in logs[0].read_text())
+        high = env.start_operator("--peering", "raftlog-operator", "--priority", "200",
+                                  "--liveness", "")  # fmt: skip
+        env.until("the first stands by for the higher priority",
+                  lambda: "Pausing operations in favour of" in logs[0].read_text())  # fmt: skip
+        env.apply("h", {"replicas": 3, "partitions": 1})
+        env.until("settled at 3", lambda: settled(3)(env.status("h")), 60)
+        assert "Pausing all operators" not in logs[0].read_text() + logs[1].read_text()
+        high.terminate()  # leaves the peering on its way out
+        high.wait(30)
+        env.until("the first resumes", lambda: logs[0].read_text().count("Resuming") >= 2)
+        env.patch_spec("h", {"replicas": 4})
+        env.until("settled at 4 by the survivor", lambda: settled(4)(env.status("h")), 90)
+        assert low.poll() is None
+    finally:
+        env.close()
+
+
+def test_replicas_never_tie_on_the_default_priority() -> None:
+    # kopf pauses every operator of a tied priority, for good; its own default is 0 for all.
+    drawn = {default_priority() for _ in range(50)}
+    assert len(drawn) > 45 and all(1 <= p < 2**31 for p in drawn)

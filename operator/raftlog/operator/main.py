@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import random
 
 import kopf
 
 from raftlog.operator import handlers  # noqa: F401  (registers the handlers)
+
+
+def default_priority() -> int:
+    """Random: replicas of one Deployment never tie (kopf pauses all operators of a tie)."""
+    return random.randint(1, 2**31 - 1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,6 +28,13 @@ def main(argv: list[str] | None = None) -> int:
         "--standalone", action="store_true", help="no peering with other operator replicas"
     )
     ap.add_argument("--peering", default="raftlog-operator", help="peering object name (HA)")
+    ap.add_argument(
+        "--priority",
+        type=int,
+        default=None,
+        help="peering priority: the highest live one works, the others stand by (default: "
+        "random, so that replicas never tie; kopf pauses every operator of a tied priority)",
+    )
     ap.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
     )
@@ -39,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
             standalone=args.standalone,
             # A peering name makes peering mandatory in kopf: only when not standalone.
             peering_name=None if args.standalone else args.peering,
+            priority=args.priority if args.priority is not None else default_priority(),
             liveness_endpoint=args.liveness or None,
         )
     )
