@@ -401,8 +401,9 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def _hold(self, offsets: dict[int, int]) -> None:
         """Move the retention hold up to `offsets` on every replica (never down: a stream
-        does not go back), or renew it when a quarter of its TTL has passed. Best effort: a
-        replica that cannot take it is logged, and asked again when the hold moves or is
+        does not go back), or renew it when a quarter of its TTL has passed. A replica that
+        refuses it (token, request) stops the stream; one that cannot be reached now is
+        logged, and asked again when the hold moves or is
         renewed."""
         holder = self.opts.retention_hold
         if holder is None:
@@ -423,6 +424,14 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     try:
                         nodes.set_hold(r.url, p, holder, index, self.opts.retention_hold_ttl_s)
                     except NodeError as e:
+                        if not e.retryable and e.status != 410:
+                            # A refusal (no or a wrong token, a bad request) is not passing:
+                            # without the hold, compaction could pass what is not read yet.
+                            # (410: already compacted; the read reports that as data loss.)
+                            raise RuntimeError(
+                                f"raftlog option 'retentionHold': the hold {holder!r} on "
+                                f"partition {p} was refused: {e}"
+                            ) from None
                         log.warning("retention hold %s on partition %d: %s", holder, p, e)
         finally:
             nodes.close()

@@ -176,7 +176,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         builder = builder.master(args.master)
     elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit, which sets it
         builder = builder.master("local[*]")
-    spark = builder.getOrCreate()
+    # Dates of the `date=` folders in UTC, whatever the machine's zone: the same record
+    # always lands in the same folder.
+    spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     stopping: dict[str, Any] = {}
 
     def on_signal(signum: int, _frame: object) -> None:
