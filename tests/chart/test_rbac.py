@@ -7,7 +7,6 @@ have been used or be listed below with the reason the story cannot show it."""
 from __future__ import annotations
 
 import os
-import random
 import subprocess
 import sys
 import time
@@ -136,7 +135,7 @@ class Story:
         self.objs = objects(values)
         self.k8s = Cluster(root)
         self.k8s.start()
-        self.net = random.randint(2, 250)
+        self.net = kube_emulator.free_loopback_net()
         self.health = free_ports(1)[0]
         clusterwide = values["watch"]["mode"] == "cluster"
         kind = "ClusterKopfPeering" if clusterwide else "KopfPeering"

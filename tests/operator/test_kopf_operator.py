@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -44,7 +43,7 @@ class Env:
         self.k8s = Cluster(root)
         self.k8s.start()
         # Each pod on its own loopback address, as if it had its own network namespace.
-        self.net = random.randint(2, 250)
+        self.net = kube_emulator.free_loopback_net()
         self.metrics_port, self.liveness_port = free_ports(2)
         self.operator: subprocess.Popen[bytes] | None = None
         self.others: list[subprocess.Popen[bytes]] = []
