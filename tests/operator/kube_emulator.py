@@ -381,7 +381,7 @@ class Emulator:
                 line = json.dumps({"type": kind, "object": obj}) + "\n"
                 await resp.write(line.encode())
         except (ConnectionResetError, asyncio.CancelledError):
-            pass
+            return resp  # the watcher hung up, or the server is stopping
         finally:
             self.watchers[plural].remove(q)
         return resp

@@ -68,6 +68,18 @@ def _bytes_field(item: dict[str, Any], name: str, i: int) -> bytes | None:
     return text.encode()
 
 
+def require_mark(d: PartitionDriver, min_index: int) -> None:
+    """503 `behind` when this replica's high-water mark is below `min_index` (read-your-writes:
+    the caller retries, or asks another replica)."""
+    if min_index > d.raft.commit:
+        raise ApiError(
+            503,
+            "behind",
+            f"this replica's high-water mark {d.raft.commit} is below {min_index}",
+            high_water_mark=d.raft.commit,
+        )
+
+
 def parse_records(body: Any, max_record_bytes: int) -> tuple[list[bytes], str | None, int]:
     """The encoded records, and the producer id and first sequence of an idempotent append."""
     if not isinstance(body, dict):
@@ -226,13 +238,7 @@ async def read(request: web.Request) -> web.Response:
                 )
         except TimeoutError:
             pass
-    if min_index > d.raft.commit:
-        raise ApiError(
-            503,
-            "behind",
-            f"this replica's high-water mark {d.raft.commit} is below {min_index}",
-            high_water_mark=d.raft.commit,
-        )
+    require_mark(d, min_index)
     hwm = d.raft.commit
     try:
         entries = d.raft.read_committed(start, start + limit)
@@ -271,13 +277,7 @@ async def read_columns(request: web.Request) -> web.Response:
     limit = int_param(request, "limit", 10_000, 1, 50_000)
     max_bytes = int_param(request, "max_bytes", 8 << 20, 1, 64 << 20)
     min_index = int_param(request, "min_index", 0, 0, 2**62)
-    if min_index > d.raft.commit:
-        raise ApiError(
-            503,
-            "behind",
-            f"this replica's high-water mark {d.raft.commit} is below {min_index}",
-            high_water_mark=d.raft.commit,
-        )
+    require_mark(d, min_index)
     hwm = d.raft.commit
     end = min(stop, start + limit, hwm + 1)
     entries: list[Entry] = []
