@@ -19,12 +19,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
 from raftlog.client import AsyncClient
 from raftlog.node.local import LocalCluster
-from raftlog.spark import register
 from raftlog.spark.jobs import archive
+from raftlog.spark.session import local_session
 
 VALUE = "x" * 100
 BATCH = 2_000
@@ -68,17 +68,9 @@ def main(records: int = 1_000_000) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError("followers did not catch up within 60 s")
             time.sleep(0.2)
-        spark = (
-            SparkSession.builder.master("local[*]")
-            .appName("raftlog-bench")
-            .config("spark.ui.enabled", "false")
-            .config("spark.ui.showConsoleProgress", "false")
-            .config("spark.driver.memory", "4g")
-            .config("spark.sql.shuffle.partitions", "2")
-            .getOrCreate()
+        spark = local_session(
+            "raftlog-bench", master="local[*]", conf={"spark.driver.memory": "4g"}
         )
-        spark.sparkContext.setLogLevel("ERROR")
-        register(spark)
         source = (
             spark.read.format("raftlog")
             .option("endpoints", ",".join(cluster.endpoints))

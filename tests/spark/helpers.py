@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.client import AsyncClient
 from raftlog.node.local import LocalCluster
-from raftlog.spark import register
+from raftlog.spark.session import local_session
 
 # (partition, index, term, key, value, headers, timestamp) as the source returns it
 Row = tuple[int, int, int, bytes | None, bytes | None, dict[str, str], datetime | None]
@@ -27,6 +27,11 @@ def start_spark(stderr: Path | None = None) -> SparkSession:
     it passes on) writes its standard error to that file instead of this process's."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    conf = {
+        "spark.sql.session.timeZone": "UTC",
+        "spark.driver.memory": "1g",
+        "spark.sql.streaming.pollingDelay": "50ms",
+    }
     saved = None
     if stderr is not None:
         saved = os.dup(2)
@@ -34,28 +39,11 @@ def start_spark(stderr: Path | None = None) -> SparkSession:
         os.dup2(fd, 2)  # the JVM inherits it
         os.close(fd)
     try:
-        spark = _build()
+        return local_session("raftlog-tests", conf=conf)
     finally:
         if saved is not None:
             os.dup2(saved, 2)
             os.close(saved)
-    spark.sparkContext.setLogLevel("ERROR")
-    register(spark)
-    return spark
-
-
-def _build() -> SparkSession:
-    return (
-        SparkSession.builder.master("local[2]")
-        .appName("raftlog-tests")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.driver.memory", "1g")
-        .config("spark.sql.streaming.pollingDelay", "50ms")
-        .getOrCreate()
-    )
 
 
 def append(cluster: LocalCluster, partition: int, records: list[dict[str, Any]]) -> list[Row]:
@@ -134,3 +122,17 @@ def wait_replicated(cluster: LocalCluster, partition: int, index: int) -> None:
         lambda: all(hwm(cluster, n, partition) >= index for n in names),
         timeout=30,
     )
+
+
+def raftlog_df(
+    spark: SparkSession,
+    cluster: LocalCluster,
+    options: dict[str, str] | None = None,
+    stream: bool = False,
+) -> DataFrame:
+    """`spark.read` (or `readStream`) of the `raftlog` format over `cluster`, with `options`."""
+    r: Any = (spark.readStream if stream else spark.read).format("raftlog")
+    r = r.option("endpoints", ",".join(cluster.endpoints))
+    for k, v in (options or {}).items():
+        r = r.option(k, v)
+    return r.load()  # type: ignore[no-any-return]

@@ -8,7 +8,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.node.local import LocalCluster
-from tests.spark.helpers import append, records, rows_of, wait_replicated
+from tests.spark.helpers import append, raftlog_df, records, rows_of, wait_replicated
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -30,10 +30,7 @@ def cluster(tmp_path_factory):
 
 
 def reader(spark: SparkSession, cluster: LocalCluster, **options: str) -> DataFrame:
-    r = spark.read.format("raftlog").option("endpoints", ",".join(cluster.endpoints))
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load()
+    return raftlog_df(spark, cluster, options)
 
 
 def test_batch_read_equals_what_the_cluster_acknowledged_across_partitions_and_splits(

@@ -12,7 +12,15 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from raftlog.node.local import LocalCluster
-from tests.spark.helpers import Row, append, records, rows_of, wait_replicated, wait_until
+from tests.spark.helpers import (
+    Row,
+    append,
+    raftlog_df,
+    records,
+    rows_of,
+    wait_replicated,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -32,11 +40,8 @@ def cluster(tmp_path, request):
 
 
 def start(spark: SparkSession, cluster: LocalCluster, path: Any, **options: str) -> StreamingQuery:
-    r = spark.readStream.format("raftlog").option("endpoints", ",".join(cluster.endpoints))
-    for k, v in {"startingOffsets": "earliest", **options}.items():
-        r = r.option(k, v)
     return (
-        r.load()
+        raftlog_df(spark, cluster, {"startingOffsets": "earliest", **options}, stream=True)
         .writeStream.format("parquet")
         .option("path", str(path / "sink"))
         .option("checkpointLocation", str(path / "checkpoint"))

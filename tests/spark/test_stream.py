@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from raftlog.node.local import LocalCluster
-from tests.spark.helpers import Row, append, records, rows_of, wait_until
+from tests.spark.helpers import Row, append, raftlog_df, records, rows_of, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -26,10 +26,7 @@ def cluster(tmp_path_factory):
 
 
 def stream(spark: SparkSession, cluster: LocalCluster, **options: str) -> DataFrame:
-    r = spark.readStream.format("raftlog").option("endpoints", ",".join(cluster.endpoints))
-    for k, v in options.items():
-        r = r.option(k, v)
-    return r.load()
+    return raftlog_df(spark, cluster, options, stream=True)
 
 
 def test_new_records_in_later_batches_and_exactly_once_across_a_restart(spark, cluster, tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from raftlog.node.local import LocalCluster
-from tests.spark.helpers import Row, append, records, rows_of, wait_replicated
+from tests.spark.helpers import Row, append, raftlog_df, records, rows_of, wait_replicated
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -28,12 +28,7 @@ def expected_table(acked: list[Row]) -> list[Row]:
 def table_rows(
     spark: SparkSession, cluster: LocalCluster
 ) -> list[tuple[int, bytes | None, bytes | None]]:
-    df = (
-        spark.read.format("raftlog")
-        .option("endpoints", ",".join(cluster.endpoints))
-        .option("mode", "table")
-        .load()
-    )
+    df = raftlog_df(spark, cluster, {"mode": "table"})
     return sorted((r[0], r[3], r[4]) for r in rows_of(df))
 
 

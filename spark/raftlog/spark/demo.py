@@ -3,33 +3,20 @@
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Mapping, Sequence
 
-from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from raftlog.spark import register
+from raftlog.spark.session import local_session
 
 
 def spark_reads(endpoints: Sequence[str], latest: Mapping[str, str]) -> None:
     """Read every partition (mode=log) and partition 0's table (mode=table) with a local Spark;
     the table must hold `latest` (each key's last acknowledged value), or AssertionError."""
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     # A local demo: bind Spark to loopback (no warning about the hostname's address).
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master("local[2]")
-        .appName("raftlog-demo")
-        .config("spark.ui.enabled", "false")
-        .config("spark.ui.showConsoleProgress", "false")
-        .config("spark.sql.shuffle.partitions", "2")
-        .getOrCreate()
-    )
-    spark.sparkContext.setLogLevel("ERROR")
+    spark = local_session("raftlog-demo")
     try:
-        register(spark)
         log = spark.read.format("raftlog").option("endpoints", ",".join(endpoints)).load()
         print('    spark.read.format("raftlog"): the committed records, by partition')
         per_partition = (
