@@ -19,6 +19,7 @@ from urllib.parse import parse_qs
 
 import pytest
 from tests.chart.helm import objects
+from tests.loopback import free_loopback_net
 from tests.operator import kube_emulator
 from tests.operator.kube_emulator import Cluster
 
@@ -135,7 +136,7 @@ class Story:
         self.objs = objects(values)
         self.k8s = Cluster(root)
         self.k8s.start()
-        self.net = kube_emulator.free_loopback_net()
+        self.net = free_loopback_net()
         self.health = free_ports(1)[0]
         clusterwide = values["watch"]["mode"] == "cluster"
         kind = "ClusterKopfPeering" if clusterwide else "KopfPeering"

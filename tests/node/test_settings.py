@@ -32,6 +32,7 @@ def test_flags_win_over_environment_over_file(tmp_path, monkeypatch):
         ({"port": 0}, "port"),
         ({"raft": {"heartbeat_ticks": 50}}, "raft"),
         ({"colour": "red"}, "colour"),
+        ({"port": 7001, "peer_port": 7001}, "peer_port: 7001 is also the client port"),
     ],
 )
 def test_bad_settings_name_the_field(tmp_path, values, field):
@@ -55,3 +56,16 @@ def test_the_node_refuses_to_start_on_bad_settings(tmp_path, capsys):
     )
     assert code == 2
     assert "invalid settings" in capsys.readouterr().err
+
+
+def test_a_leader_hint_names_the_client_port_when_peers_have_their_own():
+    base = {"node_id": "n1", "data_dir": "/x", "port": 7001, "peer_port": 7002}
+    split = load_settings({**base, "peers": {"n1": "http://10.0.0.1:7002"}})
+    assert (
+        split.client_url_of("https://m-0.c-peers.ns.svc:7002") == "https://m-0.c-peers.ns.svc:7001"
+    )
+    assert split.client_url_of("http://[::1]:7002") == "http://[::1]:7001"
+    # A peer URL on some other port is not guessed at.
+    assert split.client_url_of("http://10.0.0.2:9000") == "http://10.0.0.2:9000"
+    one_port = load_settings({**base, "peer_port": None, "peers": PEERS})
+    assert one_port.client_url_of("http://127.0.0.1:7002") == "http://127.0.0.1:7002"

@@ -32,10 +32,8 @@ import base64
 import copy
 import json
 import os
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -586,24 +584,3 @@ class Cluster:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
-
-def free_loopback_net(members: int = 8, port: int = 7001) -> int:
-    """A second octet N such that 127.N.i.1:`port` is free for i < `members`: the pods of one
-    test, each on its own address. Drawn from the OS's randomness (a seeded `random` could
-    give two xdist workers the same net) and checked by binding each address."""
-    rng = random.SystemRandom()
-    for _ in range(200):
-        net = rng.randint(2, 254)
-        socks = []
-        try:
-            for i in range(members):
-                s = socket.socket()
-                socks.append(s)
-                s.bind((f"127.{net}.{i}.1", port))
-            return net
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise RuntimeError(f"no free 127.N.i.1:{port} addresses for {members} members")

@@ -24,6 +24,7 @@ import aiohttp
 import kubernetes_validate
 import pytest
 import trustme
+from tests.loopback import free_loopback_net
 from tests.operator import kube_emulator
 from tests.operator.kube_emulator import Cluster
 
@@ -43,7 +44,7 @@ class Env:
         self.k8s = Cluster(root)
         self.k8s.start()
         # Each pod on its own loopback address, as if it had its own network namespace.
-        self.net = kube_emulator.free_loopback_net()
+        self.net = free_loopback_net()
         self.metrics_port, self.liveness_port = free_ports(2)
         self.operator: subprocess.Popen[bytes] | None = None
         self.others: list[subprocess.Popen[bytes]] = []

@@ -100,7 +100,11 @@ def test_the_pod_carries_the_spec_to_the_node():
     args = c["args"]
     assert args[args.index("--node-id") + 1] == "c-1" and "--join" in args
     assert args[args.index("--partitions") + 1] == "4"
-    assert args[args.index("--peers") + 1].split(",")[0] == ("c-0=http://c-0.c-peers.ns.svc:7001")
+    assert args[args.index("--peers") + 1].split(",")[0] == ("c-0=http://c-0.c-peers.ns.svc:7002")
+    # Clients on 7001, peers and the admin API on 7002: a NetworkPolicy can tell them apart.
+    assert args[args.index("--port") + 1] == "7001"
+    assert args[args.index("--peer-port") + 1] == "7002"
+    assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"client": 7001, "peer": 7002}
     assert "--tls-cert-file" in args and "--auth-token-file" in args
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env == node_env(FULL)
@@ -117,18 +121,20 @@ def test_the_pod_carries_the_spec_to_the_node():
 
 
 def test_the_budget_allows_one_member_down_and_the_peer_service_publishes_unready_members():
-    svc = manifests.services("c", "ns")[0]
+    svc, client_svc = manifests.services("c", "ns")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
+    assert [p["port"] for p in svc["spec"]["ports"]] == [7001, 7002]
+    assert [p["port"] for p in client_svc["spec"]["ports"]] == [7001]  # never the peer port
     assert manifests.pdb("c", "ns")["spec"]["maxUnavailable"] == 1
 
 
 def test_members_are_reached_over_https_when_the_cluster_has_tls():
     template = manifests.DEFAULT_MEMBER_URL
-    assert manifests.member_url(template, "c", "ns", "c-2") == "http://c-2.c-peers.ns.svc:7001"
+    assert manifests.member_url(template, "c", "ns", "c-2") == "http://c-2.c-peers.ns.svc:7002"
     assert manifests.member_url(template, "c", "ns", "c-2", tls=True) == (
-        "https://c-2.c-peers.ns.svc:7001"
+        "https://c-2.c-peers.ns.svc:7002"
     )
     # A template without {scheme} (another cluster domain, say) is used as it is.
     assert manifests.member_url("http://{member}.x:{port}", "c", "ns", "c-0", tls=True) == (
-        "http://c-0.x:7001"
+        "http://c-0.x:7002"
     )

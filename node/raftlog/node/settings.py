@@ -12,6 +12,7 @@ import ssl
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
@@ -37,7 +38,20 @@ class NodeSettings(BaseSettings):
         '{"n1": "http://127.0.0.1:7001", ...}; on a new cluster they are the initial voters'
     )
     host: str = Field("127.0.0.1", description="address to listen on")
-    port: int = Field(7001, ge=1, le=65535, description="port to listen on")
+    port: int = Field(
+        7001,
+        ge=1,
+        le=65535,
+        description="port of the client API (and, unless `peer_port` is set, of everything)",
+    )
+    peer_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="a second port for peer traffic and the admin API, so a NetworkPolicy can "
+        "tell members from clients; the URLs in `peers` then name this port, and every member "
+        "uses the same two ports (a leader hint swaps one for the other)",
+    )
     partitions: int = Field(1, ge=1, le=1024, description="how many partitions this cluster has")
     data_dir: Path = Field(description="where the partitions' WAL, snapshots and state live")
     join: bool = Field(
@@ -88,6 +102,12 @@ class NodeSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _two_ports(self) -> NodeSettings:
+        if self.peer_port is not None and self.peer_port == self.port:
+            raise ValueError(f"peer_port: {self.peer_port} is also the client port; give another")
+        return self
+
+    @model_validator(mode="after")
     def _tls_pair(self) -> NodeSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file: give both or neither")
@@ -95,6 +115,16 @@ class NodeSettings(BaseSettings):
             if f is not None and not f.is_file():
                 raise ValueError(f"{f} is not a file")
         return self
+
+    def client_url_of(self, peer_url: str) -> str:
+        """A member's client URL: its peer URL, on the client port when the ports are split."""
+        if self.peer_port is None:
+            return peer_url
+        u = urlsplit(peer_url)
+        if u.port != self.peer_port or u.hostname is None:
+            return peer_url
+        host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
+        return urlunsplit((u.scheme, f"{host}:{self.port}", u.path, "", ""))
 
     def server_ssl(self) -> ssl.SSLContext | None:
         if self.tls_cert_file is None or self.tls_key_file is None:

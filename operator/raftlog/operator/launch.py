@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from raftlog.operator.models import RaftClusterSpec
 
-PEER_PORT = 7001
+CLIENT_PORT = 7001
+# Peers and the admin API on a port of their own, so a NetworkPolicy can keep clients off it.
+PEER_PORT = 7002
 
 
 def node_args(
@@ -14,11 +16,14 @@ def node_args(
     *,
     join: bool,
     data_dir: str,
-    port: int = PEER_PORT,
+    port: int = CLIENT_PORT,
+    peer_port: int | None = PEER_PORT,
     host: str = "0.0.0.0",
     token_file: str | None = None,
 ) -> list[str]:
-    """`raftlog-node` flags of member `name` (the Raft settings travel in `node_env`)."""
+    """`raftlog-node` flags of member `name` (the Raft settings travel in `node_env`).
+
+    `peers` are peer-port URLs; without `peer_port` the node serves everything on `port`."""
     args = [
         "--node-id", name,
         "--peers", ",".join(f"{n}={u}" for n, u in sorted(peers.items())),
@@ -27,6 +32,8 @@ def node_args(
         "--data-dir", data_dir,
         "--partitions", str(spec.partitions),
     ]  # fmt: skip
+    if peer_port is not None:
+        args += ["--peer-port", str(peer_port)]
     if join:
         args.append("--join")
     if token_file is not None:

@@ -128,7 +128,8 @@ class LocalRuntime:
             self.data_dir(name).mkdir(parents=True, exist_ok=True)
             args = node_args(
                 spec, name, peers, join=join, data_dir=str(self.data_dir(name)),
-                port=self.ports[name], host="127.0.0.1", token_file=str(self.token_file),
+                port=self.ports[name], peer_port=None, host="127.0.0.1",
+                token_file=str(self.token_file),
             )  # fmt: skip
             cmd = [sys.executable, "-m", "raftlog.node.server.main", *args]
             env = {**os.environ, **node_env(spec), **self.env}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from raftlog.operator.launch import PEER_PORT, node_args, node_env
+from raftlog.operator.launch import CLIENT_PORT, PEER_PORT, node_args, node_env
 from raftlog.operator.models import RaftClusterSpec
 
 LABEL_CLUSTER = "raftlog.dev/cluster"
@@ -131,14 +131,17 @@ def pod(
                 "command": ["raftlog-node"],
                 "args": args,
                 "env": env,
-                "ports": [{"name": "raft", "containerPort": PEER_PORT, "protocol": "TCP"}],
+                "ports": [
+                    {"name": "client", "containerPort": CLIENT_PORT, "protocol": "TCP"},
+                    {"name": "peer", "containerPort": PEER_PORT, "protocol": "TCP"},
+                ],
                 "readinessProbe": {
-                    "httpGet": {"path": "/readyz", "port": "raft", "scheme": scheme},
+                    "httpGet": {"path": "/readyz", "port": "client", "scheme": scheme},
                     "periodSeconds": 2,
                     "failureThreshold": 3,
                 },
                 "livenessProbe": {
-                    "httpGet": {"path": "/healthz", "port": "raft", "scheme": scheme},
+                    "httpGet": {"path": "/healthz", "port": "client", "scheme": scheme},
                     "periodSeconds": 10,
                     "failureThreshold": 6,
                 },
@@ -199,7 +202,8 @@ def pvc(spec: RaftClusterSpec, cluster: str, namespace: str, member: str) -> dic
 
 
 def services(cluster: str, namespace: str) -> list[dict[str, Any]]:
-    port = [{"name": "raft", "port": PEER_PORT, "targetPort": "raft", "protocol": "TCP"}]
+    client_port = {"name": "client", "port": CLIENT_PORT, "targetPort": "client", "protocol": "TCP"}
+    peer_port = {"name": "peer", "port": PEER_PORT, "targetPort": "peer", "protocol": "TCP"}
     headless = {
         "apiVersion": "v1",
         "kind": "Service",
@@ -213,14 +217,15 @@ def services(cluster: str, namespace: str) -> list[dict[str, Any]]:
             # Members must find each other before they are ready (an election needs them).
             "publishNotReadyAddresses": True,
             "selector": selector(cluster),
-            "ports": port,
+            # Both: the members' peer URLs and clients that address one member by name.
+            "ports": [client_port, peer_port],
         },
     }
     client = {
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": cluster, "namespace": namespace, "labels": labels(cluster)},
-        "spec": {"type": "ClusterIP", "selector": selector(cluster), "ports": port},
+        "spec": {"type": "ClusterIP", "selector": selector(cluster), "ports": [client_port]},
     }
     return [headless, client]
 

@@ -107,7 +107,8 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -
 
 def not_leader(node: Node, d: PartitionDriver) -> ApiError:
     leader = d.raft.leader
-    url = node.settings.peers.get(leader) if leader else None
+    peer_url = node.settings.peers.get(leader) if leader else None
+    url = node.settings.client_url_of(peer_url) if peer_url else None
     return ApiError(
         421,
         "not_leader",

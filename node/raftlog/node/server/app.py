@@ -11,14 +11,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from aiohttp import web
 
 from raftlog.node.core.errors import Compacted, InvalidMessage, NotLeader, ProposalRefused
 from raftlog.node.core.raft import Role
-from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.core.types import EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
 from raftlog.node.routing import partition_for
 from raftlog.node.server import admin, columnar
@@ -43,8 +43,7 @@ from raftlog.node.server.partition import (
     SnapshotTooOld,
 )
 from raftlog.node.server.peer_stream import close_peer_streams, peer_stream
-from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed
+from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed, WalCorruption
 from raftlog.node.storage.snapshots import Chunk
 from raftlog.node.transport.codec import decode_frame
 
@@ -270,7 +269,7 @@ def _compacted(d: PartitionDriver, start: int) -> ApiError:
 
 async def read_columns(request: web.Request) -> web.Response:
     """Committed records [from, to) as a column page (`columnar`), for bulk readers: at most
-    `limit` entries and about `max_bytes` of record data, never above this replica's mark."""
+    `limit` entries and about `max_bytes` of records, never above this replica's mark."""
     d = driver_of(request)
     start = int_param(request, "from", 1, 1, 2**62)
     stop = int_param(request, "to", 2**62, 1, 2**62)
@@ -278,40 +277,19 @@ async def read_columns(request: web.Request) -> web.Response:
     max_bytes = int_param(request, "max_bytes", 8 << 20, 1, 64 << 20)
     min_index = int_param(request, "min_index", 0, 0, 2**62)
     require_mark(d, min_index)
-    hwm = d.raft.commit
-    end = min(stop, start + limit, hwm + 1)
-    entries: list[Entry] = []
-    size, at = 0, start
     try:
-        while at < end and size < max_bytes:  # in steps, so a page of big records stops early
-            step = d.raft.read_committed(at, min(end, at + 1_000))
-            if not step:
-                break
-            for e in step:
-                entries.append(e)
-                size += len(e.data)
-                if size >= max_bytes:
-                    break
-            at = entries[-1].index + 1
+        body = await columnar.read_records(d, start, stop, limit, max_bytes)
     except Compacted:
-        raise _compacted(d, at) from None
-    body = columnar.record_page(
-        d.p,
-        entries,
-        high_water_mark=hwm,
-        next_index=entries[-1].index + 1 if entries else start,
-        floor=d.storage.compaction_floor(),
-    )
+        raise _compacted(d, start) from None
+    except WalCorruption as e:
+        raise ApiError(503, "storage_corrupt", f"{e}; read from another replica") from None
     return web.Response(body=body, content_type=columnar.CONTENT_TYPE)
 
 
 async def snapshot_table(request: web.Request) -> web.Response:
     """The keyed table of this replica's latest stored snapshot as a column page (index 0 and no
     rows when there is none): with the log after it, a reader rebuilds the table at any index."""
-    d = driver_of(request)
-    meta = d.storage.snapshot_meta()
-    rows = KeyedTable.restore(d.storage.snapshot_data()).rows if meta.index else {}
-    body = columnar.table_page(d.p, meta.index, meta.term, rows)
+    body = await columnar.read_table(driver_of(request))
     return web.Response(body=body, content_type=columnar.CONTENT_TYPE)
 
 
@@ -488,25 +466,35 @@ async def send_snapshot_for_leader(request: web.Request) -> web.Response:
     return web.json_response({"sent_bytes": sent})
 
 
-def build_app(node: Node) -> web.Application:
+Plane = Literal["client", "peer"]
+ALL_PLANES: frozenset[Plane] = frozenset({"client", "peer"})
+
+
+def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Application:
+    """The routes of the given planes: `client` (the `/v1` client API) and `peer` (Raft traffic,
+    snapshot streams and the admin API). Status, metrics and health are on every listener."""
     middlewares: list[Any] = [errors, make_auth(node.token)]
     app = web.Application(middlewares=middlewares, client_max_size=node.settings.max_request_bytes)
     app[NODE_KEY] = node
-    app.router.add_post("/v1/partitions/{partition}/records", append)
-    app.router.add_post("/v1/records", append_by_key)
-    app.router.add_get("/v1/partitions/{partition}/records", read)
-    app.router.add_get("/v1/partitions/{partition}/columns", read_columns)
-    app.router.add_get("/v1/partitions/{partition}/snapshot/table", snapshot_table)
-    app.router.add_get("/v1/partitions/{partition}/keys/{key}", get_key)
     app.router.add_get("/v1/status", status)
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
-    admin.add_routes(app)
-    app.router.add_post("/peer/v1/messages", peer_messages)
-    app.router.add_get("/peer/v1/stream", peer_stream)
-    app.on_shutdown.append(close_peer_streams)
-    app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
-    app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
-    app.router.add_post("/peer/v1/partitions/{partition}/send-snapshot", send_snapshot_for_leader)
+    if "client" in planes:
+        app.router.add_post("/v1/partitions/{partition}/records", append)
+        app.router.add_post("/v1/records", append_by_key)
+        app.router.add_get("/v1/partitions/{partition}/records", read)
+        app.router.add_get("/v1/partitions/{partition}/columns", read_columns)
+        app.router.add_get("/v1/partitions/{partition}/snapshot/table", snapshot_table)
+        app.router.add_get("/v1/partitions/{partition}/keys/{key}", get_key)
+    if "peer" in planes:
+        admin.add_routes(app)
+        app.router.add_post("/peer/v1/messages", peer_messages)
+        app.router.add_get("/peer/v1/stream", peer_stream)
+        app.on_shutdown.append(close_peer_streams)
+        app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
+        app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
+        app.router.add_post(
+            "/peer/v1/partitions/{partition}/send-snapshot", send_snapshot_for_leader
+        )
     return app

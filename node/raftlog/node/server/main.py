@@ -21,7 +21,7 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from raftlog.node.config import describe_validation_error
-from raftlog.node.server.app import build_app
+from raftlog.node.server.app import ALL_PLANES, Plane, build_app
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings, load_settings
 from raftlog.node.storage.errors import CorruptFile, WalCorruption
@@ -45,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--node-id")
     ap.add_argument("--peers", type=parse_peers, help="NAME=URL,... for every member")
     ap.add_argument("--host")
-    ap.add_argument("--port", type=int)
+    ap.add_argument("--port", type=int, help="client API port (and everything, alone)")
+    ap.add_argument("--peer-port", type=int, help="peer and admin port (split from clients)")
     ap.add_argument("--partitions", type=int)
     ap.add_argument("--data-dir")
     ap.add_argument("--join", action="store_true", default=None, help="start empty, as a learner")
@@ -68,26 +69,35 @@ def build_parser() -> argparse.ArgumentParser:
 async def serve(settings: NodeSettings) -> None:
     node = Node(settings)
     await node.start()
-    runner = web.AppRunner(build_app(node), access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, settings.host, settings.port, ssl_context=settings.server_ssl())
-    await site.start()
-    log.info(
-        "node %s listening on %s://%s:%d, %d partitions, data in %s",
-        node.id,
-        "https" if settings.tls_cert_file else "http",
-        settings.host,
-        settings.port,
-        settings.partitions,
-        settings.data_dir,
+    listeners: list[tuple[int, frozenset[Plane]]] = (
+        [(settings.port, ALL_PLANES)]
+        if settings.peer_port is None
+        else [(settings.port, frozenset({"client"})), (settings.peer_port, frozenset({"peer"}))]
     )
+    runners = []
+    for port, planes in listeners:
+        runner = web.AppRunner(build_app(node, planes), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, settings.host, port, ssl_context=settings.server_ssl())
+        await site.start()
+        runners.append(runner)
+        log.info(
+            "node %s serving %s on %s://%s:%d",
+            node.id,
+            " and ".join(sorted(planes)),
+            "https" if settings.tls_cert_file else "http",
+            settings.host,
+            port,
+        )
+    log.info("node %s: %d partitions, data in %s", node.id, settings.partitions, settings.data_dir)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("node %s stopping", node.id)
-    await runner.cleanup()
+    for runner in runners:
+        await runner.cleanup()
     await node.close()
 
 
@@ -105,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
             "peers",
             "host",
             "port",
+            "peer_port",
             "partitions",
             "data_dir",
             "join",

@@ -1,0 +1,125 @@
+"""Clients on one port, peers and the admin API on another (`--peer-port`), as operator pods run:
+each listener serves only its own routes, so a NetworkPolicy on the ports separates the traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from tests.loopback import free_loopback_net
+
+from raftlog.client import AsyncClient
+
+pytestmark = [pytest.mark.e2e]
+
+CLIENT, PEER = 7001, 7002
+TOKEN = "split-secret"
+
+
+def call(url: str, method: str = "GET", token: str | None = None, body: Any = None) -> int:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=5) as r:
+            return int(r.status)
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def get_json(url: str, token: str | None = None) -> Any:
+    req = urllib.request.Request(url)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    with urllib.request.urlopen(req, timeout=5) as r:
+        return json.loads(r.read())
+
+
+@pytest.fixture
+def split_cluster(tmp_path: Path) -> Iterator[list[str]]:
+    net = free_loopback_net(members=3, ports=(CLIENT, PEER))
+    hosts = [f"127.{net}.{i}.1" for i in range(3)]
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    peers = ",".join(f"n{i}=http://{h}:{PEER}" for i, h in enumerate(hosts))
+    procs = []
+    for i, host in enumerate(hosts):
+        cmd = [
+            sys.executable, "-m", "raftlog.node.server.main", "--node-id", f"n{i}",
+            "--peers", peers, "--host", host, "--port", str(CLIENT), "--peer-port", str(PEER),
+            "--data-dir", str(tmp_path / f"n{i}"), "--auth-token-file", str(token), "--no-fsync",
+        ]  # fmt: skip
+        with (tmp_path / f"n{i}.log").open("ab") as log:
+            procs.append(
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            )
+    try:
+        yield hosts
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+def leader_of(hosts: list[str]) -> int:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        for i, h in enumerate(hosts):
+            try:
+                st = get_json(f"http://{h}:{CLIENT}/v1/status")
+            except OSError:
+                continue
+            if st["partitions"][0]["role"] == "leader":
+                return i
+        time.sleep(0.2)
+    raise AssertionError("no leader within 30 s")
+
+
+def test_clients_and_peers_are_served_on_their_own_ports(split_cluster):
+    hosts = split_cluster
+    leader = leader_of(hosts)  # an election: the peers reached each other on the peer port
+    follower = hosts[(leader + 1) % 3]
+    client_urls = [f"http://{h}:{CLIENT}" for h in hosts]
+
+    async def append() -> int:
+        # Starting at a follower: its leader hint must name the leader's client port.
+        async with AsyncClient([client_urls[(leader + 1) % 3]]) as c:
+            return (await c.append(0, [{"key": "k", "value": "v"}])).last_index
+
+    assert asyncio.run(append()) >= 1
+    req = urllib.request.Request(
+        f"http://{follower}:{CLIENT}/v1/partitions/0/records",
+        data=json.dumps({"value": "x"}).encode(),
+        method="POST",
+    )
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=5)
+    assert info.value.code == 421
+    assert json.loads(info.value.read())["leader_url"] == client_urls[leader]
+
+    # The client port has no admin or peer routes, even with the token.
+    assert call(f"http://{follower}:{CLIENT}/v1/admin/peers", token=TOKEN) == 404
+    assert call(f"http://{follower}:{CLIENT}/peer/v1/stream", token=TOKEN) == 404
+    assert call(f"http://{follower}:{CLIENT}/peer/v1/messages", "POST", TOKEN, {}) == 404
+    # The peer port has no client routes; its admin API wants the token.
+    assert call(f"http://{follower}:{PEER}/v1/partitions/0/records?from=1") == 404
+    assert call(f"http://{follower}:{PEER}/v1/admin/peers") == 401
+    peers = get_json(f"http://{follower}:{PEER}/v1/admin/peers", TOKEN)["peers"]
+    assert peers == {f"n{i}": f"http://{h}:{PEER}" for i, h in enumerate(hosts)}
+    # Status, metrics and health on both (probes use the client port, the operator the peer one).
+    for port in (CLIENT, PEER):
+        assert call(f"http://{follower}:{port}/healthz") == 200
+        assert call(f"http://{follower}:{port}/metrics") == 200
+        assert call(f"http://{follower}:{port}/v1/status") == 200
