@@ -583,4 +583,3 @@ class Cluster:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-
