@@ -17,22 +17,54 @@ in Arrow arrays without touching a row:
 Only NORMAL entries become rows (no-ops and membership changes are skipped, `next` says where
 the page ended). An entry whose data is not a record (never written by this API) becomes a row
 with a null key, its raw data as value and the header `raftlog.raw` = `true`.
+
+A page is built from the records' bytes as the WAL holds them (`Wal.read_raw`: one pread, each
+record checked against its checksum, no `Entry` per record), decoded in one msgspec call, each
+column made in one pass at C speed where the common case allows (no nulls, no headers). The
+building runs in a worker thread, at most `BUILDERS` at a time per node, so a big read never
+holds the event loop (Raft's ticks and heartbeats) for more than the pread; the pages' size is
+bounded by the request (`limit`, `max_bytes`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import weakref
 from array import array
-from itertools import accumulate
-from typing import Any
+from itertools import accumulate, repeat
+from operator import is_not
+from typing import TYPE_CHECKING, Any, cast
 
 import msgspec
 
-from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.core.errors import Compacted
 from raftlog.node.record import Record, decode_record
+from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.errors import WalCorruption
+from raftlog.node.storage.segment import RawRange, Rows
+
+if TYPE_CHECKING:
+    from raftlog.node.server.partition import PartitionDriver
+
+log = logging.getLogger("raftlog.server.columnar")
 
 CONTENT_TYPE = "application/vnd.raftlog.columns+msgpack"
+BUILDERS = 2  # pages built at once per node (each in a worker thread)
 _encoder = msgspec.msgpack.Encoder()
 _records = msgspec.msgpack.Decoder(list[Record])
+_gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _gate() -> asyncio.Semaphore:
+    """This event loop's bound on pages in the making (a node runs one loop; tests, several)."""
+    loop = asyncio.get_running_loop()
+    gate = _gates.get(loop)
+    if gate is None:
+        gate = _gates[loop] = asyncio.Semaphore(BUILDERS)
+    return gate
 
 
 def _int64(values: list[int]) -> bytes:
@@ -41,55 +73,66 @@ def _int64(values: list[int]) -> bytes:
 
 def _binary(values: list[bytes | None]) -> tuple[bytes, bytes, bytes]:
     """(offsets int32, data, validity uint8) of nullable byte strings."""
-    lengths = [0 if v is None else len(v) for v in values]
+    n = len(values)
+    nulls = values.count(None)
+    if nulls == n:
+        return bytes(4 * (n + 1)), b"", bytes(n)
+    if nulls:
+        present: list[bytes] = [b"" if v is None else v for v in values]
+        valid = bytes(map(is_not, values, repeat(None)))
+    else:
+        present, valid = cast(list[bytes], values), b"\x01" * n
     offsets = array("i", [0])
-    offsets.extend(accumulate(lengths))
-    valid = bytes(v is not None for v in values)
-    data = b"".join(v for v in values if v is not None)
-    return offsets.tobytes(), data, valid
+    offsets.extend(accumulate(map(len, present)))
+    return offsets.tobytes(), b"".join(present), valid
 
 
 def _strings(values: list[str]) -> tuple[bytes, bytes]:
     encoded = [v.encode() for v in values]
     offsets = array("i", [0])
-    offsets.extend(accumulate(len(v) for v in encoded))
+    offsets.extend(accumulate(map(len, encoded)))
     return offsets.tobytes(), b"".join(encoded)
 
 
-def _decode(entries: list[Entry]) -> list[Record]:
-    """Every entry's record, decoded in one call (a MessagePack array of the records' bytes);
-    one at a time, with a raw row for what is not a record, only when that fails."""
-    if not entries:
+def _array_head(n: int) -> bytes:
+    """The MessagePack header of an array of `n` items."""
+    return b"\xdc" + n.to_bytes(2, "big") if n < 2**16 else b"\xdd" + n.to_bytes(4, "big")
+
+
+def _decode(data: list[bytes]) -> list[Record]:
+    """Every record, decoded in one call (a MessagePack array of the records' bytes); one at a
+    time, with a raw row for what is not a record, only when that fails."""
+    if not data:
         return []
-    n = len(entries)
-    head = bytes([0xDC]) + n.to_bytes(2, "big") if n < 2**16 else b"\xdd" + n.to_bytes(4, "big")
     try:
-        return _records.decode(head + b"".join(e.data for e in entries))
+        return _records.decode(b"".join([_array_head(len(data)), *data]))
     except msgspec.DecodeError:
         out = []
-        for e in entries:
+        for raw in data:
             try:
-                out.append(decode_record(e.data))
+                out.append(decode_record(raw))
             except msgspec.DecodeError:
-                out.append(Record(None, e.data, {"raftlog.raw": "true"}))
+                out.append(Record(None, raw, {"raftlog.raw": "true"}))
         return out
 
 
 def record_page(
-    partition: int, entries: list[Entry], *, high_water_mark: int, next_index: int, floor: int
+    partition: int, rows: Rows, *, high_water_mark: int, next_index: int, floor: int
 ) -> bytes:
-    """The column page of `entries` (committed, in index order)."""
-    normal = [e for e in entries if e.kind == EntryKind.NORMAL]
-    records = _decode(normal)
+    """The column page of `rows` (committed NORMAL entries, in index order)."""
+    records = _decode(rows.data)
     header_counts = [len(r.headers) for r in records]
     header_offsets = array("i", [0])
-    header_offsets.extend(accumulate(header_counts))
     hk: list[str] = []
     hv: list[str] = []
-    for r in records:
-        if r.headers:
-            hk.extend(r.headers.keys())
-            hv.extend(r.headers.values())
+    if any(header_counts):
+        header_offsets.extend(accumulate(header_counts))
+        for r in records:
+            if r.headers:
+                hk.extend(r.headers.keys())
+                hv.extend(r.headers.values())
+    else:
+        header_offsets.extend(repeat(0, len(records)))
     key_offsets, key_data, key_valid = _binary([r.key for r in records])
     value_offsets, value_data, value_valid = _binary([r.value for r in records])
     hk_offsets, hk_data = _strings(hk)
@@ -100,8 +143,8 @@ def record_page(
         "compaction_floor": floor,
         "next": next_index,
         "count": len(records),
-        "index": _int64([e.index for e in normal]),
-        "term": _int64([e.term for e in normal]),
+        "index": rows.index.tobytes(),
+        "term": rows.term.tobytes(),
         "timestamp_ms": _int64([r.timestamp_ms for r in records]),
         "key_offsets": key_offsets,
         "key_data": key_data,
@@ -116,6 +159,51 @@ def record_page(
         "header_value_data": hv_data,
     }
     return _encoder.encode(page)
+
+
+def _build_record_page(
+    partition: int, raws: list[RawRange], rows: Rows, hwm: int, next_index: int, floor: int
+) -> bytes:
+    """In a worker thread: check and decode the records read, then the page."""
+    whole = Rows()
+    for raw in raws:
+        whole.add_raw(raw)
+    whole.index.extend(rows.index)
+    whole.term.extend(rows.term)
+    whole.data.extend(rows.data)
+    return record_page(partition, whole, high_water_mark=hwm, next_index=next_index, floor=floor)
+
+
+async def read_records(
+    d: PartitionDriver, start: int, stop: int, limit: int, max_bytes: int
+) -> bytes:
+    """The column page of committed records [start, stop): at most `limit` entries and about
+    `max_bytes` of records, never above this replica's high-water mark. Raises Compacted
+    below the floor, WalCorruption when a record read fails its checksum."""
+    async with _gate():
+        # Taken once the page may be built: the mark only grows, so the caller's check of
+        # `min_index` still holds. Everything below, up to the thread, is one event-loop step.
+        hwm = d.raft.commit
+        end = min(stop, start + limit, hwm + 1)
+        raft_log = d.raft.log
+        if start < raft_log.first_index():
+            raise Compacted(f"index {start} is below the compaction floor")
+        # Committed entries the driver has not persisted yet (the core's unstable entries, from
+        # `offset`) come from the core; the rest from the WAL's bytes.
+        stable = max(start, min(end, raft_log.offset))
+        raws = d.storage.read_raw(start, stable, max_bytes) if start < stable else []
+        at = raws[-1].first + len(raws[-1].offsets) if raws else start
+        rows = Rows()
+        if at == stable and stable < end:
+            tail = d.raft.read_committed(stable, end)
+            rows.add_entries(tail)
+            at = tail[-1].index + 1 if tail else at
+        floor = d.storage.compaction_floor()
+        try:
+            return await asyncio.to_thread(_build_record_page, d.p, raws, rows, hwm, at, floor)
+        except WalCorruption as e:
+            log.error("partition %d: a bulk read of [%d, %d) failed: %s", d.p, start, at, e)
+            raise
 
 
 def table_page(partition: int, index: int, term: int, rows: dict[bytes, bytes]) -> bytes:
@@ -134,3 +222,18 @@ def table_page(partition: int, index: int, term: int, rows: dict[bytes, bytes]) 
         "value_data": value_data,
     }
     return _encoder.encode(page)
+
+
+def _build_table_page(d: PartitionDriver) -> bytes:
+    """In a worker thread: the latest snapshot, read, verified and decoded, as a page."""
+    meta, data = d.storage.snapshots.read_latest()
+    if meta is None or not meta.index:
+        return table_page(d.p, 0, 0, {})
+    return table_page(d.p, meta.index, meta.term, KeyedTable.restore(data).rows)
+
+
+async def read_table(d: PartitionDriver) -> bytes:
+    """The keyed table of this replica's latest stored snapshot as a column page (index 0 and
+    no rows when there is none), built off the event loop."""
+    async with _gate():
+        return await asyncio.to_thread(_build_table_page, d)

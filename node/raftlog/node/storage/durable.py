@@ -25,6 +25,7 @@ from raftlog.node.storage.errors import StorageFailed, WalCorruption
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.hardstate import HardStateFile
 from raftlog.node.storage.holds import Hold, RetentionHolds
+from raftlog.node.storage.segment import RawRange
 from raftlog.node.storage.snapshots import SnapshotReceiver, SnapshotStore
 from raftlog.node.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
 
@@ -148,6 +149,10 @@ class DurableStorage:
 
     def entries(self, lo: int, hi: int) -> list[Entry]:
         return self.wal.entries(lo, hi)
+
+    def read_raw(self, lo: int, hi: int, max_bytes: int) -> list[RawRange]:
+        """Entries [lo, hi) as their records' bytes, for bulk readers (see `Wal.read_raw`)."""
+        return self.wal.read_raw(lo, hi, max_bytes)
 
     def config_entries(self, lo: int) -> list[Entry]:
         return [e for i in self.wal.config_indexes if i >= lo for e in self.wal.entries(i, i + 1)]

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import re
 import struct
+from array import array
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from crc32c import crc32c
 
@@ -35,6 +36,7 @@ FLAG_RESET = 1
 REC_HEAD = struct.Struct("<II")  # length, crc32c
 ENTRY_HEAD = struct.Struct("<BQQB")  # type, index, term, kind
 COMMIT_BODY = struct.Struct("<BQ")
+ENTRY_FRAME = struct.Struct("<IIBQQB")  # REC_HEAD then ENTRY_HEAD: an entry record's first bytes
 T_ENTRY = 1
 T_COMMIT = 2
 MAX_RECORD = 64 * 1024 * 1024  # a length above this is damage, not data
@@ -84,6 +86,60 @@ def iter_bodies(buf: bytes | memoryview, verify: bool = False) -> Iterator[memor
             raise ValueError(f"checksum mismatch at offset {pos}")
         yield body
         pos += 8 + length
+
+
+@dataclass
+class RawRange:
+    """Entries [first, first + len(offsets)) of one segment, as the bytes read from its file."""
+
+    path: str
+    first: int
+    buf: bytes  # the file's bytes from offsets[0] (commit records may sit between entries)
+    offsets: array[int]  # each entry's record, as a file offset
+
+
+@dataclass
+class Rows:
+    """The NORMAL entries of a range of the log, as columns: no `Entry` per record."""
+
+    index: array[int] = field(default_factory=lambda: array("q"))
+    term: array[int] = field(default_factory=lambda: array("q"))
+    data: list[bytes] = field(default_factory=list)
+
+    def add_entries(self, entries: list[Entry]) -> None:
+        for e in entries:
+            if e.kind == EntryKind.NORMAL:
+                self.index.append(e.index)
+                self.term.append(e.term)
+                self.data.append(e.data)
+
+    def add_raw(self, raw: RawRange) -> None:
+        """Every record of `raw` checked against its checksum and its expected index (the read
+        serves what the record says only when both hold), its NORMAL entries added.
+
+        One tight loop over the records, with bytes slices (not memoryviews, which the garbage
+        collector tracks): this is the bulk read's hot path. Raises WalCorruption.
+        """
+        buf, base, expected = raw.buf, raw.offsets[0], raw.first
+        unpack, index, term, data = ENTRY_FRAME.unpack_from, self.index, self.term, self.data
+        size, head, normal = len(buf), ENTRY_FRAME.size, int(EntryKind.NORMAL)
+        off = base
+        try:
+            for off in raw.offsets:
+                pos = off - base
+                length, crc, rtype, at, t, kind = unpack(buf, pos)
+                end = pos + 8 + length
+                if end > size or rtype != T_ENTRY or at != expected:
+                    raise WalCorruption(raw.path, off, expected, "not the entry the index says")
+                if crc32c(buf[pos + 8 : end]) != crc:
+                    raise WalCorruption(raw.path, off, expected, "record checksum mismatch")
+                if kind == normal:
+                    index.append(at)
+                    term.append(t)
+                    data.append(buf[pos + head : end])
+                expected += 1
+        except struct.error:
+            raise WalCorruption(raw.path, off, expected, "record cut short") from None
 
 
 @dataclass

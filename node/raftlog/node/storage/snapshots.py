@@ -152,6 +152,22 @@ class SnapshotStore:
         with open(self.file, "rb") as f:
             return decode_snapshot(self.file, f.read())[1]
 
+    def read_latest(self) -> tuple[SnapshotMeta | None, bytes]:
+        """The latest snapshot's metadata and data, both from its file (so they always agree):
+        safe in a worker thread while the owner saves a newer snapshot, which removes the file
+        being opened (then the newer one is read)."""
+        for _ in range(8):
+            file = self.file
+            if file is None:
+                return None, b""
+            try:
+                with open(file, "rb") as f:
+                    return decode_snapshot(file, f.read())
+            except FileNotFoundError:
+                if self.file == file:
+                    raise
+        raise SnapshotCorruption(self.path, "the latest snapshot kept being replaced while read")
+
     def size(self) -> int:
         return os.path.getsize(self.file) if self.file else 0
 

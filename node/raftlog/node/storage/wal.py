@@ -239,6 +239,40 @@ class Wal:
             i += 1
         return out
 
+    def read_raw(self, lo: int, hi: int, max_bytes: int) -> list[fmt.RawRange]:
+        """The records of entries [lo, hi) as read from the files, for a bulk reader: one pread
+        per segment spanned and no `Entry` per record (`segment.Rows.add_raw` checks and
+        decodes them, and may run in another thread: the bytes are a copy). Stops once about
+        `max_bytes` of records are read, after at least one entry.
+
+        Truncation and reset only remove entries above the commit index, so a committed range
+        read here is the committed log even when the WAL changes afterwards.
+        """
+        if lo < self.first_index():
+            raise Compacted(f"index {lo} is below the compaction floor {self.first_index()}")
+        if hi > self.last_index() + 1:
+            raise Unavailable(f"index {hi - 1} is beyond the last index {self.last_index()}")
+        out: list[fmt.RawRange] = []
+        i = bisect.bisect_right(self._firsts, lo) - 1
+        budget = max_bytes
+        while lo < hi and budget > 0:
+            seg = self._segments[i]
+            stop = min(hi, seg.last_index + 1)
+            if stop > lo:
+                a, b = lo - seg.first_index, stop - seg.first_index
+                start_off = seg.offsets[a]
+                # The first entry whose record starts past the budget ends the read (bisect on
+                # the in-memory offsets: no record is looked at to find it).
+                b = max(a + 1, bisect.bisect_left(seg.offsets, start_off + budget, a, b))
+                stop = seg.first_index + b
+                end_off = seg.offsets[b] if b < len(seg.offsets) else seg.end
+                buf = os.pread(seg.fd, end_off - start_off, start_off)
+                out.append(fmt.RawRange(seg.path, lo, buf, seg.offsets[a:b]))
+                budget -= len(buf)
+                lo = stop
+            i += 1
+        return out
+
     # ================================================================== writes
     def _io(self, op: str, path: str, fn: Callable[[], T]) -> T:
         if self.failed is not None:
