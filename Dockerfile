@@ -35,6 +35,7 @@ RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
  && raftlog-node --help >/dev/null && raftlog-operator --help >/dev/null
 USER 10001:10001
 WORKDIR /var/lib/raftlog
-# 7001: a member's peer, client and admin API; 8080: the operator's liveness; 8000: its metrics.
-EXPOSE 7001 8000 8080
+# 7001: a member's client API; 7002: its peers and admin API; 8080: the operator's liveness;
+# 8000: its metrics.
+EXPOSE 7001 7002 8000 8080
 CMD ["raftlog-node", "--help"]

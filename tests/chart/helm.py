@@ -36,6 +36,7 @@ MODES: dict[str, dict[str, Any]] = {
                 {"namespaceSelector": {"matchLabels": {"team": "payments"}}},
                 {"ipBlock": {"cidr": "10.0.0.0/8"}},
             ],
+            "monitoring": [{"namespaceSelector": {"matchLabels": {"name": "monitoring"}}}],
         },
     },
 }

@@ -150,6 +150,32 @@ def test_the_default_image_is_the_one_the_dockerfile_builds_and_the_nodes_run():
     assert pinned == f"ghcr.io/raftlog/raftlog@{digest}"
 
 
+@pytest.mark.parametrize(
+    "image",
+    [
+        {},
+        {"repository": "registry.example.com/raftlog", "tag": "9.9"},
+        {"digest": "sha256:" + "b" * 64},
+    ],
+)
+def test_members_without_spec_image_run_the_operators_own_image(image, monkeypatch):
+    from raftlog.operator.manifests import pod
+    from raftlog.operator.models import RaftClusterSpec
+    from raftlog.operator.settings import OperatorSettings
+
+    c = container(objects({"image": image}))
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert env["RAFTLOG_OPERATOR_DEFAULT_IMAGE"] == c["image"]
+    # What the operator makes of it: the default for a spec without an image, never over one.
+    monkeypatch.setenv("RAFTLOG_OPERATOR_DEFAULT_IMAGE", env["RAFTLOG_OPERATOR_DEFAULT_IMAGE"])
+    default = OperatorSettings().default_image
+    spec = RaftClusterSpec().with_image(default)
+    member = pod(spec, "c", "ns", "c-0", {}, join=False, config_hash="h")
+    assert member["spec"]["containers"][0]["image"] == c["image"]
+    own = RaftClusterSpec(image="mine/raftlog:1").with_image(default)
+    assert own.image == "mine/raftlog:1"
+
+
 def test_default_is_namespaced_to_the_release_namespace_and_standalone():
     objs = objects()
     args = container(objs)["args"]
@@ -157,7 +183,7 @@ def test_default_is_namespaced_to_the_release_namespace_and_standalone():
     assert "--all-namespaces" not in args
     assert one(objs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
     assert one(objs, "Role")["metadata"]["namespace"] == NAMESPACE
-    assert one(objs, "ClusterRole")["metadata"]["name"].endswith("-scanning")
+    assert not of_kind(objs, "ClusterRole") and not of_kind(objs, "ClusterRoleBinding")
     assert not of_kind(objs, "KopfPeering") and not of_kind(objs, "PodDisruptionBudget")
 
 
@@ -177,13 +203,8 @@ def test_namespaced_mode_gives_a_role_and_binding_per_watched_namespace():
         assert binding["subjects"] == [
             {"kind": "ServiceAccount", "name": "raftlog-operator", "namespace": NAMESPACE}
         ]
-    # Cluster-scoped: only what kopf reads about the cluster (CRDs, namespaces).
-    cluster_rules = one(objs, "ClusterRole")["rules"]
-    assert {r for rule in cluster_rules for r in rule["resources"]} == {
-        "customresourcedefinitions",
-        "namespaces",
-    }
-    assert all(set(rule["verbs"]) == {"list", "watch"} for rule in cluster_rules)
+    # Nothing cluster-scoped: the operator runs kopf with scanning off in this mode.
+    assert not of_kind(objs, "ClusterRole") and not of_kind(objs, "ClusterRoleBinding")
 
 
 def test_cluster_mode_gives_one_cluster_role_and_no_role():
@@ -246,10 +267,21 @@ def test_without_metrics_there_is_no_service_and_the_operator_serves_none():
     assert env["RAFTLOG_OPERATOR_METRICS_PORT"] == "0"
 
 
-def test_the_network_policy_lets_only_members_the_operator_and_clients_in():
+def test_the_network_policy_keeps_clients_off_the_peer_port_and_strangers_off_both():
+    from raftlog.operator.manifests import pod
+    from raftlog.operator.models import RaftClusterSpec
+
     objs = objects(MODES["network-policy"])
     policies = of_kind(objs, "NetworkPolicy")
     assert sorted(p["metadata"]["namespace"] for p in policies) == ["billing", "orders"]
+    member_ports = {
+        p["name"]: p["containerPort"]
+        for p in pod(RaftClusterSpec(), "c", "ns", "c-0", {}, join=False, config_hash="h")["spec"][
+            "containers"
+        ][0]["ports"]
+    }
+    assert member_ports == {"client": 7001, "peer": 7002}  # the names the policy refers to
+    values = MODES["network-policy"]["networkPolicy"]
     for policy in policies:
         spec = policy["spec"]
         assert spec["policyTypes"] == ["Ingress"]
@@ -258,17 +290,24 @@ def test_the_network_policy_lets_only_members_the_operator_and_clients_in():
             "app.kubernetes.io/name": "raftlog",
             "app.kubernetes.io/managed-by": "raftlog-operator",
         }
-        [rule] = spec["ingress"]
-        assert rule["ports"] == [{"port": 7001, "protocol": "TCP"}]
-        members, operator, *clients = rule["from"]
+        peer_rule, client_rule = spec["ingress"]
+        assert peer_rule["ports"] == [{"port": "peer", "protocol": "TCP"}]
+        members, operator = peer_rule["from"]  # nobody else reaches peers and the admin API
         assert members == {"podSelector": {"matchLabels": spec["podSelector"]["matchLabels"]}}
         pod_labels = one(objs, "Deployment")["spec"]["template"]["metadata"]["labels"]
         assert operator["podSelector"]["matchLabels"].items() <= pod_labels.items()
         assert operator["namespaceSelector"]["matchLabels"] == {
             "kubernetes.io/metadata.name": NAMESPACE
         }
-        assert clients == MODES["network-policy"]["networkPolicy"]["clients"]
+        assert client_rule["ports"] == [{"port": "client", "protocol": "TCP"}]
+        assert client_rule["from"] == values["clients"] + values["monitoring"]
     assert not of_kind(objects(), "NetworkPolicy")  # optional: off by default
+    # No clients and no monitoring: the client port admits nobody (no rule, no open port).
+    closed = one(
+        objects({"networkPolicy": {"enabled": True, "clients": [], "monitoring": []}}),
+        "NetworkPolicy",
+    )
+    assert [r["ports"][0]["port"] for r in closed["spec"]["ingress"]] == ["peer"]
 
 
 def test_the_network_policy_selects_the_pods_the_operator_creates():

@@ -81,3 +81,10 @@ def test_bad_values_are_refused_naming_the_key_and_the_reason(values, reason):
 def test_helm_refuses_to_render_with_bad_values(values, reason):
     with pytest.raises(helm.HelmValuesError, match="values don't meet the specifications"):
         render(values)
+
+
+def test_the_metrics_port_may_not_be_the_liveness_port():
+    with pytest.raises(helm.HelmRenderError, match=r"metrics\.port and health\.port are both 8080"):
+        render({"metrics": {"port": 8080}})
+    # Without metrics the port is unused, so it may be anything.
+    render({"metrics": {"enabled": False, "port": 8080}})

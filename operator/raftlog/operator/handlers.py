@@ -106,7 +106,9 @@ async def reconcile(
         while not stopped:
             started = time.monotonic()
             try:
-                desired = RaftClusterSpec.model_validate(dict(spec))  # the live spec
+                desired = RaftClusterSpec.model_validate(dict(spec)).with_image(
+                    operator_settings().default_image
+                )  # the live spec
             except ValidationError as e:
                 kopf.warn(body, reason="InvalidSpec", message=str(e).replace("\n", " "))
                 await asyncio.sleep(operator_settings().interval_s * 10)

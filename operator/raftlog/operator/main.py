@@ -45,8 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not args.namespace and not args.all_namespaces:
         ap.error("give --namespace NS (repeatable) or --all-namespaces")
+    settings = kopf.OperatorSettings()
+    # Watched namespaces are exact names: kopf need not list and watch namespaces and CRDs, so a
+    # namespaced operator needs no cluster-scoped grant at all (the CRD exists before it starts).
+    settings.scanning.disabled = not args.all_namespaces
     asyncio.run(
         kopf.operator(
+            settings=settings,
             clusterwide=args.all_namespaces,
             namespaces=args.namespace,
             standalone=args.standalone,

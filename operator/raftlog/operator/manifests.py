@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from raftlog.operator.launch import CLIENT_PORT, PEER_PORT, node_args, node_env
-from raftlog.operator.models import RaftClusterSpec
+from raftlog.operator.models import DEFAULT_IMAGE, RaftClusterSpec
 
 LABEL_CLUSTER = "raftlog.dev/cluster"
 LABEL_MEMBER = "raftlog.dev/member"
@@ -126,7 +126,7 @@ def pod(
         "containers": [
             {
                 "name": "node",
-                "image": spec.image,
+                "image": spec.image or DEFAULT_IMAGE,  # the operator resolves it first
                 "imagePullPolicy": spec.image_pull_policy,
                 "command": ["raftlog-node"],
                 "args": args,

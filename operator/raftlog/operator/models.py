@@ -153,7 +153,12 @@ class RaftClusterSpec(_Model):
     partitions: int = Field(
         1, ge=1, le=1024, description="Partitions (independent Raft groups); fixed after creation."
     )
-    image: str = Field(DEFAULT_IMAGE, min_length=1, description="The node image.")
+    image: str | None = Field(
+        None,
+        min_length=1,
+        description="The node image; unset: the operator's default image (the chart sets it to "
+        "the operator's own image, so members follow a chart upgrade).",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Pull policy of the node image."
     )
@@ -180,8 +185,14 @@ class RaftClusterSpec(_Model):
         default_factory=PodTemplate, description="Overrides of the members' pods."
     )
 
+    def with_image(self, default_image: str) -> RaftClusterSpec:
+        """This spec with `image` resolved: its own, or the operator's default."""
+        return self if self.image else self.model_copy(update={"image": default_image})
+
 
 # ----------------------------------------------------------------------------- status
+
+
 class _Status(BaseModel):
     """Status parts: written by the operator (mutable while a pass builds the next status)."""
 

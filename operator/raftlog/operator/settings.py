@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from raftlog.operator.manifests import DEFAULT_MEMBER_URL
+from raftlog.operator.models import DEFAULT_IMAGE
 
 
 class OperatorSettings(BaseSettings):
@@ -19,9 +20,15 @@ class OperatorSettings(BaseSettings):
     member_url: str = Field(
         DEFAULT_MEMBER_URL,
         description="how the operator and the members reach a member: a template over "
-        "{scheme}, {member}, {cluster}, {namespace}, {port} and {ordinal} (the default is the "
-        "headless service's DNS name; change it for another cluster domain); {scheme} is https "
-        "for a cluster with spec.tlsSecretName",
+        "{scheme}, {member}, {cluster}, {namespace}, {port} (the peer port) and {ordinal} (the "
+        "default is the headless service's DNS name; change it for another cluster domain); "
+        "{scheme} is https for a cluster with spec.tlsSecretName",
+    )
+    default_image: str = Field(
+        DEFAULT_IMAGE,
+        min_length=1,
+        description="the node image of a RaftCluster without spec.image (the chart sets the "
+        "operator's own image)",
     )
     metrics_port: int = Field(
         8000, ge=0, le=65535, description="port of the operator's /metrics (0: none)"
