@@ -96,6 +96,7 @@ class RawRange:
     first: int
     buf: bytes  # the file's bytes from offsets[0] (commit records may sit between entries)
     offsets: array[int]  # each entry's record, as a file offset
+    terms: array[int]  # each entry's term (the WAL's in-memory index)
 
 
 @dataclass
@@ -117,29 +118,40 @@ class Rows:
         """Every record of `raw` checked against its checksum and its expected index (the read
         serves what the record says only when both hold), its NORMAL entries added.
 
-        One tight loop over the records, with bytes slices (not memoryviews, which the garbage
-        collector tracks): this is the bulk read's hot path. Raises WalCorruption.
+        One tight loop over the records, one test per record for everything unusual, bytes
+        slices (not memoryviews, which the garbage collector tracks), indexes and terms added
+        in one call each: this is the bulk read's hot path. Raises WalCorruption.
         """
-        buf, base, expected = raw.buf, raw.offsets[0], raw.first
-        unpack, index, term, data = ENTRY_FRAME.unpack_from, self.index, self.term, self.data
-        size, head, normal = len(buf), ENTRY_FRAME.size, int(EntryKind.NORMAL)
-        off = base
+        buf, base, first = raw.buf, raw.offsets[0], raw.first
+        unpack, data, size, head = ENTRY_FRAME.unpack_from, self.data, len(buf), ENTRY_HEAD.size
+        others: list[int] = []  # no-op and membership entries: not rows
+        expected, off = first, base
         try:
             for off in raw.offsets:
                 pos = off - base
-                length, crc, rtype, at, t, kind = unpack(buf, pos)
+                length, crc, rtype, at, _, kind = unpack(buf, pos)
                 end = pos + 8 + length
-                if end > size or rtype != T_ENTRY or at != expected:
-                    raise WalCorruption(raw.path, off, expected, "not the entry the index says")
-                if crc32c(buf[pos + 8 : end]) != crc:
-                    raise WalCorruption(raw.path, off, expected, "record checksum mismatch")
-                if kind == normal:
-                    index.append(at)
-                    term.append(t)
-                    data.append(buf[pos + head : end])
+                body = buf[pos + 8 : end]
+                if kind or at != expected or rtype != T_ENTRY or end > size or crc32c(body) != crc:
+                    if at != expected or rtype != T_ENTRY or end > size:
+                        raise WalCorruption(raw.path, off, expected, "not the entry the index says")
+                    if crc32c(body) != crc:
+                        raise WalCorruption(raw.path, off, expected, "record checksum mismatch")
+                    others.append(at)
+                else:
+                    data.append(body[head:])
                 expected += 1
         except struct.error:
             raise WalCorruption(raw.path, off, expected, "record cut short") from None
+        if not others:
+            self.index.extend(range(first, expected))
+            self.term.frombytes(raw.terms.tobytes())  # u64 as i64: terms are below 2**63
+            return
+        skip = set(others)
+        for i, t in zip(range(first, expected), raw.terms, strict=True):
+            if i not in skip:
+                self.index.append(i)
+                self.term.append(t)
 
 
 @dataclass

@@ -267,7 +267,7 @@ class Wal:
                 stop = seg.first_index + b
                 end_off = seg.offsets[b] if b < len(seg.offsets) else seg.end
                 buf = os.pread(seg.fd, end_off - start_off, start_off)
-                out.append(fmt.RawRange(seg.path, lo, buf, seg.offsets[a:b]))
+                out.append(fmt.RawRange(seg.path, lo, buf, seg.offsets[a:b], seg.terms[a:b]))
                 budget -= len(buf)
                 lo = stop
             i += 1
