@@ -210,12 +210,15 @@ def read_log(opts: Options, split: LogSplit) -> Iterator[pa.RecordBatch]:
 def read_table(opts: Options, split: TableSplit) -> Iterator[pa.RecordBatch]:
     """Snapshot plus tail: a replica's latest snapshot, then the log after it up to the planned
     end, merged to the latest value per key. When a new snapshot compacts the tail meanwhile,
-    the read starts over from it (the table is then as of that newer snapshot)."""
+    the read starts over from it (the table is then as of that newer snapshot). Replicas are
+    retried with back-off for up to `timeoutSeconds` without an answer (as pages are)."""
     nodes = Nodes(opts)
     strict = Options(**{**opts.__dict__, "fail_on_data_loss": True})
     try:
         last: Exception | None = None
-        for attempt in range(5):
+        deadline = time.monotonic() + opts.timeout_s
+        attempt = restarts = 0
+        while True:
             for i, url in enumerate(split.replicas):
                 try:
                     snap = nodes.snapshot_table(url, split.partition)
@@ -230,17 +233,27 @@ def read_table(opts: Options, split: TableSplit) -> Iterator[pa.RecordBatch]:
                 try:
                     tail = list(read_log(strict, tail_split)) if start < split.stop else []
                 except DataLoss as e:  # a newer snapshot replaced the one read: start over
+                    restarts += 1
+                    if restarts > 5:
+                        raise RuntimeError(
+                            f"raftlog partition {split.partition}: the table could not be read: "
+                            f"compaction passed the snapshot read {restarts} times ({e})"
+                        ) from None
                     last = e
+                    deadline = time.monotonic() + opts.timeout_s  # a replica did answer
                     break
                 table = arrow.latest_per_key(
                     arrow.snapshot_to_table(snap), pa.Table.from_batches(tail, arrow.ARROW_SCHEMA)
                 )
                 yield from table.to_batches(max_chunksize=opts.page_records)
                 return
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"raftlog partition {split.partition}: the table could not be read within "
+                    f"timeoutSeconds={opts.timeout_s}: {last}"
+                )
             backoff(attempt)
-        raise RuntimeError(
-            f"raftlog partition {split.partition}: the table could not be read: {last}"
-        )
+            attempt += 1
     finally:
         nodes.close()
 

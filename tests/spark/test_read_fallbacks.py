@@ -1,0 +1,162 @@
+"""What a read task does when a replica cannot serve it: a replica behind the planned range
+(503 `behind`) is passed over for another; a range compacted in part after planning (410) fails
+as data loss or, with failOnDataLoss=false, is read from the floor on; a table read retries its
+replicas for up to `timeoutSeconds`. The tasks' code is called directly (no Spark needed)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pyarrow as pa
+import pytest
+
+from raftlog.node.local import LocalCluster
+from raftlog.node.server import columnar
+from raftlog.spark.nodes import DataLoss
+from raftlog.spark.options import parse
+from raftlog.spark.source import LogSplit, TableSplit, read_log, read_table
+from tests.spark.helpers import Row, append, records, wait_replicated
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+# (status, content type, body) for the n-th request (from 0) of a path
+Answer = Callable[[str, int], tuple[int, str, bytes]]
+
+
+class FakeNode:
+    """A node that answers as `answer` says, and counts the requests per path kind."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.requests: list[str] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                n = len(fake.requests)
+                fake.requests.append(self.path)
+                status, ctype, body = answer(self.path, n)
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def error(status: int, code: str, **extra: object) -> tuple[int, str, bytes]:
+    body = {"error": code, "reason": f"{code} (fake)", **extra}
+    return status, "application/json", json.dumps(body).encode()
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
+    """One node, small segments, compaction only when asked."""
+    with LocalCluster(
+        tmp_path_factory.mktemp("fallbacks"), replicas=1, partitions=1, durable=False,
+        raft={"compact_every_operations": 10**6, "compact_number_entries": 0},
+        env={"RAFTLOG_SEGMENT_BYTES": "4096"},
+    ) as c:  # fmt: skip
+        c.wait_ready()
+        yield c
+
+
+def read_rows(batches: Iterator[pa.RecordBatch]) -> list[tuple[int, bytes | None]]:
+    table = pa.Table.from_batches(list(batches))
+    return list(zip(table["index"].to_pylist(), table["value"].to_pylist(), strict=True))
+
+
+def expected(acked: list[Row]) -> list[tuple[int, bytes | None]]:
+    return [(r[1], r[4]) for r in acked]
+
+
+def test_a_replica_behind_the_range_is_passed_over_for_another(cluster):
+    acked = append(cluster, 0, records(50, "behind"))
+    wait_replicated(cluster, 0, acked[-1][1])
+    first, last = acked[0][1], acked[-1][1]
+    behind = FakeNode(lambda path, n: error(503, "behind", high_water_mark=first - 1))
+    try:
+        opts = parse({"endpoints": behind.url, "pageRecords": "20"}, streaming=False)
+        split = LogSplit(0, first, last + 1, [behind.url, cluster.nodes["n1"].url])
+        got = read_rows(read_log(opts, split))
+    finally:
+        behind.close()
+    assert got == expected(acked)
+    pages = [p for p in behind.requests if "/columns?" in p]
+    assert len(pages) >= 3, "each page is asked of the first replica first"
+    assert all(f"min_index={last}" in p for p in pages), "the planned end is the mark asked for"
+
+
+def test_a_range_compacted_in_part_after_planning_fails_or_is_read_from_the_floor(cluster, caplog):
+    acked = append(cluster, 0, records(60, "compacted", pad=300))
+    wait_replicated(cluster, 0, acked[-1][1])
+    first, last = acked[0][1], acked[-1][1]
+    code, body = cluster.request("n1", "POST", "/v1/admin/partitions/0/compact")
+    assert code == 200, body
+    floor = body["compaction_floor"]
+    assert first < floor <= last, (first, floor, last)
+    url = cluster.nodes["n1"].url
+    split = LogSplit(0, first, last + 1, [url])  # planned before the compaction
+    strict = parse({"endpoints": url, "pageRecords": "25"}, streaming=False)
+    with pytest.raises(DataLoss, match=f"{first} is below the compaction floor {floor}"):
+        read_rows(read_log(strict, split))
+    lenient = parse(
+        {"endpoints": url, "pageRecords": "25", "failOnDataLoss": "false"}, streaming=False
+    )
+    with caplog.at_level(logging.WARNING, logger="raftlog.spark"):
+        got = read_rows(read_log(lenient, split))
+    assert got == [r for r in expected(acked) if r[0] >= floor]
+    assert f"skipped records [{first}, {floor})" in caplog.text
+
+
+def table_answer(failures: int) -> Answer:
+    """503 for the first `failures` requests, then a snapshot of one row at index 5."""
+    page = columnar.table_page(0, 5, 1, {b"k": b"v"})
+
+    def answer(path: str, n: int) -> tuple[int, str, bytes]:
+        assert "/snapshot/table" in path
+        if n < failures:
+            return error(503, "no_leader")
+        return 200, columnar.CONTENT_TYPE, page
+
+    return answer
+
+
+def test_a_table_read_retries_for_timeout_seconds_then_says_so():
+    # Six refusals in a row: more than a fixed number of attempts, well within the timeout.
+    flaky = FakeNode(table_answer(6))
+    try:
+        opts = parse(
+            {"endpoints": flaky.url, "mode": "table", "timeoutSeconds": "60"}, streaming=False
+        )
+        table = pa.Table.from_batches(list(read_table(opts, TableSplit(0, 6, [flaky.url]))))
+    finally:
+        flaky.close()
+    assert len(flaky.requests) == 7
+    assert list(zip(table["key"].to_pylist(), table["value"].to_pylist(), strict=True)) == [
+        (b"k", b"v")
+    ]
+    down = FakeNode(table_answer(10**9))
+    try:
+        opts = parse(
+            {"endpoints": down.url, "mode": "table", "timeoutSeconds": "0.5"}, streaming=False
+        )
+        with pytest.raises(TimeoutError, match=r"within timeoutSeconds=0\.5: .*no_leader"):
+            list(read_table(opts, TableSplit(0, 6, [down.url])))
+    finally:
+        down.close()
+    assert len(down.requests) >= 1
