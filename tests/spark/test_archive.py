@@ -59,3 +59,24 @@ def test_archive_is_exactly_once_across_a_restart_and_partitioned(spark, tmp_pat
         "partition=1",
     ]
     assert any(d.name == "date=2023-11-14" for d in (out / "partition=0").iterdir())
+
+
+def test_the_archive_counts_every_micro_batch_not_only_the_recent_ones(spark, tmp_path):
+    # Spark keeps the progress of the last `numRecentProgressUpdates` micro-batches only (100 by
+    # default); with 2 kept, the 8 micro-batches of this run are counted all the same.
+    with LocalCluster(tmp_path / "cluster", replicas=1, partitions=1, durable=False) as cluster:
+        cluster.wait_ready()
+        acked = append(cluster, 0, records(40, "counted"))
+        wait_replicated(cluster, 0, acked[-1][1])
+        argv = ["--endpoints", ",".join(cluster.endpoints), "--output", str(tmp_path / "out"),
+                "--checkpoint", str(tmp_path / "checkpoint"), "--once",
+                "--max-records-per-trigger", "5", "--timeout-seconds", "120"]  # fmt: skip
+        lines = io.StringIO()
+        spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2")
+        try:
+            assert archive.run(spark, archive.parse_args(argv), lines) == 40
+        finally:
+            spark.conf.unset("spark.sql.streaming.numRecentProgressUpdates")
+    batches = [line for line in lines.getvalue().splitlines() if "archive batch" in line]
+    assert len(batches) >= 8, lines.getvalue()
+    assert spark.read.parquet(str(tmp_path / "out")).count() == 40

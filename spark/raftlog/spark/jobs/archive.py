@@ -92,7 +92,8 @@ class ProgressPrinter(StreamingQueryListener):
     def __init__(self, query_name: str, out: TextIO = sys.stdout) -> None:
         self.query_name = query_name
         self.out = out
-        self.records = 0
+        self.records = 0  # every micro-batch's, as the events come (recentProgress keeps 100)
+        self.seen: set[tuple[int, str]] = set()  # (batch id, timestamp) of each progress event
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:
         pass
@@ -102,6 +103,7 @@ class ProgressPrinter(StreamingQueryListener):
         if p.name != self.query_name:
             return
         self.records += p.numInputRows
+        self.seen.add((p.batchId, p.timestamp))
         ends = [s.endOffset for s in p.sources]
         secs = p.batchDuration / 1000
         rate = p.numInputRows / secs if secs > 0 else 0.0
@@ -145,28 +147,35 @@ def run(spark: SparkSession, args: argparse.Namespace, out: TextIO = sys.stdout)
     name = f"raftlog-archive-{int(time.time() * 1000)}"
     printer = ProgressPrinter(name, out)
     spark.streams.addListener(printer)
-    query = start(spark, args, name)
-    deadline = time.monotonic() + args.timeout_seconds if args.timeout_seconds else None
     try:
-        while query.isActive:
-            if deadline is not None and time.monotonic() >= deadline:
-                break
-            query.awaitTermination(1)
-        query.stop()
-        error = query.exception()
-        if error is not None:
-            raise RuntimeError(f"the archive query failed: {error}")
-    finally:
-        if query.isActive:
+        query = start(spark, args, name)
+        deadline = time.monotonic() + args.timeout_seconds if args.timeout_seconds else None
+        try:
+            while query.isActive:
+                if deadline is not None and time.monotonic() >= deadline:
+                    break
+                query.awaitTermination(1)
             query.stop()
+            error = query.exception()
+            if error is not None:
+                raise RuntimeError(f"the archive query failed: {error}")
+        finally:
+            if query.isActive:
+                query.stop()
+        # The listener counts every micro-batch (`recentProgress` keeps only the last
+        # spark.sql.streaming.numRecentProgressUpdates, 100 by default). Its events come
+        # asynchronously: wait (bounded) until it has seen the query's last progress.
+        last = query.lastProgress
+        lag_deadline = time.monotonic() + 10
+        while (
+            last is not None
+            and (int(last["batchId"]), str(last["timestamp"])) not in printer.seen
+            and time.monotonic() < lag_deadline
+        ):
+            time.sleep(0.1)
+        return printer.records
+    finally:
         spark.streams.removeListener(printer)
-    # The last progress event may come a little after the query ends.
-    lag_deadline = time.monotonic() + 5
-    while time.monotonic() < lag_deadline and printer.records < sum(
-        p["numInputRows"] for p in query.recentProgress
-    ):
-        time.sleep(0.1)
-    return sum(int(p["numInputRows"]) for p in query.recentProgress)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
