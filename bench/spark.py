@@ -4,8 +4,11 @@ job's rate.
 
 A local 3-node cluster (fsync off: this measures reading, not appending) is loaded with
 1,000,000 records of 100 B in one partition. Each read is `write.format("noop")`, which
-materialises every column of every row; best of 3, the two sources interleaved. Run alone with
-`python -m bench.spark` (`RECORDS=...` to change the count).
+materialises every column of every row; best of 3, the sources interleaved. A third source,
+`arrow-ceiling`, is a Python data source whose tasks yield ready-made Arrow batches of the same
+shape from memory: what any Python data source costs in Spark with no work of its own, the
+ceiling of the `raftlog` source. Run alone with `python -m bench.spark` (`RECORDS=...` to
+change the count).
 """
 
 from __future__ import annotations
@@ -17,12 +20,17 @@ import platform
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
+import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import StructType
 
 from raftlog.client import AsyncClient
 from raftlog.node.local import LocalCluster
+from raftlog.spark import arrow
 from raftlog.spark.jobs import archive
 from raftlog.spark.session import local_session
 
@@ -41,6 +49,60 @@ async def load(endpoints: list[str], total: int, clients: int = 4) -> None:
                 await c.append(0, [{"value": VALUE} for _ in range(n)])
 
         await asyncio.gather(*(worker() for _ in range(clients)))
+
+
+class _Rows(InputPartition):
+    def __init__(self, start: int, stop: int) -> None:
+        self.start, self.stop = start, stop
+
+
+class _CeilingReader(DataSourceReader):
+    def __init__(self, records: int, per_split: int, page: int) -> None:
+        self.records, self.per_split, self.page = records, per_split, page
+
+    def partitions(self) -> list[InputPartition]:
+        n, k = self.records, self.per_split
+        return [_Rows(lo, min(n, lo + k)) for lo in range(0, n, k)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, _Rows)
+        n = self.page
+        values = pa.array([VALUE.encode()] * n, pa.binary())
+        empty = pa.MapArray.from_arrays(
+            pa.repeat(pa.scalar(0, pa.int32()), n + 1),
+            pa.array([], pa.string()),
+            pa.array([], pa.string()),
+            type=arrow.ARROW_SCHEMA.field("headers").type,
+        )
+        for lo in range(partition.start, partition.stop, n):
+            m = min(n, partition.stop - lo)
+            yield pa.RecordBatch.from_arrays(
+                [
+                    pa.repeat(pa.scalar(0, pa.int32()), m),
+                    pa.array(range(lo + 1, lo + m + 1), pa.int64()),
+                    pa.repeat(pa.scalar(1, pa.int64()), m),
+                    pa.nulls(m, pa.binary()),
+                    values.slice(0, m),
+                    empty.slice(0, m),
+                    pa.nulls(m, arrow.ARROW_SCHEMA.field("timestamp").type),
+                ],
+                schema=arrow.ARROW_SCHEMA,
+            )
+
+
+class ArrowCeiling(DataSource):
+    """Ready-made Arrow batches of the `raftlog` schema (no I/O, no decoding)."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "arrow-ceiling"
+
+    def schema(self) -> StructType:
+        return arrow.SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        o = self.options
+        return _CeilingReader(int(o["records"]), int(o["perSplit"]), int(o["page"]))
 
 
 def timed_noop(df: DataFrame) -> float:
@@ -82,12 +144,23 @@ def main(records: int = 1_000_000) -> None:
         parquet = spark.read.parquet(parquet_path)
         count = parquet.count()
         assert count == records, f"expected {records} records, found {count}"
-        timed_noop(source), timed_noop(parquet)  # warm up: JIT, Python workers
-        raft_s, parquet_s = [], []
+        spark.dataSource.register(ArrowCeiling)
+        ceiling = (
+            spark.read.format("arrow-ceiling")
+            .option("records", str(records))
+            .option("perSplit", "125000")
+            .option("page", "20000")
+            .load()
+        )
+        assert ceiling.count() == records
+        timed_noop(source), timed_noop(parquet), timed_noop(ceiling)  # warm up: JIT, workers
+        raft_s, parquet_s, ceiling_s = [], [], []
         for _ in range(3):
             raft_s.append(timed_noop(source))
             parquet_s.append(timed_noop(parquet))
+            ceiling_s.append(timed_noop(ceiling))
         raft_rate, parquet_rate = records / min(raft_s), records / min(parquet_s)
+        ceiling_rate = records / min(ceiling_s)
         args = archive.parse_args(
             ["--endpoints", ",".join(cluster.endpoints), "--output", str(Path(tmp) / "archive"),
              "--checkpoint", str(Path(tmp) / "checkpoint"), "--once", "--timeout-seconds", "900"]
@@ -107,6 +180,10 @@ def main(records: int = 1_000_000) -> None:
     print(f"| same records from a local Parquet file, same session, best of 3 | "
           f"{parquet_rate:,.0f} rows/s ({min(parquet_s):.2f} s) |")  # fmt: skip
     print(f"| ratio raftlog / Parquet (goal: at least 50 %) | {raft_rate / parquet_rate:.0%} |")
+    print(f"| ceiling: a Python data source yielding ready Arrow batches of the same rows, "
+          f"best of 3 | {ceiling_rate:,.0f} rows/s ({min(ceiling_s):.2f} s), "
+          f"{ceiling_rate / parquet_rate:.0%} of Parquet |")  # fmt: skip
+    print(f"| ratio raftlog / ceiling | {raft_rate / ceiling_rate:.0%} |")
     print(f"| archive job (`--once`, into Parquet by partition and date), one run | "
           f"{archived / archive_s:,.0f} records/s ({archived:,} in {archive_s:.1f} s, "
           f"query start included) |")  # fmt: skip
