@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from tests.chart.test_image import DOCKERFILE, ROOT, instructions
+from tests.chart.helm import ROOT
+from tests.chart.test_image import DOCKERFILE, instructions
 
 pytestmark = [pytest.mark.chart, pytest.mark.slow]
 
