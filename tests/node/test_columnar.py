@@ -1,0 +1,105 @@
+"""Column pages in process (`columnar.read_records`) on a follower's driver: only committed
+entries, the persisted ones from the WAL's bytes and the ones not yet persisted from the core,
+no-op entries skipped; the page is built off the event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from array import array
+from typing import Any
+
+import msgspec
+import pytest
+
+from raftlog.node.core.messages import AppendRequest
+from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.record import Record, encode_record
+from raftlog.node.server import columnar
+from raftlog.node.server.node import Node
+from raftlog.node.settings import NodeSettings
+from raftlog.node.storage.segment import Rows
+
+PEERS = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens there
+
+
+def entry(i: int) -> Entry:
+    if i == 1:
+        return Entry(1, 2, EntryKind.NOOP, b"")  # a new leader's first entry
+    return Entry(i, 2, EntryKind.NORMAL, encode_record(Record(f"k{i}".encode(), b"v%d" % i)))
+
+
+def rows_of(raw: bytes) -> tuple[dict[str, Any], list[tuple[int, int]]]:
+    page = msgspec.msgpack.decode(raw)
+    index, term = array("q"), array("q")
+    index.frombytes(page["index"])
+    term.frombytes(page["term"])
+    return page, list(zip(index, term, strict=True))
+
+
+def test_a_page_holds_the_committed_entries_persisted_or_not(tmp_path, monkeypatch):
+    built_on: list[str] = []
+    real = columnar.record_page
+
+    def spy(partition: int, rows: Rows, **kw: int) -> bytes:
+        built_on.append(threading.current_thread().name)
+        return real(partition, rows, **kw)
+
+    monkeypatch.setattr(columnar, "record_page", spy)
+
+    async def run() -> None:
+        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        await node.start()
+        try:
+            d = node.drivers[0]
+            first = tuple(entry(i) for i in range(1, 31))
+            d.step(AppendRequest("n1", "n2", 2, 0, 0, first, 20))  # 21..30 not committed
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if d.storage.last_index() >= 30 and d.raft.commit >= 20:
+                    break
+            assert (d.storage.last_index(), d.raft.commit) == (30, 20)
+            page, rows = rows_of(await columnar.read_records(d, 1, 10**9, 50_000, 8 << 20))
+            assert rows == [(i, 2) for i in range(2, 21)], "no no-op, nothing above the mark"
+            assert (page["next"], page["high_water_mark"], page["count"]) == (21, 20, 19)
+            assert built_on and built_on[-1] != threading.main_thread().name
+            # Entries 31..40 accepted and 35 committed by the core, not yet persisted by the
+            # driver (its loop has not run since): 21..30 come from the WAL, 31..35 from the core.
+            more = tuple(entry(i) for i in range(31, 41))
+            d.raft.step(AppendRequest("n1", "n2", 2, 30, 2, more, 35))
+            assert (d.storage.last_index(), d.raft.commit) == (30, 35)
+            page, rows = rows_of(await columnar.read_records(d, 21, 10**9, 50_000, 8 << 20))
+            assert rows == [(i, 2) for i in range(21, 36)]
+            assert page["next"] == 36
+            # Bounds: `to`, `limit`, and about `max_bytes` (at least one entry).
+            page, rows = rows_of(await columnar.read_records(d, 5, 9, 50_000, 8 << 20))
+            assert [i for i, _ in rows] == [5, 6, 7, 8] and page["next"] == 9
+            page, rows = rows_of(await columnar.read_records(d, 5, 10**9, 3, 8 << 20))
+            assert [i for i, _ in rows] == [5, 6, 7] and page["next"] == 8
+            page, rows = rows_of(await columnar.read_records(d, 5, 10**9, 50_000, 1))
+            assert [i for i, _ in rows] == [5] and page["next"] == 6
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize("limit", [1, 7])
+def test_a_page_starting_at_a_no_op_moves_on(tmp_path, limit):
+    async def run() -> None:
+        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        await node.start()
+        try:
+            d = node.drivers[0]
+            d.step(AppendRequest("n1", "n2", 2, 0, 0, tuple(entry(i) for i in range(1, 11)), 10))
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if d.storage.last_index() >= 10 and d.raft.commit >= 10:
+                    break
+            page, rows = rows_of(await columnar.read_records(d, 1, 10**9, limit, 8 << 20))
+            assert [i for i, _ in rows] == list(range(2, limit + 1))
+            assert page["next"] == limit + 1, "a page of only a no-op still makes progress"
+        finally:
+            await node.close()
+
+    asyncio.run(run())
