@@ -16,6 +16,7 @@ from raftlog.node.core.messages import AppendRequest
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server import columnar
+from raftlog.node.server.api_common import ApiError
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.segment import Rows
@@ -100,6 +101,50 @@ def test_a_page_starting_at_a_no_op_moves_on(tmp_path, limit):
             assert [i for i, _ in rows] == list(range(2, limit + 1))
             assert page["next"] == limit + 1, "a page of only a no-op still makes progress"
         finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_pages_in_the_making_are_bounded_and_a_request_waits_for_its_turn_at_most_so_long(
+    tmp_path, monkeypatch
+):
+    release = threading.Event()
+    real = columnar._build_record_page
+
+    def held(*args: Any) -> bytes:
+        assert release.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(columnar, "_build_record_page", held)
+    monkeypatch.setattr(columnar, "GATE_WAIT_S", 0.2)
+
+    async def run() -> None:
+        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        await node.start()
+        try:
+            d = node.drivers[0]
+            d.step(AppendRequest("n1", "n2", 2, 0, 0, tuple(entry(i) for i in range(1, 11)), 10))
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if d.storage.last_index() >= 10 and d.raft.commit >= 10:
+                    break
+            busy = [
+                asyncio.create_task(columnar.read_records(d, 1, 11, 50_000, 8 << 20))
+                for _ in range(columnar.BUILDERS)
+            ]
+            await asyncio.sleep(0.05)
+            with pytest.raises(ApiError) as e:
+                await columnar.read_records(d, 1, 11, 50_000, 8 << 20)
+            assert e.value.status == 503 and e.value.body["error"] == "busy"
+            release.set()
+            for t in busy:
+                _, rows = rows_of(await t)
+                assert [i for i, _ in rows] == list(range(2, 11))
+            _, rows = rows_of(await columnar.read_records(d, 1, 11, 50_000, 8 << 20))
+            assert len(rows) == 9, "the turns were given back"
+        finally:
+            release.set()
             await node.close()
 
     asyncio.run(run())

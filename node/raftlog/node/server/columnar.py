@@ -29,9 +29,11 @@ bounded by the request (`limit`, `max_bytes`).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import weakref
 from array import array
+from collections.abc import AsyncIterator
 from itertools import accumulate, repeat
 from operator import is_not
 from typing import TYPE_CHECKING, Any, cast
@@ -40,6 +42,7 @@ import msgspec
 
 from raftlog.node.core.errors import Compacted
 from raftlog.node.record import Record, decode_record
+from raftlog.node.server.api_common import ApiError
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.errors import WalCorruption
 from raftlog.node.storage.segment import RawRange, Rows
@@ -51,6 +54,7 @@ log = logging.getLogger("raftlog.server.columnar")
 
 CONTENT_TYPE = "application/vnd.raftlog.columns+msgpack"
 BUILDERS = 2  # pages built at once per node (each in a worker thread)
+GATE_WAIT_S = 30.0  # the longest a request waits for its turn
 _encoder = msgspec.msgpack.Encoder()
 _records = msgspec.msgpack.Decoder(list[Record])
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
@@ -58,13 +62,28 @@ _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] 
 )
 
 
-def _gate() -> asyncio.Semaphore:
-    """This event loop's bound on pages in the making (a node runs one loop; tests, several)."""
+@contextlib.asynccontextmanager
+async def _gate() -> AsyncIterator[None]:
+    """A turn to build a page: at most BUILDERS at once on this event loop (a node runs one
+    loop; tests, several), waiting at most GATE_WAIT_S (then 503 `busy`, which readers retry
+    elsewhere or later)."""
     loop = asyncio.get_running_loop()
     gate = _gates.get(loop)
     if gate is None:
         gate = _gates[loop] = asyncio.Semaphore(BUILDERS)
-    return gate
+    try:
+        if gate.locked():
+            await asyncio.wait_for(gate.acquire(), GATE_WAIT_S)
+        else:
+            await gate.acquire()  # at once, without a turn of the loop in between
+    except TimeoutError:
+        raise ApiError(
+            503, "busy", f"{BUILDERS} pages in the making for {GATE_WAIT_S:.0f} s; retry"
+        ) from None
+    try:
+        yield
+    finally:
+        gate.release()
 
 
 def _int64(values: list[int]) -> bytes:
