@@ -30,8 +30,9 @@ def test_a_cluster_over_tls(tmp_path):
 
         async def go() -> dict[str, Any]:
             async with AsyncClient(cluster.endpoints, ca_file=str(ca_file)) as c:
-                await c.append(0, [{"key": "k", "value": "over tls"}])
-                return await c.read(0, 1, 10)
+                done = await c.append(0, [{"key": "k", "value": "over tls"}])
+                # Any replica may answer: read-your-writes is what min_index is for.
+                return await c.read(0, 1, 10, min_index=done.last_index, wait_ms=5_000)
 
         page = asyncio.run(go())
         assert [r["value"] for r in page["records"]] == ["over tls"]

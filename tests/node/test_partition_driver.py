@@ -1,10 +1,16 @@
-"""The node's partition driver, in process: a snapshot and the entries behind it in one Ready."""
+"""The node's partition driver, in process: a snapshot and the entries behind it in one Ready;
+appends coalesced into one batch; append deadlines."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 
-from raftlog.node.core.messages import AppendRequest
+import pytest
+
+from raftlog.node.core.messages import AppendRequest, PreVoteResponse, VoteResponse
+from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry, Membership, SnapshotMeta
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
@@ -37,6 +43,83 @@ def test_entries_after_an_installed_snapshot_are_kept(tmp_path):
             assert d.storage.snapshot_meta().index == 10
             assert d.storage.entries(11, 13) == list(new)
             assert d.raft.log.last_index() == 12
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def _single_node(tmp_path, node_id: str = "n1", peers: dict[str, str] | None = None) -> Node:
+    return Node(
+        NodeSettings(
+            node_id=node_id, peers=peers or {node_id: PEERS[node_id]}, data_dir=tmp_path, tick_ms=5
+        )
+    )
+
+
+async def _until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
+    for _ in range(int(timeout / 0.01)):
+        if cond():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{what} did not happen within {timeout} s")
+
+
+def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tmp_path):
+    """Proposals that arrive together become one Raft batch (one write, one fsync), and each
+    appender is answered with exactly its own contiguous indexes, in arrival order."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path)
+        await node.start()
+        try:
+            d = node.drivers[0]
+            await _until(lambda: d.raft.role == Role.LEADER, "election")
+            await _until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
+            start = d.raft.log.last_index() + 1
+            syncs = d.group.fsyncs
+            sizes = [1 + (i * 7) % 5 for i in range(40)]
+            batches = [[b"%d-%d" % (i, j) for j in range(n)] for i, n in enumerate(sizes)]
+            done = await asyncio.gather(*(d.propose(b) for b in batches))
+            assert d.group.fsyncs - syncs < len(batches) / 4  # coalesced, not one per append
+            index = start
+            for b, a in zip(batches, done, strict=True):
+                assert (a.first_index, a.last_index) == (index, index + len(b) - 1)
+                assert not a.duplicate
+                index += len(b)
+            got = d.raft.read_committed(start, index)
+            assert [e.data for e in got] == [r for b in batches for r in b]
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_an_append_not_committed_in_time_is_told_timeout_and_others_are_not(tmp_path):
+    """The driver checks append deadlines on its ticks (no timer per append)."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path, "n1", PEERS)  # n2 and n3 never answer
+        await node.start()
+        try:
+            d = node.drivers[0]
+            # Elect n1 by hand: n2's pre-vote and vote are all it needs of three.
+            d.call(d.raft.hup)
+            await _until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
+            d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
+            await _until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
+            d.step(VoteResponse("n2", "n1", d.raft.term, True))
+            await _until(lambda: d.raft.role == Role.LEADER, "election")
+            started = time.monotonic()
+            slow = asyncio.ensure_future(d.propose([b"never"], timeout=0.1))
+            patient = asyncio.ensure_future(d.propose([b"later"], timeout=60))
+            finished, _ = await asyncio.wait({slow}, timeout=10)
+            assert slow in finished, "the deadline was never checked"
+            with pytest.raises(TimeoutError, match="not committed in time"):
+                slow.result()
+            assert time.monotonic() - started >= 0.1
+            assert not patient.done()
+            patient.cancel()
         finally:
             await node.close()
 

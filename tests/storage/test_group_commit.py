@@ -128,3 +128,31 @@ def test_append_without_a_write_function_is_a_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="needs the `write` function"):
         asyncio.run(gc.append(ents(1, 1, 1)))
     gc.close()
+
+
+def test_a_lone_writer_syncs_once_and_a_cancelled_one_strands_nobody(tmp_path):
+    disk = SlowDisk()
+    s = DurableStorage(str(tmp_path), bootstrap=Membership.of(["a"]), ops=disk)
+    gc = GroupCommit(s.sync)
+
+    async def main() -> None:
+        s.write(None, ents(1, 1, 1))
+        await gc.durable(gc.wrote())
+        assert gc.fsyncs == 1 and disk.covered == [disk.writes]
+        # The first writer runs the sync itself and is cancelled while it runs; one that wrote
+        # meanwhile must still get a sync that started after its write.
+        s.write(None, ents(2, 2, 1))
+        first = asyncio.get_running_loop().create_task(gc.durable(gc.wrote()))
+        await asyncio.sleep(0.003)  # the first sync is running in the thread
+        s.write(None, ents(3, 3, 1))
+        third_write = disk.writes
+        second = asyncio.get_running_loop().create_task(gc.durable(gc.wrote()))
+        await asyncio.sleep(0)
+        first.cancel()
+        await asyncio.wait_for(second, 5)
+        assert disk.covered[-1] >= third_write
+
+    try:
+        asyncio.run(main())
+    finally:
+        gc.close()

@@ -19,7 +19,7 @@ from raftlog.node.core.messages import (
     VoteResponse,
 )
 from raftlog.node.core.progress import ProgressState
-from raftlog.node.core.raft import Raft, Role
+from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.types import Entry, EntryKind, Membership
 from raftlog.node.storage.memory import MemoryStorage
 from tests.unit.helpers import CFG, drain, sent, storage_with
@@ -173,6 +173,54 @@ def test_leader_commits_only_entries_of_its_own_term_by_counting() -> None:
     r.step(AppendResponse("b", "a", r.term, True, 3))
     drain(r, s)
     assert r.commit == 3
+
+
+def appends(rd: Ready) -> list[tuple[str, int, int]]:
+    """(destination, commit, number of entries) of each AppendRequest sent."""
+    return sorted(
+        (m.dst, m.commit, len(m.entries)) for m in rd.messages if isinstance(m, AppendRequest)
+    )
+
+
+def test_a_commit_is_told_by_the_next_append_or_by_tell_commit_never_by_itself() -> None:
+    s = storage_with([], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)  # term 2, no-op at index 1
+    for f in ("b", "c"):
+        r.step(AppendResponse(f, "a", r.term, True, 1))
+    rd = drain(r, s)
+    assert r.commit == 1
+    assert appends(rd) == []  # no commit-only round of its own
+    assert r.commit_untold()
+    # The next proposal's appends carry the new mark; nothing is left to tell.
+    r.propose(b"x")
+    assert appends(drain(r, s)) == [("b", 1, 1), ("c", 1, 1)]
+    assert not r.commit_untold()
+    r.tell_commit()
+    assert appends(drain(r, s)) == []
+    # b acknowledges index 2: committed, and c (its append in flight) has not heard of it.
+    r.step(AppendResponse("b", "a", r.term, True, 2))
+    rd = drain(r, s)
+    assert r.commit == 2 and appends(rd) == []
+    assert r.commit_untold()
+    r.tell_commit()
+    assert appends(drain(r, s)) == [("b", 2, 0), ("c", 2, 0)]
+    assert not r.commit_untold()
+    r.tell_commit()  # told once: nothing again
+    assert appends(drain(r, s)) == []
+
+
+def test_a_leader_tick_tells_an_untold_commit() -> None:
+    s = storage_with([], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    for f in ("b", "c"):
+        r.step(AppendResponse(f, "a", r.term, True, 1))
+    drain(r, s)
+    assert r.commit_untold()
+    r.tick()
+    assert appends(drain(r, s)) == [("b", 1, 0), ("c", 1, 0)]
+    assert not r.commit_untold()
 
 
 def test_follower_lag_is_unknown_until_the_follower_answers() -> None:

@@ -345,8 +345,8 @@ class Raft:
         if rd.entries:
             last = rd.entries[-1]
             self.log.stable_to(last.index, last.term)
-            if self.role == Role.LEADER and self._maybe_commit():
-                self._needs_broadcast = True
+            if self.role == Role.LEADER:
+                self._maybe_commit()  # followers hear of it with the next append (`tell_commit`)
         if rd.committed:
             self.log.applied_to(rd.committed[-1].index)
             if (
@@ -730,6 +730,7 @@ class Raft:
         for node, pr in self.progress.items():
             if pr.state == ProgressState.SNAPSHOT and self.ticks >= pr.snapshot_retry_at:
                 self._request_snapshot(node, pr)
+        self.tell_commit()  # at the latest one tick after a commit, when no append carried it
 
     def _quorum_active(self) -> bool:
         voters = self.membership.voters
@@ -776,6 +777,31 @@ class Raft:
         """Raft's rule (paper, 5.4.2): only an entry of the leader's own term is committed by
         counting replicas; earlier ones commit with it."""
         return self.log.term(index) == self.term
+
+    def commit_untold(self) -> bool:
+        """Whether `tell_commit` would send something now: a live follower (replicating, with
+        room in its window) has not been told the current high-water mark."""
+        return self.role == Role.LEADER and any(
+            pr.commit_sent < self.log.committed
+            and pr.state == ProgressState.REPLICATE
+            and len(pr.inflight) < self.cfg.max_inflight_appends
+            for pr in self.progress.values()
+        )
+
+    def tell_commit(self) -> None:
+        """Tell live followers the high-water mark they have not heard yet (a commit-only
+        append, or the next entries when there are some).
+
+        A commit does not send anything by itself: the next append to a follower carries the new
+        mark, so under load no message is spent on it. The driver calls this once it has been
+        idle for a moment after a commit, and every leader tick calls it, so a follower's mark
+        trails the leader's by at most that moment (one tick when the driver never calls it).
+        """
+        if self.role != Role.LEADER:
+            return
+        for node, pr in self.progress.items():
+            if pr.state == ProgressState.REPLICATE and pr.commit_sent < self.log.committed:
+                self._send_append(node, send_empty=True)
 
     def _broadcast_append(self) -> None:
         for node in self.progress:
@@ -870,8 +896,8 @@ class Raft:
             self._event("snapshot_caught_up", follower=m.src, match=pr.match)
             pr.become_probe()
             pr.become_replicate()
-        if updated and self._maybe_commit():
-            self._needs_broadcast = True
+        if updated:
+            self._maybe_commit()  # followers hear of it with the next append (`tell_commit`)
         while self._send_append(m.src):
             pass
         if m.src == self.transferee and pr.match == self.log.last_index():

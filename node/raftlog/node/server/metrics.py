@@ -38,6 +38,23 @@ class NodeMetrics:
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._request_children: dict[tuple[str, str, int], Histogram] = {}
+        self._fsync_children: dict[int, Histogram] = {}
+
+    def request_latency(self, route: str, method: str, status: int) -> Histogram:
+        """The `requests` child of these labels, looked up once (`labels` costs a lock and a
+        few allocations per call, on every request)."""
+        key = (route, method, status)
+        child = self._request_children.get(key)
+        if child is None:
+            child = self._request_children[key] = self.requests.labels(route, method, str(status))
+        return child
+
+    def fsync_latency(self, partition: int) -> Histogram:
+        child = self._fsync_children.get(partition)
+        if child is None:
+            child = self._fsync_children[partition] = self.fsync.labels(str(partition))
+        return child
 
     def attach(self, node: Node) -> None:
         self.registry.register(_StateCollector(node))

@@ -42,6 +42,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raftlog.node")
 
+# How long a leader waits, idle, before it tells followers a new high-water mark by a commit-only
+# append. Under load the next append carries it and no message is spent on it; a closed-loop
+# client's next append usually comes sooner than this. Follower reads trail by about this much.
+COMMIT_TELL_DELAY = 0.002
+
 
 class NotCommitted(Exception):
     """The entry was replaced by another leader's, or never reached a quorum in time."""
@@ -72,6 +77,7 @@ class Appended:
 class _Proposal:
     records: list[bytes]
     done: asyncio.Future[Appended]
+    deadline: float  # time.monotonic() after which the appender is told TimeoutError
 
 
 @dataclass
@@ -79,6 +85,7 @@ class _Waiter:
     first: int
     term: int
     done: asyncio.Future[Appended]
+    deadline: float
 
 
 @dataclass
@@ -116,6 +123,7 @@ class PartitionDriver:
         self._proposals: list[_Proposal] = []
         self._waiters: dict[int, _Waiter] = {}  # last index of a batch -> its appender
         self._ticks = 0
+        self._tell = False  # COMMIT_TELL_DELAY passed with a commit untold: tell it now
         # Snapshots received and offered to the core, by index (several may be offered before the
         # next Ready; it installs at most one, the others are dropped).
         self._offered: dict[int, tuple[SnapshotReceiver, SnapshotMeta, bytes]] = {}
@@ -130,7 +138,7 @@ class PartitionDriver:
         """The WAL sync, timed for `raftlog_fsync_seconds` (runs in the fsync thread)."""
         started = time.perf_counter()
         self.storage.sync()
-        self.node.metrics.fsync.labels(str(self.p)).observe(time.perf_counter() - started)
+        self.node.metrics.fsync_latency(self.p).observe(time.perf_counter() - started)
 
     # ================================================================== the inbox
     def call(self, fn: Callable[[], None]) -> None:
@@ -145,17 +153,21 @@ class PartitionDriver:
         self._ticks += 1
         self.wake.set()
 
-    async def propose(self, records: list[bytes]) -> Appended:
-        """Append records as one batch; returns once they are committed (durable on a quorum)."""
+    async def propose(self, records: list[bytes], timeout: float = float("inf")) -> Appended:
+        """Append records as one batch; returns once they are committed (durable on a quorum).
+
+        Raises TimeoutError when they are not committed within about `timeout` seconds (checked
+        on each tick, so up to one tick later: no timer per append); they may still commit.
+        """
         if self.failed is not None:
             raise self.failed
         fut: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
-        self._proposals.append(_Proposal(records, fut))
+        self._proposals.append(_Proposal(records, fut, time.monotonic() + timeout))
         self.wake.set()
         return await fut
 
     async def propose_idempotent(
-        self, producer: str, first_seq: int, records: list[bytes]
+        self, producer: str, first_seq: int, records: list[bytes], timeout: float = float("inf")
     ) -> Appended:
         """Append a producer's records exactly once, however often the same call is retried.
 
@@ -190,7 +202,7 @@ class PartitionDriver:
         previous = self._inflight_seq.get(producer, -1)
         self._inflight_seq[producer] = end
         try:
-            return await self.propose(records)
+            return await self.propose(records, timeout)
         except (NotLeader, ProposalRefused, NotCommitted, StorageFailed):
             # Not in the log (refused, or replaced by another leader's entry): a retry may
             # propose the same sequences again. A timeout keeps the mark: the entries may still
@@ -235,9 +247,17 @@ class PartitionDriver:
 
     # ================================================================== the loop
     async def run(self) -> None:
+        loop = asyncio.get_running_loop()
         try:
             while True:
-                await self.wake.wait()
+                if self.raft.commit_untold():
+                    # Followers learn a new high-water mark from the next append; if none comes
+                    # within COMMIT_TELL_DELAY, tell them with a commit-only append.
+                    timer = loop.call_later(COMMIT_TELL_DELAY, self._tell_due)
+                    await self.wake.wait()
+                    timer.cancel()
+                else:
+                    await self.wake.wait()
                 self.wake.clear()
                 self._take_inbox()
                 while self.raft.has_ready():
@@ -260,6 +280,10 @@ class PartitionDriver:
                 if not prop.done.done():
                     prop.done.set_exception(e)
 
+    def _tell_due(self) -> None:
+        self._tell = True
+        self.wake.set()
+
     def _take_inbox(self) -> None:
         calls, self._calls = self._calls, []
         for fn in calls:
@@ -267,6 +291,11 @@ class PartitionDriver:
         ticks, self._ticks = self._ticks, 0
         for _ in range(ticks):
             self.raft.tick()
+        if ticks and self._waiters:
+            self._expire_waiters(time.monotonic())
+        if self._tell:
+            self._tell = False
+            self.raft.tell_commit()
         props, self._proposals = self._proposals, []
         if not props:
             return
@@ -281,8 +310,16 @@ class PartitionDriver:
         for prop in props:
             first, term = placed[i]
             last = placed[i + len(prop.records) - 1][0]
-            self._waiters[last] = _Waiter(first, term, prop.done)
+            self._waiters[last] = _Waiter(first, term, prop.done, prop.deadline)
             i += len(prop.records)
+
+    def _expire_waiters(self, now: float) -> None:
+        """Tell appenders whose deadline passed that the outcome is unknown (TimeoutError)."""
+        late = [i for i, w in self._waiters.items() if w.deadline <= now or w.done.done()]
+        for i in late:
+            w = self._waiters.pop(i)
+            if not w.done.done():
+                w.done.set_exception(TimeoutError(f"index {i} not committed in time"))
 
     async def _handle(self, rd: Ready) -> None:
         if rd.snapshot is not None:  # first: installing resets the log behind the snapshot

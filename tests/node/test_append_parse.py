@@ -1,0 +1,113 @@
+"""The append body's fast path (`fast_records`, one typed decode) against the full parser
+(`parse_records`): whatever the fast path accepts, it turns into exactly the same records, and
+anything else falls through to the full parser (which names the field of the mistake)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from raftlog.node.record import decode_record
+from raftlog.node.server.api_common import ApiError
+from raftlog.node.server.app import fast_records, parse_records
+
+LIMIT = 64
+
+scalars = st.none() | st.booleans() | st.integers(-3, 2**63) | st.text(max_size=6)
+texts = st.none() | st.text(max_size=LIMIT + 8) | st.integers(-1, 1)
+record_fields = {
+    "key": texts,
+    "value": texts,
+    "key_b64": st.sampled_from([None, "eA==", "***", "eA"]),
+    "value_b64": st.sampled_from([None, "eQ==", "!"]),
+    "headers": st.dictionaries(st.text(max_size=3), st.text(max_size=3) | scalars, max_size=2)
+    | scalars,
+    "timestamp_ms": st.integers(-2, 2**40) | scalars,
+    "colour": scalars,
+}
+records = st.fixed_dictionaries({}, optional=record_fields)
+producer = st.fixed_dictionaries(
+    {},
+    optional={
+        "producer_id": st.none() | st.text(max_size=3) | st.just("p" * 201) | st.integers(),
+        "sequence": st.none() | st.integers(-1, 2**62) | st.booleans() | st.floats(0, 1),
+    },
+)
+bodies = st.one_of(
+    st.builds(lambda r, p: {**r, **p}, records, producer),
+    st.builds(
+        lambda rs, p, extra: {"records": rs, **p, **extra},
+        st.lists(records, max_size=3) | scalars,
+        producer,
+        st.fixed_dictionaries({}, optional={"value": texts}),
+    ),
+    scalars,
+    st.lists(scalars, max_size=2),
+)
+
+
+def full(body: Any) -> tuple[list[bytes], str | None, int] | ApiError:
+    try:
+        return parse_records(body, LIMIT)
+    except ApiError as e:
+        return e
+
+
+@settings(max_examples=1500, deadline=None)
+@given(bodies)
+def test_the_fast_path_gives_what_the_full_parser_gives_or_steps_aside(body: Any) -> None:
+    raw = json.dumps(body).encode()
+    fast = fast_records(raw, LIMIT)
+    if fast is not None:
+        assert fast == full(body)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"value": "x" * 60},
+        {"key": "k", "value": None},
+        {"key": "k", "value": "v", "headers": {"h": "1"}, "timestamp_ms": 7},
+        {"records": [{"value": "a"}, {"key": "b", "value": "c"}]},
+        {"records": [{"value": "a"}, {"value": "b"}], "producer_id": "p", "sequence": 5},
+        {"value": "é", "producer_id": "p", "sequence": 0},
+    ],
+)
+def test_the_bodies_clients_send_take_the_fast_path(body: dict[str, Any]) -> None:
+    fast = fast_records(json.dumps(body).encode(), LIMIT)
+    assert fast is not None and fast == parse_records(body, LIMIT)
+    encoded, producer, first = fast
+    if producer is not None:  # each record carries its own sequence number, in order
+        assert [decode_record(e).sequence for e in encoded] == list(
+            range(first, first + len(encoded))
+        )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"{not json",
+        b"[1, 2]",
+        b'{"records": []}',
+        b'{"records": [{}]}',
+        b'{"key": 5}',
+        b'{"value_b64": "eQ=="}',
+        b'{"value": "x", "colour": "red"}',
+        b'{"records": [{"value": "a"}], "value": "b"}',
+        b'{"value": "x", "producer_id": "p"}',
+        b'{"value": "' + b"x" * (LIMIT + 1) + b'"}',
+        b'{"value": "\\ud800"}',
+    ],
+)
+def test_anything_else_is_left_to_the_full_parser(raw: bytes) -> None:
+    assert fast_records(raw, LIMIT) is None
+
+
+def test_a_lone_surrogate_is_a_named_400_not_a_500() -> None:
+    with pytest.raises(ApiError) as e:
+        parse_records(json.loads(b'{"value": "\\ud800"}'), LIMIT)
+    assert e.value.status == 400 and e.value.body["field"] == "records[0].value"
