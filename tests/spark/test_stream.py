@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -100,3 +101,54 @@ def test_max_records_per_trigger_bounds_each_micro_batch(spark, cluster, tmp_pat
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sum(sizes) == 50 and max(sizes) <= 12 and len(sizes) >= 5, sizes
     assert rows_of(spark.read.parquet(str(tmp_path / "sink"))) == acked
+
+
+@pytest.mark.parametrize("sink_logged", [True, False], ids=["sink-logged", "sink-not-logged"])
+def test_a_crash_between_the_offset_log_and_the_commit_log_replays_the_same_batch(
+    spark, cluster, tmp_path, sink_logged
+):
+    """The checkpoint of a query that died after logging batch N's offsets but before its commit
+    (with or without the sink's own log of batch N): the restart runs batch N again over the
+    logged offsets, though more records came meanwhile, and the sink ends exactly once."""
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    start = {p: int(cluster.status("n1")["partitions"][p]["high_water_mark"]) + 1 for p in (0, 1)}
+    acked = append(cluster, 0, records(20, "crash")) + append(cluster, 1, records(14, "crash"))
+
+    def run() -> None:
+        df = stream(
+            spark, cluster,
+            startingOffsets=json.dumps({"0": start[0], "1": start[1]}),
+            maxRecordsPerTrigger="10",
+        )  # fmt: skip
+        query = (
+            df.writeStream.format("parquet")
+            .option("path", str(sink))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            assert query.awaitTermination(120), "the availableNow query did not finish"
+        finally:
+            query.stop()
+
+    run()
+    last = max(int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit())
+    logged = json.loads((checkpoint / "offsets" / str(last)).read_text().splitlines()[-1])
+
+    def never_written(log: Path, batch: int) -> None:
+        (log / str(batch)).unlink()
+        (log / f".{batch}.crc").unlink(missing_ok=True)  # Hadoop's checksum of the file
+
+    never_written(checkpoint / "commits", last)  # the crash: batch `last` never committed
+    if not sink_logged:
+        never_written(sink / "_spark_metadata", last)  # nor did the sink log its files
+    acked += append(cluster, 0, records(7, "after-crash")) + append(cluster, 1, records(3, "x"))
+    run()
+    # The replayed batch ended where its offsets said, not at the newer records.
+    assert json.loads((checkpoint / "offsets" / str(last)).read_text().splitlines()[-1]) == logged
+    assert (checkpoint / "commits" / str(last)).exists()
+    assert (checkpoint / "offsets" / str(last + 1)).exists(), "the new records: a later batch"
+    got = rows_of(spark.read.parquet(str(sink)))
+    assert len(got) == len(acked), "a record was lost or duplicated"
+    assert got == sorted(acked, key=lambda r: (r[0], r[1]))
