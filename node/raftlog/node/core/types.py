@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
 
+import msgspec
+
 
 class EntryKind(IntEnum):
     NORMAL = 0  # an application record
@@ -14,8 +16,12 @@ class EntryKind(IntEnum):
     CONFIG = 2  # a membership change; its data is an encoded `Membership`
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
+class Entry(msgspec.Struct, frozen=True, array_like=True, gc=False, forbid_unknown_fields=True):
+    """One log entry: immutable and hashable like a frozen dataclass, but built in C (a tenth
+    of a frozen dataclass's cost; the append path builds one per record on every replica), and
+    converted from a peer frame's `[index, term, kind, data]` lists with type checks in one
+    `msgspec.convert` call. No I/O, no clock: the core stays sans-I/O and deterministic."""
+
     index: int
     term: int
     kind: EntryKind = EntryKind.NORMAL

@@ -1,0 +1,73 @@
+"""Peer frames (`transport.codec`): every message type survives the round trip, entries keep
+their exact fields, and a frame a peer got wrong is refused with a reason, never half-read."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from raftlog.node.core.errors import InvalidMessage
+from raftlog.node.core.messages import (
+    AppendRequest,
+    AppendResponse,
+    HeartbeatRequest,
+    InstallSnapshot,
+    Message,
+    VoteRequest,
+)
+from raftlog.node.core.types import Entry, EntryKind, Membership, SnapshotMeta
+from raftlog.node.transport.codec import decode_frame, encode_frame
+
+ENTRIES = (
+    Entry(7, 3, EntryKind.NORMAL, b"\x00\xffrecord"),
+    Entry(8, 3, EntryKind.NOOP),
+    Entry(9, 4, EntryKind.CONFIG, b'{"voters": ["a"]}'),
+)
+
+
+def test_messages_round_trip_exactly() -> None:
+    items: list[tuple[int, Message]] = [
+        (0, AppendRequest("a", "b", 4, 6, 3, ENTRIES, 8, True)),
+        (1, AppendRequest("a", "c", 4, 9, 4, (), 9)),
+        (0, AppendResponse("b", "a", 4, True, 9, commit=8)),
+        (2, HeartbeatRequest("a", "b", 4, 8, ctx=5)),
+        (0, VoteRequest("a", "b", 5, 9, 4)),
+        (0, InstallSnapshot("a", "b", 4, SnapshotMeta(9, 4, Membership.of(["a", "b"])))),
+    ]
+    got = decode_frame(encode_frame(items))
+    assert got == items
+    entries = got[0][1].entries  # type: ignore[union-attr]
+    assert [type(e.kind) for e in entries] == [EntryKind] * 3
+    assert [type(e.data) for e in entries] == [bytes] * 3
+
+
+def test_entries_are_immutable_hashable_values() -> None:
+    e = Entry(1, 2, data=b"x")
+    assert e == Entry(1, 2, EntryKind.NORMAL, b"x") and hash(e) == hash(Entry(1, 2, data=b"x"))
+    assert e.size == 25
+    with pytest.raises(AttributeError):
+        e.index = 5  # type: ignore[misc]
+
+
+def _frame_with_entries(entries: list[object]) -> bytes:
+    good = msgspec.msgpack.decode(encode_frame([(0, AppendRequest("a", "b", 4, 6, 3, (), 6))]))
+    good[0][7] = entries  # the entries field of the AppendRequest
+    return msgspec.msgpack.encode(good)
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [[7, 3, 9, b"x"]],  # no such kind
+        [[True, 3, 0, b"x"]],  # a bool is not an index
+        [[7, "3", 0, b"x"]],
+        [[7, 3, 0, "text, not bytes"]],
+        [[7, 3, 0, b"x", 1]],  # one too many
+        [7],
+        "not a list",
+    ],
+)
+def test_malformed_entries_are_refused_with_a_reason(entries: list[object]) -> None:
+    with pytest.raises(InvalidMessage) as e:
+        decode_frame(_frame_with_entries(entries))
+    assert "AppendRequest" in e.value.reason
