@@ -5,20 +5,23 @@ no-op entries skipped; the page is built off the event loop."""
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from array import array
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
 from raftlog.node.core.messages import AppendRequest
-from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.core.types import Entry, EntryKind, Membership, SnapshotMeta
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server import columnar
 from raftlog.node.server.api_common import ApiError
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
+from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.segment import Rows
 
 PEERS = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens there
@@ -72,6 +75,9 @@ def test_a_page_holds_the_committed_entries_persisted_or_not(tmp_path, monkeypat
             page, rows = rows_of(await columnar.read_records(d, 21, 10**9, 50_000, 8 << 20))
             assert rows == [(i, 2) for i in range(21, 36)]
             assert page["next"] == 36
+            # The byte budget holds for the core's entries too (at least one entry).
+            page, rows = rows_of(await columnar.read_records(d, 31, 10**9, 50_000, 1))
+            assert rows == [(31, 2)] and page["next"] == 32
             # Bounds: `to`, `limit`, and about `max_bytes` (at least one entry).
             page, rows = rows_of(await columnar.read_records(d, 5, 9, 50_000, 8 << 20))
             assert [i for i, _ in rows] == [5, 6, 7, 8] and page["next"] == 9
@@ -145,6 +151,95 @@ def test_pages_in_the_making_are_bounded_and_a_request_waits_for_its_turn_at_mos
             assert len(rows) == 9, "the turns were given back"
         finally:
             release.set()
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_cancelled_request_keeps_its_turn_until_its_thread_has_built_the_page(
+    tmp_path, monkeypatch
+):
+    release = threading.Event()
+    building = threading.Semaphore(0)
+    real = columnar._build_record_page
+
+    def held(*args: Any) -> bytes:
+        building.release()
+        assert release.wait(30)
+        return real(*args)
+
+    monkeypatch.setattr(columnar, "_build_record_page", held)
+    monkeypatch.setattr(columnar, "GATE_WAIT_S", 0.2)
+
+    async def run() -> None:
+        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        await node.start()
+        try:
+            d = node.drivers[0]
+            d.step(AppendRequest("n1", "n2", 2, 0, 0, tuple(entry(i) for i in range(1, 11)), 10))
+            for _ in range(200):
+                await asyncio.sleep(0.01)
+                if d.storage.last_index() >= 10 and d.raft.commit >= 10:
+                    break
+            gone = [
+                asyncio.create_task(columnar.read_records(d, 1, 11, 50_000, 8 << 20))
+                for _ in range(columnar.BUILDERS)
+            ]
+            for _ in gone:  # every thread is building
+                assert await asyncio.to_thread(building.acquire, True, 10)
+            for t in gone:  # their clients hung up
+                t.cancel()
+            await asyncio.gather(*gone, return_exceptions=True)
+            with pytest.raises(ApiError) as e:  # the threads still hold the turns
+                await columnar.read_records(d, 1, 11, 50_000, 8 << 20)
+            assert e.value.body["error"] == "busy"
+            release.set()
+            _, rows = rows_of(await columnar.read_records(d, 1, 11, 50_000, 8 << 20))
+            assert len(rows) == 9, "the turns came back when the threads ended"
+        finally:
+            release.set()
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_an_entry_that_is_not_a_record_never_shifts_its_neighbours():
+    r1 = encode_record(Record(b"k1", b"v1"))
+    r2 = encode_record(Record(b"k2", b"v2"))
+    # A record and 3 more bytes: together with the next entry it would decode as one record if
+    # the entries were decoded as one stream.
+    x = encode_record(Record(b"evil", b"zzz")) + b"\x91\xc4" + bytes([len(r1)])
+    got = columnar._decode([x, r1, r2])
+    assert got[0] == Record(None, x, {"raftlog.raw": "true"})
+    assert got[1:] == [Record(b"k1", b"v1"), Record(b"k2", b"v2")]
+
+
+def test_a_damaged_or_vanished_snapshot_is_a_503_naming_the_problem(tmp_path):
+    async def run() -> None:
+        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        await node.start()
+        try:
+            d = node.drivers[0]
+            table = KeyedTable()
+            table.rows[b"k"] = b"v"
+            d.storage.snapshots.save(
+                SnapshotMeta(5, 2, Membership(frozenset(PEERS))), table.snapshot()
+            )
+            page = msgspec.msgpack.decode(await columnar.read_table(d))
+            assert (page["snapshot_index"], page["count"]) == (5, 1)
+            file = d.storage.snapshots.file
+            assert file is not None
+            raw = bytearray(Path(file).read_bytes())
+            raw[-3] ^= 0xFF  # bit rot after the node loaded it
+            Path(file).write_bytes(bytes(raw))
+            with pytest.raises(ApiError) as e:
+                await columnar.read_table(d)
+            assert (e.value.status, e.value.body["error"]) == (503, "storage_corrupt")
+            os.unlink(file)
+            with pytest.raises(ApiError) as e:
+                await columnar.read_table(d)
+            assert (e.value.status, e.value.body["error"]) == (503, "storage_corrupt")
+        finally:
             await node.close()
 
     asyncio.run(run())

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -121,6 +122,33 @@ def test_a_range_compacted_in_part_after_planning_fails_or_is_read_from_the_floo
         got = read_rows(read_log(lenient, split))
     assert got == [r for r in expected(acked) if r[0] >= floor]
     assert f"skipped records [{first}, {floor})" in caplog.text
+
+
+def test_a_410_whose_floor_has_not_passed_the_read_is_retried_not_skipped(cluster):
+    """During a snapshot install a replica may refuse a read with a floor that is not yet past
+    it: that is no data loss (to fail on, or to skip over with failOnDataLoss=false) but a
+    reason to retry."""
+    acked = append(cluster, 0, records(30, "installing"))
+    wait_replicated(cluster, 0, acked[-1][1])
+    first, last = acked[0][1], acked[-1][1]
+    real = cluster.nodes["n1"].url
+    refusals = {"n": 0}
+
+    def refuse_then_forward(path: str, n: int) -> tuple[int, str, bytes]:
+        if refusals["n"] < 3:  # the install is under way
+            refusals["n"] += 1
+            return error(410, "compacted", compaction_floor=first)
+        with urllib.request.urlopen(real + path, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+
+    node = FakeNode(refuse_then_forward)
+    try:
+        opts = parse({"endpoints": node.url, "pageRecords": "50"}, streaming=False)
+        got = read_rows(read_log(opts, LogSplit(0, first, last + 1, [node.url])))
+    finally:
+        node.close()
+    assert got == expected(acked), "nothing skipped, nothing read twice"
+    assert refusals["n"] == 3
 
 
 def table_answer(failures: int) -> Answer:

@@ -156,7 +156,11 @@ def _fetch(nodes: Nodes, split: LogSplit, at: int, opts: Options) -> dict[str, A
                 page = nodes.columns(url, split.partition, at, split.stop, opts.page_records)
             except NodeError as e:
                 if e.status == 410:
-                    floors[url] = int(e.body.get("compaction_floor", at + 1))
+                    floor = int(e.body.get("compaction_floor", at + 1))
+                    if floor > at:
+                        floors[url] = floor
+                    else:  # a floor not yet moved past `at` (an install under way): retry
+                        errors[url] = f"{url}: 410 with a floor of {floor} at {at}"
                     continue
                 if not e.retryable:
                     raise RuntimeError(

@@ -19,11 +19,12 @@ the page ended). An entry whose data is not a record (never written by this API)
 with a null key, its raw data as value and the header `raftlog.raw` = `true`.
 
 A page is built from the records' bytes as the WAL holds them (`Wal.read_raw`: one pread, each
-record checked against its checksum, no `Entry` per record), decoded in one msgspec call, each
+record checked against its checksum, no `Entry` per record), each record decoded by msgspec, each
 column made in one pass at C speed where the common case allows (no nulls, no headers). The
 building runs in a worker thread, at most `BUILDERS` at a time per node, so a big read never
 holds the event loop (Raft's ticks and heartbeats) for more than the pread; the pages' size is
-bounded by the request (`limit`, `max_bytes`).
+bounded by the request (`limit`, `max_bytes`, at most MAX_PAGE_BYTES), the core's
+committed-but-unpersisted entries included.
 """
 
 from __future__ import annotations
@@ -33,40 +34,56 @@ import contextlib
 import logging
 import weakref
 from array import array
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from itertools import accumulate, repeat
 from operator import is_not
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import msgspec
 
 from raftlog.node.core.errors import Compacted
-from raftlog.node.record import Record, decode_record
+from raftlog.node.core.types import Entry
+from raftlog.node.record import Record
 from raftlog.node.server.api_common import ApiError
 from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.errors import WalCorruption
+from raftlog.node.storage.errors import SnapshotCorruption, WalCorruption
 from raftlog.node.storage.segment import RawRange, Rows
 
 if TYPE_CHECKING:
     from raftlog.node.server.partition import PartitionDriver
 
 log = logging.getLogger("raftlog.server.columnar")
+T = TypeVar("T")
 
 CONTENT_TYPE = "application/vnd.raftlog.columns+msgpack"
 BUILDERS = 2  # pages built at once per node (each in a worker thread)
-GATE_WAIT_S = 30.0  # the longest a request waits for its turn
+GATE_WAIT_S = 10.0  # the longest a request waits for its turn
+MAX_PAGE_BYTES = 16 << 20  # a page's records at most (building one takes a few times that)
 _encoder = msgspec.msgpack.Encoder()
-_records = msgspec.msgpack.Decoder(list[Record])
+_record = msgspec.msgpack.Decoder(Record)
 _gates: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore] = (
     weakref.WeakKeyDictionary()
 )
 
 
+class _Turn:
+    """A turn to build a page. Work handed to a thread keeps the turn until the thread ends,
+    even when the request is cancelled meanwhile (the thread cannot be stopped)."""
+
+    def __init__(self) -> None:
+        self.thread: asyncio.Future[Any] | None = None
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        self.thread = asyncio.get_running_loop().run_in_executor(None, fn, *args)
+        return await asyncio.shield(self.thread)
+
+
 @contextlib.asynccontextmanager
-async def _gate() -> AsyncIterator[None]:
+async def _gate() -> AsyncIterator[_Turn]:
     """A turn to build a page: at most BUILDERS at once on this event loop (a node runs one
     loop; tests, several), waiting at most GATE_WAIT_S (then 503 `busy`, which readers retry
-    elsewhere or later)."""
+    elsewhere or later; shorter than a reader's own timeout, so a reader that gave up does not
+    find its abandoned request ahead of its retry for long)."""
     loop = asyncio.get_running_loop()
     gate = _gates.get(loop)
     if gate is None:
@@ -80,10 +97,20 @@ async def _gate() -> AsyncIterator[None]:
         raise ApiError(
             503, "busy", f"{BUILDERS} pages in the making for {GATE_WAIT_S:.0f} s; retry"
         ) from None
+    turn = _Turn()
     try:
-        yield
+        yield turn
     finally:
-        gate.release()
+        if turn.thread is None or turn.thread.done():
+            gate.release()
+        else:
+
+            def release(thread: asyncio.Future[Any]) -> None:
+                gate.release()
+                if not thread.cancelled():
+                    thread.exception()  # retrieved: nobody awaits it any more
+
+            turn.thread.add_done_callback(release)
 
 
 def _int64(values: list[int]) -> bytes:
@@ -113,26 +140,17 @@ def _strings(values: list[str]) -> tuple[bytes, bytes]:
     return offsets.tobytes(), b"".join(encoded)
 
 
-def _array_head(n: int) -> bytes:
-    """The MessagePack header of an array of `n` items."""
-    return b"\xdc" + n.to_bytes(2, "big") if n < 2**16 else b"\xdd" + n.to_bytes(4, "big")
-
-
 def _decode(data: list[bytes]) -> list[Record]:
-    """Every record, decoded in one call (a MessagePack array of the records' bytes); one at a
-    time, with a raw row for what is not a record, only when that fails."""
-    if not data:
-        return []
-    try:
-        return _records.decode(b"".join([_array_head(len(data)), *data]))
-    except msgspec.DecodeError:
-        out = []
-        for raw in data:
-            try:
-                out.append(decode_record(raw))
-            except msgspec.DecodeError:
-                out.append(Record(None, raw, {"raftlog.raw": "true"}))
-        return out
+    """Every record, each decoded on its own (so a malformed one can never shift the others'
+    boundaries); what is not a record becomes a raw row."""
+    out: list[Record] = []
+    decode = _record.decode
+    for raw in data:
+        try:
+            out.append(decode(raw))
+        except msgspec.DecodeError:
+            out.append(Record(None, raw, {"raftlog.raw": "true"}))
+    return out
 
 
 def record_page(
@@ -199,7 +217,8 @@ async def read_records(
     """The column page of committed records [start, stop): at most `limit` entries and about
     `max_bytes` of records, never above this replica's high-water mark. Raises Compacted
     below the floor, WalCorruption when a record read fails its checksum."""
-    async with _gate():
+    max_bytes = min(max_bytes, MAX_PAGE_BYTES)
+    async with _gate() as turn:
         # Taken once the page may be built: the mark only grows, so the caller's check of
         # `min_index` still holds. Everything below, up to the thread, is one event-loop step.
         hwm = d.raft.commit
@@ -210,16 +229,25 @@ async def read_records(
         # Committed entries the driver has not persisted yet (the core's unstable entries, from
         # `offset`) come from the core; the rest from the WAL's bytes.
         stable = max(start, min(end, raft_log.offset))
-        raws = d.storage.read_raw(start, stable, max_bytes) if start < stable else []
+        try:
+            raws = d.storage.read_raw(start, stable, max_bytes) if start < stable else []
+        except OSError as e:
+            raise ApiError(503, "storage_failed", f"{e}; read from another replica") from None
         at = raws[-1].first + len(raws[-1].offsets) if raws else start
+        used = sum(len(r.buf) for r in raws)
         rows = Rows()
         if at == stable and stable < end:
-            tail = d.raft.read_committed(stable, end)
+            tail: list[Entry] = []
+            for entry in d.raft.read_committed(stable, end):
+                if used >= max_bytes and (raws or tail):
+                    break  # the byte budget holds for the core's entries too
+                tail.append(entry)
+                used += len(entry.data)
             rows.add_entries(tail)
             at = tail[-1].index + 1 if tail else at
         floor = d.storage.compaction_floor()
         try:
-            return await asyncio.to_thread(_build_record_page, d.p, raws, rows, hwm, at, floor)
+            return await turn.run(_build_record_page, d.p, raws, rows, hwm, at, floor)
         except WalCorruption as e:
             log.error("partition %d: a bulk read of [%d, %d) failed: %s", d.p, start, at, e)
             raise
@@ -254,5 +282,11 @@ def _build_table_page(d: PartitionDriver) -> bytes:
 async def read_table(d: PartitionDriver) -> bytes:
     """The keyed table of this replica's latest stored snapshot as a column page (index 0 and
     no rows when there is none), built off the event loop."""
-    async with _gate():
-        return await asyncio.to_thread(_build_table_page, d)
+    async with _gate() as turn:
+        try:
+            return await turn.run(_build_table_page, d)
+        except (SnapshotCorruption, OSError) as e:
+            log.error("partition %d: reading the latest snapshot failed: %s", d.p, e)
+            raise ApiError(
+                503, "storage_corrupt", f"{e}; read the table from another replica"
+            ) from None

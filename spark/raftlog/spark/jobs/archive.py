@@ -93,7 +93,8 @@ class ProgressPrinter(StreamingQueryListener):
         self.query_name = query_name
         self.out = out
         self.records = 0  # every micro-batch's, as the events come (recentProgress keeps 100)
-        self.seen: set[tuple[int, str]] = set()  # (batch id, timestamp) of each progress event
+        # (batch id, timestamp) of the latest progress event: one listener gets them in order.
+        self.latest: tuple[int, str] | None = None
 
     def onQueryStarted(self, event: QueryStartedEvent) -> None:
         pass
@@ -103,7 +104,7 @@ class ProgressPrinter(StreamingQueryListener):
         if p.name != self.query_name:
             return
         self.records += p.numInputRows
-        self.seen.add((p.batchId, p.timestamp))
+        self.latest = (p.batchId, p.timestamp)
         ends = [s.endOffset for s in p.sources]
         secs = p.batchDuration / 1000
         rate = p.numInputRows / secs if secs > 0 else 0.0
@@ -169,7 +170,7 @@ def run(spark: SparkSession, args: argparse.Namespace, out: TextIO = sys.stdout)
         lag_deadline = time.monotonic() + 10
         while (
             last is not None
-            and (int(last["batchId"]), str(last["timestamp"])) not in printer.seen
+            and (int(last["batchId"]), str(last["timestamp"])) != printer.latest
             and time.monotonic() < lag_deadline
         ):
             time.sleep(0.1)
