@@ -243,3 +243,42 @@ def test_a_damaged_or_vanished_snapshot_is_a_503_naming_the_problem(tmp_path):
             await node.close()
 
     asyncio.run(run())
+
+
+def test_a_suffix_overwritten_by_a_new_leader_is_never_served_from_the_stale_wal(tmp_path):
+    """The WAL still holds an uncommitted term-2 suffix that a term-3 leader has overwritten in
+    the core and committed past, before the driver truncated the WAL: pages show term 3 only."""
+
+    def record(i: int, term: int) -> Entry:
+        data = encode_record(Record(f"k{i}".encode(), f"t{term}-{i}".encode()))
+        return Entry(i, term, EntryKind.NORMAL, data)
+
+    async def run() -> None:
+        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        await node.start()
+        try:
+            d = node.drivers[0]
+            old = (Entry(1, 2, EntryKind.NOOP, b""), *(record(i, 2) for i in range(2, 21)))
+            d.step(AppendRequest("n1", "n2", 2, 0, 0, old, 10))  # 11..20 not committed
+            for _ in range(300):
+                await asyncio.sleep(0.01)
+                if d.storage.last_index() >= 20 and d.raft.commit >= 10:
+                    break
+            new = tuple(record(i, 3) for i in range(11, 26))
+            d.raft.step(AppendRequest("n3", "n2", 3, 10, 2, new, 25))  # the core only
+            assert d.storage.term(15) == 2, "the stale suffix is still in the WAL"
+            want = [(i, 2) for i in range(2, 11)] + [(i, 3) for i in range(11, 26)]
+            page, rows = rows_of(await columnar.read_records(d, 2, 10**9, 50_000, 8 << 20))
+            assert rows == want and page["next"] == 26
+            values = msgspec.msgpack.decode(await columnar.read_records(d, 11, 12, 1, 1 << 20))
+            assert values["value_data"] == b"t3-11"
+            at, paged = 2, []
+            while at < 26:  # page by page, the smallest pages there are
+                page, got = rows_of(await columnar.read_records(d, at, 10**9, 50_000, 1))
+                paged += got
+                at = page["next"]
+            assert paged == want
+        finally:
+            await node.close()
+
+    asyncio.run(run())
