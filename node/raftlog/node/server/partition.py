@@ -346,6 +346,9 @@ class PartitionDriver:
                 messages = [
                     m for m in messages if not isinstance(m, AppendRequest | HeartbeatRequest)
                 ]
+                # One turn of the loop for the peer senders to write them: a fast disk's sync
+                # runs in the loop (`GroupCommit.inline_below`) and would hold them back.
+                await asyncio.sleep(0)
             await self.group.durable(self.group.wrote())
         if messages:
             self.node.transport.send(self.p, messages)
