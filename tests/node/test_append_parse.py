@@ -111,3 +111,36 @@ def test_a_lone_surrogate_is_a_named_400_not_a_500() -> None:
     with pytest.raises(ApiError) as e:
         parse_records(json.loads(b'{"value": "\\ud800"}'), LIMIT)
     assert e.value.status == 400 and e.value.body["field"] == "records[0].value"
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"value": "a", "headers": {"h": "\\ud800"}}', "records[0].headers"),
+        (b'{"value": "a", "headers": {"\\udfff": "v"}}', "records[0].headers"),
+        (b'{"value": "a", "producer_id": "\\ud800", "sequence": 0}', "producer_id"),
+        (b'{"value": "a", "timestamp_ms": 18446744073709551616}', "records[0].timestamp_ms"),
+        (b'{"value": "a", "timestamp_ms": 9223372036854775808}', "records[0].timestamp_ms"),
+        (
+            b'{"records": [{"value": "a"}, {"value": "b", "timestamp_ms": 2e400}]}',
+            "records[1].timestamp_ms",
+        ),
+    ],
+)
+def test_text_without_utf8_and_out_of_range_times_are_named_400s(raw: bytes, field: str) -> None:
+    assert fast_records(raw, LIMIT) is None
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        assert field == "body"
+        return
+    with pytest.raises(ApiError) as e:
+        parse_records(body, LIMIT)
+    assert e.value.status == 400 and e.value.body["field"] == field
+
+
+def test_the_largest_timestamp_is_taken_by_both_parsers() -> None:
+    body = {"value": "a", "timestamp_ms": 2**63 - 1}
+    fast = fast_records(json.dumps(body).encode(), LIMIT)
+    assert fast is not None and fast == parse_records(body, LIMIT)
+    assert decode_record(fast[0][0]).timestamp_ms == 2**63 - 1

@@ -63,6 +63,12 @@ def _frame_with_entries(entries: list[object]) -> bytes:
         [[7, "3", 0, b"x"]],
         [[7, 3, 0, "text, not bytes"]],
         [[7, 3, 0, b"x", 1]],  # one too many
+        [[7, 3]],  # Entry's defaults must not fill in a short entry
+        [[7, 3, 0]],
+        [[7, 3, 0, b"x"], [8, 3]],
+        [[7, 3, 0, "eA=="]],  # a str is not base64 for bytes
+        [{"index": 7, "term": 3}],
+        [None],
         [7],
         "not a list",
     ],

@@ -51,7 +51,10 @@ def make_guard(token: str | None) -> Middleware:
                 token
                 and request.path.startswith(("/peer/", "/v1/admin/"))
                 and not hmac.compare_digest(
-                    request.headers.get("Authorization", "").encode(), expected
+                    # aiohttp reads header bytes as UTF-8 with surrogateescape: encode them
+                    # back the same way, so a non-UTF-8 byte is a mismatch (401), not a 500
+                    request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"),
+                    expected,
                 )
             ):
                 resp: web.StreamResponse = web.json_response(
@@ -126,8 +129,8 @@ def not_leader(node: Node, d: PartitionDriver) -> ApiError:
 
 
 async def json_body(request: web.Request) -> Any:
-    """The request's JSON body; 400 naming `body` when it is not JSON."""
+    """The request's JSON body; 400 naming `body` when it is not JSON (or nested too deep)."""
     try:
         return await request.json()
-    except ValueError:
+    except (ValueError, RecursionError):
         raise bad("body", "is not valid JSON") from None

@@ -70,6 +70,15 @@ def _bytes_field(item: dict[str, Any], name: str, i: int) -> bytes | None:
         raise bad(f"records[{i}].{name}", "is not valid Unicode text") from None
 
 
+def _is_text(s: str) -> bool:
+    """False for a str that has no UTF-8 form (a lone surrogate escape, "\\ud800")."""
+    try:
+        s.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def require_mark(d: PartitionDriver, min_index: int) -> None:
     """503 `behind` when this replica's high-water mark is below `min_index` (read-your-writes:
     the caller retries, or asks another replica)."""
@@ -92,6 +101,8 @@ def parse_records(body: Any, max_record_bytes: int) -> tuple[list[bytes], str | 
         raise bad("producer_id" if producer is None else "sequence", "give both or neither")
     if producer is not None and (not isinstance(producer, str) or not 0 < len(producer) <= 200):
         raise bad("producer_id", "must be a string of 1 to 200 characters")
+    if producer is not None and not _is_text(producer):
+        raise bad("producer_id", "is not valid Unicode text")
     if sequence is not None and (
         not isinstance(sequence, int) or isinstance(sequence, bool) or not 0 <= sequence < 2**62
     ):
@@ -128,9 +139,11 @@ def parse_records(body: Any, max_record_bytes: int) -> tuple[list[bytes], str | 
             isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
         ):
             raise bad(f"records[{i}].headers", "must map strings to strings")
+        if not all(_is_text(k) and _is_text(v) for k, v in headers.items()):
+            raise bad(f"records[{i}].headers", "is not valid Unicode text")
         ts = item.get("timestamp_ms", 0)
-        if not isinstance(ts, int) or isinstance(ts, bool) or ts < 0:
-            raise bad(f"records[{i}].timestamp_ms", "must be a non-negative integer")
+        if not isinstance(ts, int) or isinstance(ts, bool) or not 0 <= ts < 2**63:
+            raise bad(f"records[{i}].timestamp_ms", "must be an integer from 0 to 2**63 - 1")
         if key is None and value is None:
             raise bad(f"records[{i}]", "needs a key or a value")
         seq = -1 if sequence is None else sequence + i
@@ -173,7 +186,7 @@ def fast_records(raw: bytes, max_record_bytes: int) -> tuple[list[bytes], str | 
     runs `parse_records`, which accepts the same bodies and names the field of each mistake."""
     try:
         body = _append_decoder.decode(raw)
-    except msgspec.DecodeError:  # also a msgspec.ValidationError
+    except (msgspec.DecodeError, RecursionError):  # also a msgspec.ValidationError
         return None
     producer, sequence = body.producer_id, body.sequence
     if (producer is None) != (sequence is None):
@@ -202,7 +215,7 @@ def fast_records(raw: bytes, max_record_bytes: int) -> tuple[list[bytes], str | 
     seq = -1 if sequence is None else sequence
     try:
         for r in items:
-            if r.key_b64 is not None or r.value_b64 is not None or r.timestamp_ms < 0:
+            if r.key_b64 is not None or r.value_b64 is not None or not 0 <= r.timestamp_ms < 2**63:
                 return None
             key = None if r.key is None else r.key.encode()
             value = None if r.value is None else r.value.encode()
@@ -214,7 +227,7 @@ def fast_records(raw: bytes, max_record_bytes: int) -> tuple[list[bytes], str | 
             out.append(encode_record(Record(key, value, r.headers, r.timestamp_ms, producer, seq)))
             if seq >= 0:
                 seq += 1
-    except UnicodeEncodeError:
+    except UnicodeEncodeError:  # a lone surrogate in a key, value, header or producer id
         return None
     return out, producer, -1 if sequence is None else sequence
 
@@ -246,7 +259,7 @@ async def append(request: web.Request) -> web.Response:
     if parsed is None:
         try:
             body = json.loads(raw)
-        except ValueError:  # also UnicodeDecodeError
+        except (ValueError, RecursionError):  # also UnicodeDecodeError; nested too deep
             raise bad("body", "is not valid JSON") from None
         parsed = parse_records(body, node.settings.max_record_bytes)
     return await _append_to(node, d, *parsed)
@@ -548,7 +561,7 @@ async def send_snapshot_for_leader(request: web.Request) -> web.Response:
         body = await request.json()
         target, leader = str(body["target"]), str(body["leader"])
         term, required = int(body["term"]), int(body["required"])
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, RecursionError):
         raise bad("body", "needs target, leader, term and required") from None
     if d.raft.leader != leader or d.raft.term != term:
         raise ApiError(409, "not_my_leader", f"{leader} in term {term} is not the leader here")

@@ -20,6 +20,7 @@ from raftlog.node.core.types import Entry, Membership, SnapshotMeta
 _CODES = {cls: i for i, cls in enumerate(MESSAGE_TYPES)}
 _FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGE_TYPES}
 _ENTRIES = tuple[Entry, ...]
+_BYTES = (bytes,)
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 
@@ -66,8 +67,13 @@ def _decode_one(item: Any) -> tuple[int, Message]:
     kwargs = dict(zip(names, values, strict=True))
     try:
         if cls is AppendRequest:
-            # [index, term, kind, data] lists to Entries, each field type-checked, in C.
-            kwargs["entries"] = msgspec.convert(kwargs["entries"], _ENTRIES)
+            # [index, term, kind, data] lists to Entries, each field type-checked, in C. Entry's
+            # defaults for kind and data would take a shorter list, so every entry must have all
+            # four fields; bytes as a builtin type keeps a str from being read as base64.
+            entries = kwargs["entries"]
+            if entries and min(map(len, entries)) != 4:
+                raise ValueError("each entry is [index, term, kind, data]")
+            kwargs["entries"] = msgspec.convert(entries, _ENTRIES, builtin_types=_BYTES)
         if cls is InstallSnapshot:
             i, t, voters, learners = kwargs["meta"]
             kwargs["meta"] = SnapshotMeta(
