@@ -4,6 +4,7 @@ appends coalesced into one batch; append deadlines."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable
 
@@ -121,6 +122,36 @@ def test_an_append_not_committed_in_time_is_told_timeout_and_others_are_not(tmp_
             assert not patient.done()
             patient.cancel()
         finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_path):
+    """A hung fsync holds the driver's loop and its ticks: the append still gets its timeout
+    while the sync is held, from a backstop that does not need the driver."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path, "n1", {"n1": PEERS["n1"]})
+        await node.start()
+        held, release, returned = threading.Event(), threading.Event(), threading.Event()
+        try:
+            d = node.drivers[0]
+            await _until(lambda: d.raft.role == Role.LEADER, "election")
+            real = d.storage.sync
+
+            def hung() -> None:
+                held.set()
+                release.wait(10)
+                returned.set()
+                real()
+
+            d.storage.sync = hung  # type: ignore[method-assign]
+            with pytest.raises(TimeoutError):
+                await d.propose([b"stuck"], timeout=0.2)
+            assert held.is_set() and not returned.is_set(), "answered while the sync hung"
+        finally:
+            release.set()
             await node.close()
 
     asyncio.run(run())

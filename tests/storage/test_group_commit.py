@@ -156,3 +156,41 @@ def test_a_lone_writer_syncs_once_and_a_cancelled_one_strands_nobody(tmp_path):
         asyncio.run(main())
     finally:
         gc.close()
+
+
+def test_a_sync_runs_in_the_loop_only_after_a_window_of_fast_ones_and_one_slow_one_ends_it():
+    from raftlog.node.storage.group_commit import SYNC_WINDOW
+
+    slow = threading.Event()
+    where: list[bool] = []  # whether each sync ran on the event loop's thread
+
+    def sync() -> None:
+        where.append(threading.current_thread() is threading.main_thread())
+        if slow.is_set():
+            slow.clear()
+            threading.Event().wait(0.2)  # far above the limit below
+
+    async def run() -> None:
+        gc = GroupCommit(sync, inline_below=0.05)
+        try:
+            for _ in range(SYNC_WINDOW):
+                await gc.durable(gc.wrote())
+            assert not any(where), "the thread until a whole window of syncs was fast"
+            await gc.durable(gc.wrote())
+            assert where[-1], "then in the loop"
+            slow.set()
+            await gc.durable(gc.wrote())  # slow, and in the loop: this is what it costs
+            for _ in range(SYNC_WINDOW):
+                await gc.durable(gc.wrote())
+            assert not any(where[-SYNC_WINDOW:]), "one slow sync sends a window to the thread"
+            await gc.durable(gc.wrote())
+            assert where[-1]
+            never = GroupCommit(sync, inline_below=0)
+            for _ in range(SYNC_WINDOW + 1):
+                await never.durable(never.wrote())
+            assert not where[-1], "0: never in the loop"
+            never.close()
+        finally:
+            gc.close()
+
+    asyncio.run(run())

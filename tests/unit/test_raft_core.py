@@ -409,3 +409,21 @@ def test_a_peer_claiming_leadership_in_the_leaders_own_term_is_refused_not_fatal
     rd = drain(r, s)
     assert r.role == Role.LEADER and s.last_index() == last
     assert [e.kind for e in rd.events] == ["conflicting_leader"]
+
+
+def test_a_leader_that_removes_itself_tells_the_followers_the_removal_committed():
+    """No append will carry the commit once it steps down: it tells them on its way out, or
+    they would learn it only from the next leader's first commit."""
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    r.step(AppendResponse("b", "a", r.term, True, 2))
+    drain(r, s)
+    index, _ = r.propose_membership("remove", "a")
+    drain(r, s)
+    r.step(AppendResponse("b", "a", r.term, True, index))
+    r.step(AppendResponse("c", "a", r.term, True, index))
+    rd = drain(r, s)
+    assert r.role == Role.FOLLOWER and r.commit == index
+    told = {m.dst: m.commit for m in rd.messages if isinstance(m, AppendRequest)}
+    assert told == {"b": index, "c": index}

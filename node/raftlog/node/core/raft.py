@@ -354,6 +354,9 @@ class Raft:
                 and self.id not in self.membership.voters
                 and self._config_history[-1][0] <= self.log.applied
             ):
+                # Followers have not heard that the removal committed (no append will carry it
+                # from here): tell them now, or they learn it only from the next leader.
+                self.tell_commit()
                 self._become_follower(self.term, None, reason="removed from the voters")
 
     def read_committed(self, lo: int, hi: int) -> list[Entry]:

@@ -46,6 +46,7 @@ log = logging.getLogger("raftlog.node")
 # append. Under load the next append carries it and no message is spent on it; a closed-loop
 # client's next append usually comes sooner than this. Follower reads trail by about this much.
 COMMIT_TELL_DELAY = 0.002
+STUCK_SLACK_S = 1.0  # past its timeout, an append is answered even when the driver is stuck
 
 
 class NotCommitted(Exception):
@@ -112,7 +113,9 @@ class PartitionDriver:
         self.storage = storage
         self.config = config
         self.table = KeyedTable.restore(storage.snapshot_data())
-        self.group = GroupCommit(self._timed_sync)
+        self.group = GroupCommit(
+            self._timed_sync, inline_below=node.settings.fsync_in_loop_below_ms / 1000
+        )
         self.wake = asyncio.Event()
         self.committed = asyncio.Condition()  # readers waiting for the high-water mark
         # Why the partition stopped writing: a disk fault, or a bug caught by the loop. Reads of
@@ -164,7 +167,12 @@ class PartitionDriver:
         fut: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
         self._proposals.append(_Proposal(records, fut, time.monotonic() + timeout))
         self.wake.set()
-        return await fut
+        if timeout == float("inf"):
+            return await fut
+        # The driver answers on its ticks. This backstop answers when the driver itself is stuck
+        # (a hung fsync holds its loop, and its ticks with it): a timer per append, fired only then.
+        async with asyncio.timeout(timeout + STUCK_SLACK_S):
+            return await fut
 
     async def propose_idempotent(
         self, producer: str, first_seq: int, records: list[bytes], timeout: float = float("inf")
@@ -297,6 +305,7 @@ class PartitionDriver:
             self._tell = False
             self.raft.tell_commit()
         props, self._proposals = self._proposals, []
+        props = [p for p in props if not p.done.done()]  # not those whose appender gave up
         if not props:
             return
         records = [r for prop in props for r in prop.records]
@@ -304,7 +313,8 @@ class PartitionDriver:
             placed = self.raft.propose_batch(records)
         except (NotLeader, ProposalRefused) as e:
             for prop in props:
-                prop.done.set_exception(e)
+                if not prop.done.done():  # its appender may have given up (the backstop)
+                    prop.done.set_exception(e)
             return
         i = 0
         for prop in props:

@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from raftlog.node.core.types import Entry
+
+SYNC_WINDOW = 64  # syncs looked back on before one runs in the event loop
 
 
 class _Batch:
@@ -41,16 +44,23 @@ class GroupCommit:
         self._flusher: asyncio.Task[None] | None = None
         self.failed: BaseException | None = None
         self._inline = False  # a `durable` caller is running a sync itself
-        # A `durable` caller with nothing in flight syncs in the event loop itself while syncs
-        # take less than `inline_below` on average (a moving average, `sync_estimate`): on a
-        # disk that syncs in ~0.1 ms, handing the sync to the thread and back costs more CPU and
-        # latency than the sync; on a slower disk the loop would stall, so the thread takes it.
+        # A `durable` caller with nothing in flight syncs in the event loop itself while every
+        # one of the last SYNC_WINDOW syncs took less than `inline_below` (0: never): on a disk
+        # that syncs in ~0.1 ms, handing the sync to the thread and back costs more CPU and
+        # latency than the sync. The whole node's loop waits for such a sync, so one slow sync
+        # sends the next SYNC_WINDOW to the thread; what is left is a disk that stalls without
+        # warning after a long fast run, which holds the node for that one sync.
         self.inline_below = inline_below
-        self.sync_estimate = inline_below  # unknown: start in the thread
+        self._recent: deque[float] = deque(maxlen=SYNC_WINDOW)  # unknown: start in the thread
         self.fsyncs = 0  # how many syncs ran (for metrics and the benchmark)
         # One thread of its own: fsyncs of one log are sequential anyway, and a warm dedicated
         # thread hands back sooner than the shared default pool.
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="raftlog-fsync")
+
+    def inline_now(self) -> bool:
+        """Whether a sync would run in the event loop now (see `inline_below`)."""
+        recent = self._recent
+        return len(recent) == SYNC_WINDOW and max(recent) < self.inline_below
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
@@ -90,7 +100,7 @@ class GroupCommit:
             self._inline = True
             target = self._written
             try:
-                if self.sync_estimate < self.inline_below:
+                if self.inline_now():
                     self._timed()  # fast disk: cheaper than a thread handoff; see `inline_below`
                 else:
                     await asyncio.get_running_loop().run_in_executor(self._thread, self._timed)
@@ -134,8 +144,7 @@ class GroupCommit:
     def _timed(self) -> None:
         started = time.perf_counter()
         self._sync()
-        took = time.perf_counter() - started
-        self.sync_estimate += (took - self.sync_estimate) * 0.2
+        self._recent.append(time.perf_counter() - started)
 
     def _synced_to(self, target: int) -> None:
         """A sync that started after write `target` finished: wake whoever it covers."""
