@@ -500,3 +500,20 @@ def test_a_condition_keeps_its_transition_time_until_it_changes():
     plan = step(plan.status, w, now=T0 + 7200)
     changed = {c.type: c.last_transition_time for c in plan.status.conditions}
     assert changed["Degraded"] != first["Degraded"] and changed["Available"] == first["Available"]
+
+
+def test_an_excursion_restarts_the_window_while_a_snapshot_install_takes_the_pass():
+    """The learner falls so far behind that it needs a snapshot: the passes go to the install,
+    and its promotion window must still start again (before, only the promotion step did it)."""
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    plan = step(st, w, s, now=T0 + window / 2)
+    assert plan.status.member("c-3").promotion.window_started_at == T0  # type: ignore[union-attr]
+    w.follower(
+        0, fv("c-3", lag=None, state="snapshot", match=10, learner=True, snapshot_required=True)
+    )
+    plan = step(plan.status, w, s, now=T0 + window * 0.9)
+    assert isinstance(plan.action, InstallSnapshot) and plan.action.target == "c-3"
+    pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+    assert pr is not None and pr.window_started_at is None and pr.restarts == 1
+    assert "PromotionWindowRestarted" in [e.reason for e in plan.events]

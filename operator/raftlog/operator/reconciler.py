@@ -86,6 +86,8 @@ class _Pass:
     want_hash: str
     leaders: dict[int, PartitionView | None]
     events: list[Event] = field(default_factory=list)
+    lagging: dict[str, str] = field(default_factory=dict)  # learner -> why its window is shut
+    windows_tracked: bool = False
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(Event("Warning" if warning else "Normal", reason, message))
@@ -116,6 +118,7 @@ def decide(
     ps = _Pass(name, spec, st, obs, now, config_hash(spec), leaders)
     _refresh_members(ps)
     action = _next_action(ps)
+    _promotion_windows(ps)  # when a step before the promotions acted (once a pass either way)
     _summarize(ps, action)
     return Plan(action, st, ps.events)
 
@@ -302,7 +305,14 @@ def _joining(ps: _Pass) -> Action | None:
     return None
 
 
-def _promotions(ps: _Pass) -> Action | None:
+def _promotion_windows(ps: _Pass) -> None:
+    """Every pass, whichever step acts: a learner's window runs while its lag is within
+    learnerPromotionLag in every partition, and starts again on an excursion (a lag above it,
+    or unknown). Kept apart from `_promotions`, which an earlier step (a snapshot install, a
+    removal) may pre-empt: an excursion meanwhile still restarts the window."""
+    if ps.windows_tracked:
+        return
+    ps.windows_tracked = True
     limit = ps.spec.raft.learner_promotion_lag
     for m in ps.st.members:
         if m.role != "learner":
@@ -327,10 +337,22 @@ def _promotions(ps: _Pass) -> Action | None:
                     f"{m.name}: {why}; its promotion window starts again",
                 )
             pr.window_started_at, pr.elapsed_seconds = None, 0.0
-            return Wait(f"{m.name}: {why}")
+            ps.lagging[m.name] = why
+            continue
         if pr.window_started_at is None:
             pr.window_started_at = ps.now
         pr.elapsed_seconds = round(ps.now - pr.window_started_at, 3)
+
+
+def _promotions(ps: _Pass) -> Action | None:
+    _promotion_windows(ps)
+    for m in ps.st.members:
+        if m.role != "learner":
+            continue
+        pr = m.promotion
+        assert pr is not None  # `_promotion_windows` gave every learner one
+        if m.name in ps.lagging:
+            return Wait(f"{m.name}: {ps.lagging[m.name]}")
         if pr.elapsed_seconds < pr.window_seconds:
             return Wait(
                 f"{m.name} within learnerPromotionLag for {pr.elapsed_seconds:.1f} of "
