@@ -33,6 +33,23 @@ def entry(i: int) -> Entry:
     return Entry(i, 2, EntryKind.NORMAL, encode_record(Record(f"k{i}".encode(), b"v%d" % i)))
 
 
+async def follower_of(tmp_path: Path, entries: int, commit: int) -> Node:
+    """Node n2, a follower of n1 (nobody listens there) in term 2, fed entries 1..`entries`
+    (1 a no-op) with `commit` committed, once its driver has persisted and applied them."""
+    node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+    await node.start()
+    d = node.drivers[0]
+    d.step(
+        AppendRequest("n1", "n2", 2, 0, 0, tuple(entry(i) for i in range(1, entries + 1)), commit)
+    )
+    for _ in range(300):
+        if d.storage.last_index() >= entries and d.raft.commit >= commit:
+            return node
+        await asyncio.sleep(0.01)
+    await node.close()
+    raise AssertionError(f"n2 did not take entries 1..{entries} within 3 s")
+
+
 def rows_of(raw: bytes) -> tuple[dict[str, Any], list[tuple[int, int]]]:
     page = msgspec.msgpack.decode(raw)
     index, term = array("q"), array("q")
@@ -94,15 +111,9 @@ def test_a_page_holds_the_committed_entries_persisted_or_not(tmp_path, monkeypat
 @pytest.mark.parametrize("limit", [1, 7])
 def test_a_page_starting_at_a_no_op_moves_on(tmp_path, limit):
     async def run() -> None:
-        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
-        await node.start()
+        node = await follower_of(tmp_path, entries=10, commit=10)
         try:
             d = node.drivers[0]
-            d.step(AppendRequest("n1", "n2", 2, 0, 0, tuple(entry(i) for i in range(1, 11)), 10))
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if d.storage.last_index() >= 10 and d.raft.commit >= 10:
-                    break
             page, rows = rows_of(await columnar.read_records(d, 1, 10**9, limit, 8 << 20))
             assert [i for i, _ in rows] == list(range(2, limit + 1))
             assert page["next"] == limit + 1, "a page of only a no-op still makes progress"
@@ -126,15 +137,9 @@ def test_pages_in_the_making_are_bounded_and_a_request_waits_for_its_turn_at_mos
     monkeypatch.setattr(columnar, "GATE_WAIT_S", 0.2)
 
     async def run() -> None:
-        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
-        await node.start()
+        node = await follower_of(tmp_path, entries=10, commit=10)
         try:
             d = node.drivers[0]
-            d.step(AppendRequest("n1", "n2", 2, 0, 0, tuple(entry(i) for i in range(1, 11)), 10))
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if d.storage.last_index() >= 10 and d.raft.commit >= 10:
-                    break
             busy = [
                 asyncio.create_task(columnar.read_records(d, 1, 11, 50_000, 8 << 20))
                 for _ in range(columnar.BUILDERS)
@@ -172,15 +177,9 @@ def test_a_cancelled_request_keeps_its_turn_until_its_thread_has_built_the_page(
     monkeypatch.setattr(columnar, "GATE_WAIT_S", 0.2)
 
     async def run() -> None:
-        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
-        await node.start()
+        node = await follower_of(tmp_path, entries=10, commit=10)
         try:
             d = node.drivers[0]
-            d.step(AppendRequest("n1", "n2", 2, 0, 0, tuple(entry(i) for i in range(1, 11)), 10))
-            for _ in range(200):
-                await asyncio.sleep(0.01)
-                if d.storage.last_index() >= 10 and d.raft.commit >= 10:
-                    break
             gone = [
                 asyncio.create_task(columnar.read_records(d, 1, 11, 50_000, 8 << 20))
                 for _ in range(columnar.BUILDERS)
