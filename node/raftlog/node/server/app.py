@@ -42,7 +42,7 @@ from raftlog.node.server.partition import (
     SequenceConflict,
     SnapshotTooOld,
 )
-from raftlog.node.server.peer_stream import close_peer_streams, peer_stream
+from raftlog.node.server.peer_stream import add_stream_routes
 from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed, WalCorruption
 from raftlog.node.storage.snapshots import Chunk
 from raftlog.node.transport.codec import decode_frame
@@ -596,8 +596,7 @@ def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Applicat
     if "peer" in planes:
         admin.add_routes(app)
         app.router.add_post("/peer/v1/messages", peer_messages)
-        app.router.add_get("/peer/v1/stream", peer_stream)
-        app.on_shutdown.append(close_peer_streams)
+        add_stream_routes(app)
         app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
         app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
         app.router.add_post(

@@ -23,9 +23,15 @@ log = logging.getLogger("raftlog.transport")
 STREAMS_KEY = web.AppKey("peer_streams", weakref.WeakSet[web.WebSocketResponse])
 
 
+def add_stream_routes(app: web.Application) -> None:
+    """The stream's route, its registry (made before the app starts: aiohttp freezes its
+    state then) and the shutdown hook that closes the open streams."""
+    app[STREAMS_KEY] = weakref.WeakSet()
+    app.router.add_get("/peer/v1/stream", peer_stream)
+    app.on_shutdown.append(close_peer_streams)
+
+
 def streams(app: web.Application) -> weakref.WeakSet[web.WebSocketResponse]:
-    if STREAMS_KEY not in app:
-        app[STREAMS_KEY] = weakref.WeakSet()
     return app[STREAMS_KEY]
 
 
