@@ -123,18 +123,28 @@ def test_a_page_starting_at_a_no_op_moves_on(tmp_path, limit):
     asyncio.run(run())
 
 
+class HeldBuilds:
+    """Page builds that wait in their threads until `release` is set; `building` counts the
+    threads that started. Turns are waited for 0.2 s at most."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.release = threading.Event()
+        self.building = threading.Semaphore(0)
+        real = columnar._build_record_page
+
+        def held(*args: Any) -> bytes:
+            self.building.release()
+            assert self.release.wait(30)
+            return real(*args)
+
+        monkeypatch.setattr(columnar, "_build_record_page", held)
+        monkeypatch.setattr(columnar, "GATE_WAIT_S", 0.2)
+
+
 def test_pages_in_the_making_are_bounded_and_a_request_waits_for_its_turn_at_most_so_long(
     tmp_path, monkeypatch
 ):
-    release = threading.Event()
-    real = columnar._build_record_page
-
-    def held(*args: Any) -> bytes:
-        assert release.wait(30)
-        return real(*args)
-
-    monkeypatch.setattr(columnar, "_build_record_page", held)
-    monkeypatch.setattr(columnar, "GATE_WAIT_S", 0.2)
+    release = HeldBuilds(monkeypatch).release
 
     async def run() -> None:
         node = await follower_of(tmp_path, entries=10, commit=10)
@@ -164,17 +174,8 @@ def test_pages_in_the_making_are_bounded_and_a_request_waits_for_its_turn_at_mos
 def test_a_cancelled_request_keeps_its_turn_until_its_thread_has_built_the_page(
     tmp_path, monkeypatch
 ):
-    release = threading.Event()
-    building = threading.Semaphore(0)
-    real = columnar._build_record_page
-
-    def held(*args: Any) -> bytes:
-        building.release()
-        assert release.wait(30)
-        return real(*args)
-
-    monkeypatch.setattr(columnar, "_build_record_page", held)
-    monkeypatch.setattr(columnar, "GATE_WAIT_S", 0.2)
+    held = HeldBuilds(monkeypatch)
+    release, building = held.release, held.building
 
     async def run() -> None:
         node = await follower_of(tmp_path, entries=10, commit=10)
