@@ -30,6 +30,23 @@ def stream(spark: SparkSession, cluster: LocalCluster, **options: str) -> DataFr
     return raftlog_df(spark, cluster, options, stream=True)
 
 
+def until_caught_up(df: DataFrame, sink: Path, checkpoint: Path) -> StreamingQuery:
+    """Run `df` into a Parquet sink with an availableNow trigger until it has read everything
+    there was when it started; the finished query (for its progress)."""
+    query = (
+        df.writeStream.format("parquet")
+        .option("path", str(sink))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert query.awaitTermination(120), "the availableNow query did not finish"
+    finally:
+        query.stop()
+    return query
+
+
 def test_new_records_in_later_batches_and_exactly_once_across_a_restart(spark, cluster, tmp_path):
     sink, checkpoint = str(tmp_path / "sink"), str(tmp_path / "checkpoint")
     acked = append(cluster, 0, records(25, "before-start", keys=3))
@@ -87,17 +104,7 @@ def test_max_records_per_trigger_bounds_each_micro_batch(spark, cluster, tmp_pat
         startingOffsets=json.dumps({"0": start[0], "1": start[1]}),
         maxRecordsPerTrigger="12",
     )  # fmt: skip
-    query = (
-        df.writeStream.format("parquet")
-        .option("path", str(tmp_path / "sink"))
-        .option("checkpointLocation", str(tmp_path / "checkpoint"))
-        .trigger(availableNow=True)
-        .start()
-    )
-    try:
-        assert query.awaitTermination(120), "the availableNow query did not finish"
-    finally:
-        query.stop()
+    query = until_caught_up(df, tmp_path / "sink", tmp_path / "checkpoint")
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sum(sizes) == 50 and max(sizes) <= 12 and len(sizes) >= 5, sizes
     assert rows_of(spark.read.parquet(str(tmp_path / "sink"))) == acked
@@ -120,17 +127,7 @@ def test_a_crash_between_the_offset_log_and_the_commit_log_replays_the_same_batc
             startingOffsets=json.dumps({"0": start[0], "1": start[1]}),
             maxRecordsPerTrigger="10",
         )  # fmt: skip
-        query = (
-            df.writeStream.format("parquet")
-            .option("path", str(sink))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            assert query.awaitTermination(120), "the availableNow query did not finish"
-        finally:
-            query.stop()
+        until_caught_up(df, sink, checkpoint)
 
     run()
     last = max(int(f.name) for f in (checkpoint / "commits").iterdir() if f.name.isdigit())
