@@ -20,6 +20,7 @@ from raftlog.node.record import Record, encode_record
 from raftlog.node.server import columnar
 from raftlog.node.server.api_common import ApiError
 from raftlog.node.server.node import Node
+from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.segment import Rows
@@ -140,6 +141,14 @@ class HeldBuilds:
         monkeypatch.setattr(columnar, "_build_record_page", held)
         monkeypatch.setattr(columnar, "GATE_WAIT_S", 0.2)
 
+    @staticmethod
+    def take_every_turn(d: PartitionDriver) -> list[asyncio.Task[bytes]]:
+        """As many page requests as there are turns, each for the whole log of 10 entries."""
+        return [
+            asyncio.create_task(columnar.read_records(d, 1, 11, 50_000, 8 << 20))
+            for _ in range(columnar.BUILDERS)
+        ]
+
 
 def test_pages_in_the_making_are_bounded_and_a_request_waits_for_its_turn_at_most_so_long(
     tmp_path, monkeypatch
@@ -150,10 +159,7 @@ def test_pages_in_the_making_are_bounded_and_a_request_waits_for_its_turn_at_mos
         node = await follower_of(tmp_path, entries=10, commit=10)
         try:
             d = node.drivers[0]
-            busy = [
-                asyncio.create_task(columnar.read_records(d, 1, 11, 50_000, 8 << 20))
-                for _ in range(columnar.BUILDERS)
-            ]
+            busy = HeldBuilds.take_every_turn(d)
             await asyncio.sleep(0.05)
             with pytest.raises(ApiError) as e:
                 await columnar.read_records(d, 1, 11, 50_000, 8 << 20)
@@ -181,10 +187,7 @@ def test_a_cancelled_request_keeps_its_turn_until_its_thread_has_built_the_page(
         node = await follower_of(tmp_path, entries=10, commit=10)
         try:
             d = node.drivers[0]
-            gone = [
-                asyncio.create_task(columnar.read_records(d, 1, 11, 50_000, 8 << 20))
-                for _ in range(columnar.BUILDERS)
-            ]
+            gone = HeldBuilds.take_every_turn(d)
             for _ in gone:  # every thread is building
                 assert await asyncio.to_thread(building.acquire, True, 10)
             for t in gone:  # their clients hung up

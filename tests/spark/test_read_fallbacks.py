@@ -47,7 +47,7 @@ class FakeNode:
                 self.wfile.write(body)
 
             def log_message(self, *args: object) -> None:
-                pass
+                """Silent: the test reads the requests recorded above, not a log."""
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
