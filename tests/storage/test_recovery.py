@@ -8,7 +8,7 @@ import random
 from pathlib import Path
 
 import pytest
-from tests.storage.helpers import ents
+from tests.storage.helpers import ents, records_end
 
 from raftlog.node.core.types import Entry
 from raftlog.node.storage import segment as fmt
@@ -36,7 +36,7 @@ def build(path, n=60, size=40) -> tuple[list[str], tuple[list[Entry], dict[int, 
 def test_torn_tail_at_every_byte_of_the_last_record_recovers(tmp_path, caplog):
     segs, (written, offsets) = build(tmp_path)
     last = segs[-1]
-    raw = Path(last).read_bytes()
+    raw = Path(last).read_bytes()[: records_end(last)]
     last_path, last_off = offsets[60]
     assert last_path == last
     entry_end = last_off + 8 + fmt.ENTRY_HEAD.size + len(written[-1].data)
@@ -53,22 +53,25 @@ def test_torn_tail_at_every_byte_of_the_last_record_recovers(tmp_path, caplog):
             assert "torn tail" in caplog.text
         w.close()
         kept = last_off if expect == 59 else entry_end
-        assert len(Path(last).read_bytes()) == kept, "the torn bytes are removed from disk"
+        after = Path(last).read_bytes()
+        assert after[:kept] == raw[:kept]
+        assert after[kept:] == bytes(len(after) - kept), "the torn bytes are removed from disk"
         Path(last).write_bytes(raw)
 
 
-def test_zero_filled_tail_is_a_torn_tail(tmp_path):
+def test_zero_filled_tail_ends_the_log(tmp_path):
+    """Zeros after the last record (preallocated, or space a crash left unfilled) are its end."""
     segs, (written, _) = build(tmp_path)
     with Path(segs[-1]).open("ab") as f:
         f.write(b"\0" * 4096)
     w = Wal.open(str(tmp_path), segment_bytes=2048)
-    assert w.entries(1, 61) == written and w.recovery
+    assert w.entries(1, 61) == written and not w.recovery
 
 
 def test_bit_flip_in_the_final_record_is_a_torn_tail(tmp_path):
     segs, (written, _) = build(tmp_path)
     raw = bytearray(Path(segs[-1]).read_bytes())
-    raw[-3] ^= 0x10
+    raw[records_end(segs[-1]) - 3] ^= 0x10
     Path(segs[-1]).write_bytes(bytes(raw))
     w = Wal.open(str(tmp_path), segment_bytes=2048)
     # The final record is the commit record written after entry 60: only it is dropped.

@@ -27,6 +27,10 @@ class FileOps:
     def truncate(self, fd: int, size: int) -> None:
         os.ftruncate(fd, size)
 
+    def allocate(self, fd: int, size: int) -> None:
+        """Allocate the file's first `size` bytes (reading as zeros where nothing was written)."""
+        os.posix_fallocate(fd, 0, size)
+
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:

@@ -29,7 +29,10 @@ def wal_report(a: WalAnalysis) -> list[str]:
     out.append(f"WAL {a.path}")
     segs = a.segments
     total = sum(s.scan.size for s in segs)
-    out.append(f"  segments    {len(segs)} readable, {_size(total)}")
+    used = sum(s.scan.valid_end for s in segs)
+    # The last segment is allocated at full size before it fills (see `prealloc.py`).
+    filled = f" ({_size(used)} of records)" if used != total else ""
+    out.append(f"  segments    {len(segs)} readable, {_size(total)}{filled}")
     if segs:
         first, last = segs[0].first_index, segs[-1].last_index
         entries = sum(s.entries for s in segs)

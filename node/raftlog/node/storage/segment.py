@@ -7,8 +7,9 @@ A segment file is a 32-byte header followed by records:
     body:    ENTRY  = 1 u8 | index u64 | term u64 | kind u8 | data
              COMMIT = 2 u8 | commit u64
 
-The record checksum covers the body. A damaged length is caught too: it delimits other bytes,
-whose checksum does not match, or it runs past the end of the file.
+The record checksum covers the body, and a length is never 0, so the zeros that follow the last
+record of a preallocated segment never read as one. A damaged length is caught too: it delimits
+other bytes, whose checksum does not match, or it runs past the end of the file.
 `prev_term` is the term of the entry just below `first_index` (the anchor a follower's append is
 checked against once older segments are compacted). The RESET flag marks a segment that starts
 a new log after a snapshot install: every older segment is obsolete.
@@ -178,6 +179,8 @@ class ScanResult:
 def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
     """Validate every record of a segment.
 
+    The last segment's records end where only zeros follow (`prealloc`: the file is allocated
+    at full size; a record's length is never 0) or at the end of the file.
     A damaged record is a torn tail only in the last segment, and only when no valid record
     follows it (a write cut short, or space the filesystem extended but the write never filled).
     A damaged record with valid ones after it is corruption, even at the tail: a flipped length
@@ -196,6 +199,8 @@ def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
     while pos < size:
         reason = _check_record(view, pos, size)
         if reason is not None:
+            if is_last and raw.count(0, pos) == size - pos:
+                break  # preallocated space never written (a zero length is never a record)
             if is_last and not _valid_record_follows(raw, pos + 1):
                 return result(f"{reason} at offset {pos} ({size - pos} bytes dropped)", None)
             return result(None, WalCorruption(path, pos, expected, reason))

@@ -1,9 +1,12 @@
 """A segmented write-ahead log for one partition.
 
 Records are appended to the active segment; a segment is sealed (fsynced) and a new one started
-once it passes `segment_bytes`. An in-memory index holds, per segment, the file offset and term
-of every entry, so `term()` never touches the disk and a range read is one `pread` per segment
-spanned (a backfill round of 128 entries is one seek, not a scan).
+once it passes `segment_bytes`. With fsync on, segments are allocated at that size before they
+are written (`prealloc.py`: an fdatasync then need not journal the file's growth).
+
+An in-memory index holds, per segment, the file offset and term of every entry, so `term()` never
+touches the disk and a range read is one `pread` per segment spanned (a backfill round of 128
+entries is one seek, not a scan).
 
 Writes go to the page cache; `sync()` makes everything written so far durable. The storage layer
 above decides when to sync (group commit batches many writers into one fsync). Suffix truncation
@@ -28,6 +31,7 @@ from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.errors import StorageFailed
 from raftlog.node.storage.fileio import FileOps
+from raftlog.node.storage.prealloc import Spare, install, prepare
 from raftlog.node.storage.recovery import analyze_wal
 
 log = logging.getLogger("raftlog.storage.wal")
@@ -38,6 +42,7 @@ DEFAULT_SEGMENT_BYTES = 64 * 1024 * 1024
 TAIL_CACHE_ENTRIES = 4096
 TAIL_CACHE_BYTES = 4 * 1024 * 1024
 T = TypeVar("T")
+NO_SPARE_YET = 1 << 62  # `_spare_at` while a spare is being prepared, or never is
 
 
 def segment_name(seq: int, first_index: int) -> str:
@@ -83,6 +88,10 @@ class Wal:
         self.segment_bytes = segment_bytes
         self.durable = durable
         self.ops = ops
+        # Preallocation saves fsync work only: without fsync the files just grow.
+        self.prealloc = segment_bytes if durable else 0
+        self._spare: Spare | None = None
+        self._spare_at = segment_bytes // 2 if self.prealloc else NO_SPARE_YET
         self.commit = commit  # the highest commit record written
         self.config_indexes = config_indexes
         self.recovery = recovery  # what opening repaired (torn tail, interrupted install)
@@ -118,6 +127,7 @@ class Wal:
         found = analyze_wal(path)
         if found.corruption is not None:
             raise found.corruption
+        prealloc = segment_bytes if durable else 0
         recovery = found.repairs()
         for name in ([found.torn_header] if found.torn_header else []) + found.superseded:
             os.unlink(os.path.join(path, name))
@@ -133,18 +143,25 @@ class Wal:
                     seg.terms.append(r.term)
                     if r.entry_kind == EntryKind.CONFIG:
                         config_indexes.append(r.index)
-            seg.fd = os.open(s.path, os.O_RDWR | os.O_APPEND)
+            seg.fd = os.open(s.path, os.O_RDWR)
             segments.append(seg)
-            if s.scan.torn is not None:
-                ops.truncate(seg.fd, s.scan.valid_end)
-                if durable:
-                    ops.fsync(seg.fd)
+            changed = s.scan.torn is not None
+            if changed:
+                ops.truncate(seg.fd, s.scan.valid_end)  # the zeros allocated below replace it
+            if s is found.segments[-1]:
+                if s.scan.size < prealloc or (changed and prealloc):
+                    ops.allocate(seg.fd, prealloc)  # a cut tail, or a WAL of before preallocation
+                    changed = True
+                os.lseek(seg.fd, seg.end, os.SEEK_SET)  # where the next record goes
+            if changed and durable:
+                ops.fsync(seg.fd)
         # Compaction deletes commit records with their segments, but only entries that were
         # committed are ever compacted, and a segment's commit records never pass its entries.
         commit = max(found.commit, segments[0].first_index - 1) if segments else found.commit
 
         if not segments:
-            segments.append(cls._create_segment(path, 1, base_index + 1, base_term, ops, durable))
+            header = (base_index + 1, base_term, fmt.FLAG_RESET)
+            segments.append(cls._create_segment(path, 1, header, ops, durable, prealloc, None))
         last = segments[-1].last_index
         if commit > last:
             recovery.append(f"commit record {commit} is past the last entry {last}; using {last}")
@@ -166,25 +183,45 @@ class Wal:
     def _create_segment(
         path: str,
         seq: int,
-        first_index: int,
-        prev_term: int,
+        header: tuple[int, int, int],
         ops: FileOps,
         durable: bool,
-        flags: int = fmt.FLAG_RESET,
+        prealloc: int,
+        spare: Spare | None,
     ) -> Segment:
-        full = os.path.join(path, segment_name(seq, first_index))
-        fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+        """A new segment (first index, prev term, flags), from `spare` when it was prepared."""
+        fd = spare.take() if spare is not None else None
+        if fd is None:
+            fd = prepare(path, prealloc, ops, durable)
         try:
-            ops.write(fd, fmt.encode_header(first_index, prev_term, flags))
-            if durable:
-                ops.fsync(fd)
-                ops.fsync_dir(path)
+            first_index, prev_term, _ = header
+            name = segment_name(seq, first_index)
+            full = install(path, fd, name, header, ops, durable)
         except BaseException:
             os.close(fd)
             raise
         return Segment(seq, full, fd, first_index, prev_term, fmt.HEADER_SIZE)
 
+    def _new_segment(self, seq: int, header: tuple[int, int, int]) -> Segment:
+        spare, self._spare = self._spare, None
+        self._spare_at = self.segment_bytes // 2 if self.prealloc else NO_SPARE_YET
+        return self._io(
+            "create segment",
+            self.path,
+            lambda: self._create_segment(
+                self.path, seq, header, self.ops, self.durable, self.prealloc, spare
+            ),
+        )
+
+    def _start_spare(self) -> None:
+        """Prepare the next segment's file in a thread (the active one is half full)."""
+        self._spare_at = NO_SPARE_YET
+        self._spare = Spare(self.path, self.prealloc, self.ops, self.durable)
+
     def close(self) -> None:
+        if self._spare is not None:
+            self._spare.discard(self.path)
+            self._spare = None
         for s in self._segments:
             if s.fd >= 0:
                 os.close(s.fd)
@@ -308,6 +345,8 @@ class Wal:
             if seg.end >= self.segment_bytes and seg.offsets:
                 self._roll()
                 continue
+            if seg.end >= self._spare_at:
+                self._start_spare()
             room = self.segment_bytes - seg.end
             buf = bytearray()
             offsets: list[int] = []
@@ -384,21 +423,13 @@ class Wal:
     def _roll(self) -> None:
         """Seal the active segment (durably) and start the next one."""
         old = self._segments[-1]
+        # A sealed segment ends at its last record: space allocated past it (only when
+        # `segment_bytes` was lowered since) would read as damage once it is not the last.
+        if os.fstat(old.fd).st_size > old.end:
+            self._io("truncate", old.path, lambda: self.ops.truncate(old.fd, old.end))
         if self.durable:
             self._io("fsync", old.path, lambda: self.ops.fsync(old.fd))
-        new = self._io(
-            "create segment",
-            self.path,
-            lambda: self._create_segment(
-                self.path,
-                old.seq + 1,
-                old.last_index + 1,
-                old.last_term,
-                self.ops,
-                self.durable,
-                flags=0,
-            ),
-        )
+        new = self._new_segment(old.seq + 1, (old.last_index + 1, old.last_term, 0))
         self._segments.append(new)
         self._firsts.append(new.first_index)
 
@@ -425,7 +456,12 @@ class Wal:
         seg = self._segments[-1]
         keep = index - seg.first_index
         new_end = seg.offsets[keep] if keep < len(seg.offsets) else seg.end
+        # Cut, then allocate again: the records cut must read as zeros, not stay behind the
+        # new ones where a scan could take them for the log's.
         self._io("truncate", seg.path, lambda: self.ops.truncate(seg.fd, new_end))
+        if self.prealloc:
+            self._io("allocate", seg.path, lambda: self.ops.allocate(seg.fd, self.prealloc))
+        os.lseek(seg.fd, new_end, os.SEEK_SET)
         del seg.offsets[keep:]
         del seg.terms[keep:]
         seg.end = new_end
@@ -475,13 +511,7 @@ class Wal:
         """
         self._check_writable()
         old = self._segments
-        new = self._io(
-            "create segment",
-            self.path,
-            lambda: self._create_segment(
-                self.path, old[-1].seq + 1, index + 1, term, self.ops, self.durable
-            ),
-        )
+        new = self._new_segment(old[-1].seq + 1, (index + 1, term, fmt.FLAG_RESET))
         # The new log is the log from here on, even if removing the old files fails below
         # (they are superseded by the RESET segment and removed at the next open).
         self._segments = [new]
