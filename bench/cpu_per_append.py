@@ -7,10 +7,15 @@ records per request), and the user + system CPU time of each node process from
 (about 4% of a core per node). Usage, e.g. with the code of another commit on `PYTHONPATH`:
 
     python -m bench.cpu_per_append [1x1 64x1 8x100]     # BENCH_SECONDS per case, default 4
+
+It also gives the leader's snapshots per second (its `snapshots_taken` counter, where the code
+run has one). `BENCH_RAFT` sets RaftConfig overrides as JSON, e.g.
+`BENCH_RAFT='{"compact_every_operations": 1000}'`.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
@@ -21,6 +26,7 @@ from raftlog.node.local import LocalCluster
 
 TICK = os.sysconf("SC_CLK_TCK")
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))
+RAFT = json.loads(os.environ.get("BENCH_RAFT", "{}"))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -28,11 +34,16 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
 
 
+def snapshots_taken(cluster: LocalCluster, name: str) -> int:
+    counters = cluster.status(name)["partitions"][0]["counters"]
+    return int(counters.get("snapshots_taken", -1))  # -1: code without the counter
+
+
 def main(argv: list[str]) -> None:
     cases = [tuple(map(int, a.split("x"))) for a in argv] or [(1, 1), (64, 1), (8, 100)]
     with tempfile.TemporaryDirectory(prefix="raftlog-cpu-") as tmp:
         workdir = Path(tmp)
-        with LocalCluster(workdir / "cluster", replicas=3, partitions=1) as cluster:
+        with LocalCluster(workdir / "cluster", replicas=3, partitions=1, raft=RAFT) as cluster:
             cluster.wait_ready()
             leader = cluster.leader(0)
             assert leader is not None
@@ -43,13 +54,16 @@ def main(argv: list[str]) -> None:
                 pids[name] = node.proc.pid
             wrk(url, raftlog_body(1), 16, 2, workdir)  # warm up
             print(
-                "| clients x records | records/s | p50 | p99 | CPU ms/request: leader | followers |"
+                "| clients x records | records/s | p50 | p99 | CPU ms/request: leader | followers "
+                "| leader snapshots/s |"
             )
-            print("|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|")
             for clients, batch in cases:
+                snaps = snapshots_taken(cluster, leader)
                 before = {n: cpu_seconds(p) for n, p in pids.items()}
                 r = wrk(url, raftlog_body(batch), clients, SECONDS, workdir)
                 after = {n: cpu_seconds(p) for n, p in pids.items()}
+                snaps = snapshots_taken(cluster, leader) - snaps
                 requests = max(1, int(r["requests"]))
                 per = {n: (after[n] - before[n]) / requests * 1000 for n in pids}
                 rate = r["requests"] * batch / (r["duration_us"] / 1e6)
@@ -57,7 +71,8 @@ def main(argv: list[str]) -> None:
                 followers = ", ".join(f"{v:.3f}" for n, v in per.items() if n != leader)
                 print(
                     f"| {clients} x {batch} | {rate:,.0f} | {lat['p50'] / 1000:.2f} ms | "
-                    f"{lat['p99'] / 1000:.2f} ms | {per[leader]:.3f} | {followers} |",
+                    f"{lat['p99'] / 1000:.2f} ms | {per[leader]:.3f} | {followers} | "
+                    f"{snaps / (r['duration_us'] / 1e6):.1f} |",
                     flush=True,
                 )
 

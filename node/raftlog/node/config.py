@@ -60,7 +60,13 @@ class RaftConfig(BaseModel):
         64 * 1024 * 1024, ge=1024, description="Peer appends larger than this are rejected."
     )
     compact_every_operations: int = Field(
-        1_000, ge=1, description="Applied operations between two snapshot-and-compaction passes."
+        10_000,
+        ge=1,
+        description="Applied operations between two snapshot-and-compaction passes. Each pass "
+        "writes and fsyncs the whole keyed table, so its cost grows with the table, not with "
+        "the operations: 10,000 (hashicorp/raft snapshots every 8,192 entries, etcd before 3.2 "
+        "every 10,000, etcd 3.4 and ZooKeeper every 100,000) keeps it to a few passes a second "
+        "at 50,000 appends/s, where 1,000 made it about 35 a second.",
     )
     compact_number_entries: int = Field(
         1_000,

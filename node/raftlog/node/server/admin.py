@@ -113,7 +113,7 @@ async def snapshot_install(request: web.Request) -> web.Response:
 
 async def compact(request: web.Request) -> web.Response:
     d = driver_of(request)
-    done = await d.run_on_core(d.compact_now)
+    done = await d.compact_now()
     return web.json_response(
         {
             "partition": d.p,

@@ -460,6 +460,7 @@ async def status(request: web.Request) -> web.Response:
                     "snapshots_sent": d.counters.snapshots_sent,
                     "snapshots_from_followers": d.counters.snapshots_from_followers,
                     "snapshots_installed": d.counters.snapshots_installed,
+                    "snapshots_taken": d.counters.snapshots_taken,
                     "compactions": d.counters.compactions,
                     "events": dict(d.counters.events),
                 },

@@ -63,6 +63,7 @@ class Node:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.transport.close()
         for d in self.drivers.values():
+            await d.settle()
             d.group.close()
             d.storage.close()
 

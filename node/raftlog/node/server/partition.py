@@ -7,8 +7,9 @@ fsync is in flight become one batch in the next Ready: that is the node's group 
 
 Per Ready: install a received snapshot, write entries and hard state, send a leader's appends
 and heartbeats, wait until durable, send the other messages, apply committed entries (waking the
-appenders and the readers), serve snapshot requests, advance, then run a snapshot-and-compaction
-pass when one is due.
+appenders and the readers), serve snapshot requests, advance, then start a snapshot when one is
+due: the table is copied in the loop, encoded and written in a worker thread, and the log is
+compacted behind it in the loop once it is durable (at most one in flight per partition).
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.compactor import (
     CompactionPass,
-    snapshot_and_compact,
+    PendingSnapshot,
+    begin_snapshot,
+    compact_behind,
     snapshot_covering,
 )
 from raftlog.node.storage.durable import DurableStorage
@@ -47,6 +50,11 @@ log = logging.getLogger("raftlog.node")
 # client's next append usually comes sooner than this. Follower reads trail by about this much.
 COMMIT_TELL_DELAY = 0.002
 STUCK_TICKS = 2  # ticks the driver left untaken before the clock answers overdue appenders
+
+
+def _retrieve(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 class NotCommitted(Exception):
@@ -99,6 +107,7 @@ class PartitionCounters:
     snapshots_from_followers: int = 0  # transfers this leader had a follower stream
     snapshots_installed: int = 0
     snapshot_bytes_sent: int = 0
+    snapshots_taken: int = 0  # snapshots of the local table made durable
     compactions: int = 0
     events: dict[str, int] = field(default_factory=dict)
 
@@ -136,6 +145,9 @@ class PartitionDriver:
         self._inflight_term = 0
         self._read_ids = 0
         self._reads: dict[int, asyncio.Future[int]] = {}  # ReadIndex requests in flight
+        self._snapshotting: asyncio.Task[CompactionPass | None] | None = None  # at most one
+        self._snapshot_file: asyncio.Future[str] | None = None  # its write in the worker thread
+        self._snapshot_error: StorageFailed | None = None  # its write failed: stop the driver
 
     def _timed_sync(self) -> None:
         """The WAL sync, timed for `raftlog_fsync_seconds` (runs in the fsync thread)."""
@@ -271,6 +283,8 @@ class PartitionDriver:
                 else:
                     await self.wake.wait()
                 self.wake.clear()
+                if self._snapshot_error is not None:
+                    raise self._snapshot_error
                 self._take_inbox()
                 while self.raft.has_ready():
                     rd = self.raft.ready()
@@ -417,11 +431,65 @@ class PartitionDriver:
         async with self.committed:
             self.committed.notify_all()
 
-    def _after_advance(self, force: bool = False) -> CompactionPass | None:
-        done = snapshot_and_compact(
-            self.storage, self.raft, self.table, self.config, self.storage.holds.floor(), force
+    # ================================================================== local snapshots
+    def _after_advance(self) -> None:
+        """Start a snapshot when one is due. Its bytes are encoded, written and fsynced in a
+        worker thread (tens of ms for a large table, and two fsyncs); the log is compacted
+        behind it only once it is durable, in the driver loop (`_finish_snapshot`)."""
+        if self._snapshotting is None:
+            self._start_snapshot(force=False)
+
+    def _start_snapshot(self, force: bool) -> asyncio.Task[CompactionPass | None] | None:
+        """Capture the table and start writing it; None when no snapshot is due (or, unless
+        `force`d, while another is in flight: at most one at a time per partition)."""
+        if self._snapshotting is not None:
+            return None
+        pending = begin_snapshot(self.storage, self.raft, self.table, self.config, force)
+        if pending is None:
+            return None
+        task = asyncio.get_running_loop().create_task(self._write_snapshot(pending))
+        task.add_done_callback(_retrieve)  # a failure is the driver's to report, not the task's
+        self._snapshotting = task
+        return task
+
+    async def _write_snapshot(self, pending: PendingSnapshot) -> CompactionPass | None:
+        def write() -> str:  # in a worker thread: touches only the capture and its own file
+            return self.storage.write_snapshot_file(pending.meta, pending.capture.encode())
+
+        self._snapshot_file = asyncio.ensure_future(asyncio.to_thread(write))
+        try:
+            path = await self._snapshot_file
+        except OSError as e:
+            self._snapshot_error = self.storage.snapshot_write_failed(e)
+            self._snapshotting = None
+            self.wake.set()  # the driver stops on its next turn, as for any failed write
+            raise self._snapshot_error from e
+        done: asyncio.Future[CompactionPass | None] = asyncio.get_running_loop().create_future()
+
+        def finish() -> None:  # in the driver loop, between two Readies
+            self._snapshotting = None
+            try:
+                done.set_result(self._finish_snapshot(pending, path))
+            except Exception as e:
+                done.set_exception(e)
+                raise  # and the partition stops, as when the pass ran in the loop
+
+        self.call(finish)
+        return await done
+
+    def _finish_snapshot(self, pending: PendingSnapshot, path: str) -> CompactionPass | None:
+        """The file is durable: make it the latest snapshot, then compact the log behind it."""
+        if not self.storage.adopt_snapshot(pending.meta, path):
+            return None  # a newer snapshot was installed from the leader meanwhile
+        self.counters.snapshots_taken += 1
+        done = compact_behind(
+            self.storage,
+            pending.meta.index,
+            self.table.applied_index,
+            self.config,
+            self.storage.holds.floor(),
         )
-        if done is not None and done.dropped:
+        if done.dropped:
             self.counters.compactions += 1
             log.info(
                 "p%d snapshot at %d, compacted %d entries, floor %d",
@@ -432,9 +500,31 @@ class PartitionDriver:
             )
         return done
 
-    def compact_now(self) -> CompactionPass | None:
-        """An operator's snapshot-and-compaction pass (in the driver loop)."""
-        return self._after_advance(force=True)
+    async def compact_now(self) -> CompactionPass | None:
+        """An operator's snapshot-and-compaction pass of the table as applied now: waits for a
+        snapshot in flight, then takes a new one; None when nothing is new since the last."""
+        while True:
+            if self._snapshotting is not None:
+                await asyncio.wait({self._snapshotting})
+                continue
+            started: asyncio.Task[CompactionPass | None] | None = await self.run_on_core(
+                lambda: self._start_snapshot(force=True)
+            )
+            if started is not None:
+                return await started
+            if self._snapshotting is None:
+                return None  # nothing applied since the latest snapshot
+
+    async def settle(self) -> None:
+        """Before the storage closes: let a snapshot file being written finish (it stays on
+        disk, not adopted, which a restart handles like a crash right after its rename)."""
+        task = self._snapshotting
+        if task is None:
+            return
+        if self._snapshot_file is not None:
+            await asyncio.wait({self._snapshot_file})
+        task.cancel()
+        await asyncio.wait({task})
 
     async def wait_committed(self, index: int, timeout: float) -> None:
         async with self.committed:

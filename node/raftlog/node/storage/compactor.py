@@ -1,9 +1,10 @@
 """One snapshot-and-compaction pass of a partition, as every driver runs it after applying.
 
 When `compact_every_operations` entries were applied since the last snapshot, the keyed table is
-snapshotted at the applied index; then the log is compacted behind that durable snapshot, keeping
-the `compact_number_entries` most recent entries, removing at most `max_entries_per_compaction`,
-and never passing a retention hold (see `core.compaction`).
+captured at the applied index (`begin_snapshot`) and written as a snapshot; once that file is
+durable and the latest, `compact_behind` compacts the log behind it, keeping the
+`compact_number_entries` most recent entries, removing at most `max_entries_per_compaction`, and
+never passing a retention hold (see `core.compaction`).
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ from raftlog.node.config import RaftConfig
 from raftlog.node.core.compaction import compaction_floor, should_snapshot
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import SnapshotMeta
-from raftlog.node.statemachine import KeyedTable
+from raftlog.node.statemachine import KeyedTable, TableCapture
 from raftlog.node.storage.base import WritableStorage
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSnapshot:
+    meta: SnapshotMeta  # index, term and membership the snapshot covers
+    capture: TableCapture  # the table at meta.index
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,23 +48,30 @@ def snapshot_covering(
     return applied_snapshot_meta(raft, table), table.snapshot()
 
 
-def snapshot_and_compact(
-    storage: WritableStorage,
-    raft: Raft,
-    table: KeyedTable,
-    config: RaftConfig,
-    retention_hold: int | None = None,
-    force: bool = False,
-) -> CompactionPass | None:
-    """Run a pass if one is due (or `force`d by an operator); None when there is nothing to do."""
+def begin_snapshot(
+    storage: WritableStorage, raft: Raft, table: KeyedTable, config: RaftConfig, force: bool = False
+) -> PendingSnapshot | None:
+    """Capture the table for a snapshot if one is due (or `force`d by an operator), else None.
+
+    The capture is a copy: the snapshot's bytes can be encoded and written elsewhere while the
+    table goes on applying."""
     applied = table.applied_index
-    due = should_snapshot(applied, storage.snapshot_meta().index, config)
-    if not due and not (force and applied > storage.snapshot_meta().index):
+    taken = storage.snapshot_meta().index
+    if not should_snapshot(applied, taken, config) and not (force and applied > taken):
         return None
     if applied < storage.first_index():
         return None  # the table was just restored from a snapshot: nothing new to cover
-    meta = applied_snapshot_meta(raft, table)
-    storage.create_snapshot(meta, table.snapshot())
+    return PendingSnapshot(applied_snapshot_meta(raft, table), table.capture())
+
+
+def compact_behind(
+    storage: WritableStorage,
+    snapshot_index: int,
+    applied: int,
+    config: RaftConfig,
+    retention_hold: int | None = None,
+) -> CompactionPass:
+    """Compact the log behind the durable snapshot at `snapshot_index` (already the latest)."""
     floor = compaction_floor(
         first_index=storage.first_index(),
         snapshot_index=storage.snapshot_meta().index,
@@ -66,4 +80,21 @@ def snapshot_and_compact(
         retention_hold=retention_hold,
     )
     dropped = storage.compact(floor) if floor is not None else 0
-    return CompactionPass(meta.index, dropped, storage.first_index())
+    return CompactionPass(snapshot_index, dropped, storage.first_index())
+
+
+def snapshot_and_compact(
+    storage: WritableStorage,
+    raft: Raft,
+    table: KeyedTable,
+    config: RaftConfig,
+    retention_hold: int | None = None,
+    force: bool = False,
+) -> CompactionPass | None:
+    """Run a whole pass at once if one is due (the simulator's way; the node's driver writes
+    the snapshot in a worker thread, see `server.partition`). None when there is nothing to do."""
+    pending = begin_snapshot(storage, raft, table, config, force)
+    if pending is None:
+        return None
+    storage.create_snapshot(pending.meta, pending.capture.encode())
+    return compact_behind(storage, pending.meta.index, table.applied_index, config, retention_hold)

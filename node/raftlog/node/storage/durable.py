@@ -207,6 +207,28 @@ class DurableStorage:
             )
         self._guard("snap", lambda: self.snapshots.save(meta, data))
 
+    def write_snapshot_file(self, meta: SnapshotMeta, data: bytes) -> str:
+        """The durable file of a local snapshot, not yet the latest (see `adopt_snapshot`);
+        safe in a worker thread."""
+        return self.snapshots.write_file(meta, data)
+
+    def adopt_snapshot(self, meta: SnapshotMeta, path: str) -> bool:
+        """Make a durable file from `write_snapshot_file` the latest snapshot, which lets
+        `compact` remove the entries it covers; False when a newer one is already in place."""
+        if meta.index > self.commit_index():
+            raise SafetyViolation(
+                f"snapshot at {meta.index} is above the commit index {self.commit_index()}"
+            )
+        return self.snapshots.adopt(meta, path)
+
+    def snapshot_write_failed(self, error: OSError) -> StorageFailed:
+        """A snapshot write in a worker thread failed: the partition stops writing, as when
+        any other write of it fails."""
+        if self.wal.failed is None:
+            self.wal.failed = StorageFailed(os.path.join(self.path, "snap"), "write", error)
+            log.error("%s", self.wal.failed)
+        return self.wal.failed
+
     def snapshot_data(self) -> bytes:
         return self.snapshots.data()
 

@@ -14,6 +14,7 @@ A half-received snapshot never replaces a good one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -173,9 +174,26 @@ class SnapshotStore:
 
     def save(self, meta: SnapshotMeta, data: bytes) -> None:
         """Write a snapshot of local state atomically; it becomes the latest."""
+        self._became_latest(meta, self.write_file(meta, data))
+
+    def write_file(self, meta: SnapshotMeta, data: bytes) -> str:
+        """Write a snapshot file atomically and durably without making it the latest (`adopt`
+        does): it touches only its own file, so it may run in a worker thread. A crash after
+        the rename leaves a valid file the next open takes if it is the newest."""
         final = os.path.join(self.path, snapshot_name(meta.index, meta.term))
         atomic_write(final, encode_snapshot(meta, data), self.ops, self.durable)
+        return final
+
+    def adopt(self, meta: SnapshotMeta, final: str) -> bool:
+        """Make a file from `write_file` the latest; False (and the file removed) when a newer
+        snapshot was installed meanwhile."""
+        if self.meta is not None and meta.index <= self.meta.index:
+            if final != self.file:
+                with contextlib.suppress(FileNotFoundError):  # an install already removed it
+                    os.unlink(final)
+            return False
         self._became_latest(meta, final)
+        return True
 
     def _became_latest(self, meta: SnapshotMeta, final: str) -> None:
         self.meta, self.file = meta, final
