@@ -100,3 +100,18 @@ def test_an_incoherent_pair_of_raft_settings_is_refused_with_both_names():
 def test_a_bad_manifest_is_refused_with_the_reason(text, message):
     with pytest.raises(ManifestError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_manifest(text)
+
+
+def test_a_raft_setting_left_out_of_the_spec_runs_as_the_node_default():
+    # A cluster that says nothing about a setting must get what a bare node would run with.
+    from raftlog.node.config import RaftConfig
+    from raftlog.operator.models import RaftSettings
+
+    shared = set(RaftSettings.model_fields) & set(RaftConfig.model_fields)
+    assert "compact_every_operations" in shared and len(shared) >= 9
+    differ = {
+        name: (RaftSettings.model_fields[name].default, RaftConfig.model_fields[name].default)
+        for name in shared
+        if RaftSettings.model_fields[name].default != RaftConfig.model_fields[name].default
+    }
+    assert differ == {}

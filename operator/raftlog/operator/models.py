@@ -34,6 +34,11 @@ def _doc(name: str) -> str | None:
     return RaftConfig.model_fields[name].description
 
 
+def _default(name: str) -> Any:
+    """The node's own default of a Raft setting: a cluster that leaves it out runs as a node."""
+    return RaftConfig.model_fields[name].default
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
@@ -44,31 +49,41 @@ class RaftSettings(_Model):
     """The node's Raft settings a cluster may set (the rest keep the node's defaults)."""
 
     backfill_threshold: int = Field(
-        10,
+        _default("backfill_threshold"),
         ge=0,
         le=1_000_000,
         description=_doc("backfill_threshold"),
     )
     max_backfill_entries_per_round: int = Field(
-        128,
+        _default("max_backfill_entries_per_round"),
         ge=1,
         le=100_000,
         description=_doc("max_backfill_entries_per_round"),
     )
-    compact_every_operations: int = Field(1_000, ge=1, description=_doc("compact_every_operations"))
-    compact_number_entries: int = Field(1_000, ge=0, description=_doc("compact_number_entries"))
-    max_entries_per_compaction: int = Field(
-        100_000, ge=1, description=_doc("max_entries_per_compaction")
+    compact_every_operations: int = Field(
+        _default("compact_every_operations"), ge=1, description=_doc("compact_every_operations")
     )
-    learner_promotion_lag: int = Field(10, ge=0, description=_doc("learner_promotion_lag"))
+    compact_number_entries: int = Field(
+        _default("compact_number_entries"), ge=0, description=_doc("compact_number_entries")
+    )
+    max_entries_per_compaction: int = Field(
+        _default("max_entries_per_compaction"), ge=1, description=_doc("max_entries_per_compaction")
+    )
+    learner_promotion_lag: int = Field(
+        _default("learner_promotion_lag"), ge=0, description=_doc("learner_promotion_lag")
+    )
     learner_promotion_stable_window: float = Field(
-        3.0,
+        _default("learner_promotion_stable_window"),
         gt=0,
         le=3600,
         description=_doc("learner_promotion_stable_window"),
     )
-    election_ticks: int = Field(10, ge=3, le=10_000, description=_doc("election_ticks"))
-    heartbeat_ticks: int = Field(1, ge=1, le=1_000, description=_doc("heartbeat_ticks"))
+    election_ticks: int = Field(
+        _default("election_ticks"), ge=3, le=10_000, description=_doc("election_ticks")
+    )
+    heartbeat_ticks: int = Field(
+        _default("heartbeat_ticks"), ge=1, le=1_000, description=_doc("heartbeat_ticks")
+    )
     tick_ms: int = Field(50, ge=5, le=5000, description="One Raft tick, in milliseconds.")
 
     @model_validator(mode="after")
