@@ -7,9 +7,9 @@ STAMP := $(VENV)/.installed
 # Two workers: the machine has two cores; the simulation suites dominate the run time.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install demo demo-sim test test-fast lint typecheck bench clean
+.PHONY: install jvm demo demo-sim test test-fast lint typecheck bench clean
 
-install: $(STAMP)
+install: $(STAMP) jvm
 
 # Reinstalled only when the dependency list changes, so a second `make install` is instant.
 $(STAMP): pyproject.toml
@@ -17,6 +17,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
+
+# The JVM reader of the Spark source (format `raftlog-jvm`), compiled against pyspark's own jars
+# and rebuilt when a Java source changes. Without a JDK, Debian's is installed (CI has no stdin).
+JVM_JAR := spark/raftlog/spark/jars/raftlog-spark.jar
+JVM_SRC := $(shell find spark/jvm/src -type f)
+JVM_OUT := spark/jvm/build
+SPARK_JARS = $(shell $(PY) -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')/jars
+APT = $(if $(filter 0,$(shell id -u)),,sudo -n) env DEBIAN_FRONTEND=noninteractive apt-get -y -qq
+
+jvm: $(JVM_JAR)
+
+$(JVM_JAR): $(JVM_SRC) $(STAMP)
+	@command -v javac >/dev/null || { $(APT) update && $(APT) install openjdk-17-jdk-headless; }
+	@rm -rf $(JVM_OUT) && mkdir -p $(JVM_OUT) $(dir $@)
+	@echo "javac, jar -> $@"
+	@javac --release 17 -Xlint:all,-path,-serial -Werror -d $(JVM_OUT) -cp '$(SPARK_JARS)/*' \
+		$(filter %.java,$^)
+	@jar --create --file $@ -C $(JVM_OUT) . -C spark/jvm/src/main/resources .
 
 demo: install
 	$(PY) -m raftlog.node.demo
@@ -44,4 +62,4 @@ bench: install
 	$(PY) -m bench.run
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(JVM_OUT) $(JVM_JAR) .pytest_cache .mypy_cache .ruff_cache

@@ -7,7 +7,8 @@ A local 3-node cluster (fsync off: this measures reading, not appending) is load
 materialises every column of every row; best of 3, the sources interleaved. A third source,
 `arrow-ceiling`, is a Python data source whose tasks yield ready-made Arrow batches of the same
 shape from memory: what any Python data source costs in Spark with no work of its own, the
-ceiling of the `raftlog` source. Run alone with `python -m bench.spark` (`RECORDS=...` to
+ceiling of the `raftlog` source. A fourth, `raftlog-jvm`, reads the same pages in the JVM (the
+jar `make jvm` builds). Run alone with `python -m bench.spark` (`RECORDS=...` to
 change the count).
 """
 
@@ -133,11 +134,12 @@ def main(records: int = 1_000_000) -> None:
         spark = local_session(
             "raftlog-bench", master="local[*]", conf={"spark.driver.memory": "4g"}
         )
-        source = (
-            spark.read.format("raftlog")
+        source, jvm = (
+            spark.read.format(fmt)
             .option("endpoints", ",".join(cluster.endpoints))
             .option("maxRecordsPerSplit", "125000")
             .load()
+            for fmt in ("raftlog", "raftlog-jvm")
         )
         parquet_path = str(Path(tmp) / "records.parquet")
         source.write.parquet(parquet_path)
@@ -153,14 +155,17 @@ def main(records: int = 1_000_000) -> None:
             .load()
         )
         assert ceiling.count() == records
-        timed_noop(source), timed_noop(parquet), timed_noop(ceiling)  # warm up: JIT, workers
-        raft_s, parquet_s, ceiling_s = [], [], []
+        assert jvm.count() == records
+        for df in (source, parquet, ceiling, jvm):  # warm up: JIT, workers
+            timed_noop(df)
+        raft_s, parquet_s, ceiling_s, jvm_s = [], [], [], []
         for _ in range(3):
             raft_s.append(timed_noop(source))
             parquet_s.append(timed_noop(parquet))
             ceiling_s.append(timed_noop(ceiling))
+            jvm_s.append(timed_noop(jvm))
         raft_rate, parquet_rate = records / min(raft_s), records / min(parquet_s)
-        ceiling_rate = records / min(ceiling_s)
+        ceiling_rate, jvm_rate = records / min(ceiling_s), records / min(jvm_s)
         args = archive.parse_args(
             ["--endpoints", ",".join(cluster.endpoints), "--output", str(Path(tmp) / "archive"),
              "--checkpoint", str(Path(tmp) / "checkpoint"), "--once", "--timeout-seconds", "900"]
@@ -184,6 +189,12 @@ def main(records: int = 1_000_000) -> None:
           f"best of 3 | {ceiling_rate:,.0f} rows/s ({min(ceiling_s):.2f} s), "
           f"{ceiling_rate / parquet_rate:.0%} of Parquet |")  # fmt: skip
     print(f"| ratio raftlog / ceiling | {raft_rate / ceiling_rate:.0%} |")
+    print(f"| `raftlog-jvm` source (the same pages read in the JVM), best of 3 | "
+          f"{jvm_rate:,.0f} rows/s ({min(jvm_s):.2f} s) |")  # fmt: skip
+    print(f"| ratio raftlog-jvm / Parquet (goal: at least 50 %) | {jvm_rate / parquet_rate:.0%} |")
+    rounds = zip(raft_s, parquet_s, ceiling_s, jvm_s, strict=True)
+    every = "; ".join(", ".join(f"{t:.2f}" for t in r) for r in rounds)
+    print(f"| every round, s (raftlog, Parquet, ceiling, raftlog-jvm) | {every} |")
     print(f"| archive job (`--once`, into Parquet by partition and date), one run | "
           f"{archived / archive_s:,.0f} records/s ({archived:,} in {archive_s:.1f} s, "
           f"query start included) |")  # fmt: skip

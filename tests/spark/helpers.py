@@ -1,14 +1,17 @@
 """What the Spark tests share: a local Spark session, appends that record what was acknowledged,
-and waits with deadlines."""
+waits with deadlines, and a fake node that answers as a test says."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -129,10 +132,57 @@ def raftlog_df(
     cluster: LocalCluster,
     options: dict[str, str] | None = None,
     stream: bool = False,
+    fmt: str = "raftlog",
 ) -> DataFrame:
-    """`spark.read` (or `readStream`) of the `raftlog` format over `cluster`, with `options`."""
-    r: Any = (spark.readStream if stream else spark.read).format("raftlog")
+    """`spark.read` (or `readStream`) of the `raftlog` format (or `fmt`, e.g. `raftlog-jvm`)
+    over `cluster`, with `options`."""
+    r: Any = (spark.readStream if stream else spark.read).format(fmt)
     r = r.option("endpoints", ",".join(cluster.endpoints))
     for k, v in (options or {}).items():
         r = r.option(k, v)
     return r.load()  # type: ignore[no-any-return]
+
+
+# (status, content type, body) for the n-th request (from 0) of a path; None: the connection is
+# closed unanswered (a node that went down)
+Answer = Callable[[str, int], tuple[int, str, bytes] | None]
+
+
+class FakeNode:
+    """A node that answers as `answer` says, and counts the requests per path kind."""
+
+    def __init__(self, answer: Answer) -> None:
+        self.requests: list[str] = []
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                n = len(fake.requests)
+                fake.requests.append(self.path)
+                got = answer(self.path, n)
+                if got is None:
+                    self.close_connection = True
+                    return
+                status, ctype, body = got
+                self.send_response(status)
+                self.send_header("Content-Type", ctype)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                """Silent: the test reads the requests recorded above, not a log."""
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def error(status: int, code: str, **extra: object) -> tuple[int, str, bytes]:
+    body = {"error": code, "reason": f"{code} (fake)", **extra}
+    return status, "application/json", json.dumps(body).encode()

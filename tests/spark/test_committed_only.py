@@ -1,5 +1,6 @@
 """Uncommitted records are never read: entries appended on an isolated leader, which cannot
-commit them, are in its log but not in a batch read of it."""
+commit them, are in its log but not in a batch read of it (by either source: `raftlog` and the
+JVM reader `raftlog-jvm`)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from tests.spark.helpers import append, records, rows_of, wait_replicated
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
 
-def test_a_batch_read_of_an_isolated_leader_excludes_its_uncommitted_entries(spark, tmp_path):
+@pytest.mark.parametrize("fmt", ["raftlog", "raftlog-jvm"])
+def test_a_batch_read_of_an_isolated_leader_excludes_its_uncommitted_entries(spark, tmp_path, fmt):
     with LocalCluster(tmp_path, replicas=3, partitions=1, durable=False) as cluster:
         cluster.wait_ready()
         acked = append(cluster, 0, records(30, "acked", keys=4))
@@ -43,7 +45,7 @@ def test_a_batch_read_of_an_isolated_leader_excludes_its_uncommitted_entries(spa
                 assert time.monotonic() < deadline, f"no uncommitted entry in the log: {st}"
                 time.sleep(0.05)
             df = (
-                spark.read.format("raftlog")
+                spark.read.format(fmt)
                 .option("endpoints", cluster.nodes[leader].url)
                 .option("maxRecordsPerSplit", "7")
                 .load()

@@ -5,12 +5,9 @@ replicas for up to `timeoutSeconds`. The tasks' code is called directly (no Spar
 
 from __future__ import annotations
 
-import json
 import logging
-import threading
 import urllib.request
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pytest
@@ -20,48 +17,9 @@ from raftlog.node.server import columnar
 from raftlog.spark.nodes import DataLoss
 from raftlog.spark.options import parse
 from raftlog.spark.source import LogSplit, TableSplit, read_log, read_table
-from tests.spark.helpers import Row, append, records, wait_replicated
+from tests.spark.helpers import Answer, FakeNode, Row, append, error, records, wait_replicated
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
-
-# (status, content type, body) for the n-th request (from 0) of a path
-Answer = Callable[[str, int], tuple[int, str, bytes]]
-
-
-class FakeNode:
-    """A node that answers as `answer` says, and counts the requests per path kind."""
-
-    def __init__(self, answer: Answer) -> None:
-        self.requests: list[str] = []
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self) -> None:
-                n = len(fake.requests)
-                fake.requests.append(self.path)
-                status, ctype, body = answer(self.path, n)
-                self.send_response(status)
-                self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args: object) -> None:
-                """Silent: the test reads the requests recorded above, not a log."""
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
-def error(status: int, code: str, **extra: object) -> tuple[int, str, bytes]:
-    body = {"error": code, "reason": f"{code} (fake)", **extra}
-    return status, "application/json", json.dumps(body).encode()
 
 
 @pytest.fixture(scope="module")

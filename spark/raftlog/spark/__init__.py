@@ -5,17 +5,27 @@
     spark.read.format("raftlog").option("endpoints", "http://node-1:7001").load()
 
 See `raftlog.spark.source` for how reads are planned and `raftlog.spark.options` for options.
+`raftlog-jvm` is the same batch read of the log in the JVM (`jvm_jar()`, built by `make jvm`).
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from raftlog.spark.source import RaftlogDataSource
 
-__all__ = ["RaftlogDataSource", "register"]
+__all__ = ["RaftlogDataSource", "jvm_jar", "register"]
 
 
 def register(spark: Any) -> None:
     """Register the `raftlog` format with a SparkSession (once per session is enough)."""
     spark.dataSource.register(RaftlogDataSource)
+
+
+def jvm_jar() -> str:
+    """The path of the jar of the `raftlog-jvm` format (for `spark.jars` or `--jars`)."""
+    jar = Path(__file__).parent / "jars" / "raftlog-spark.jar"
+    if not jar.is_file():
+        raise FileNotFoundError(f"{jar} is missing: build it with `make jvm` (needs a JDK 17)")
+    return str(jar)

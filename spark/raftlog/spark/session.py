@@ -1,5 +1,6 @@
-"""A local SparkSession with the `raftlog` format registered: for the demo, the benchmark and
-the tests (a job on a cluster builds its own session from spark-submit's settings)."""
+"""A local SparkSession with the `raftlog` format registered and the `raftlog-jvm` jar on
+`spark.jars`: for the demo, the benchmark and the tests (a job on a cluster builds its own
+session from spark-submit's settings)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 
 from pyspark.sql import SparkSession
 
-from raftlog.spark import register
+from raftlog.spark import jvm_jar, register
 
 
 def local_session(
@@ -24,7 +25,9 @@ def local_session(
         .config("spark.ui.showConsoleProgress", "false")
         .config("spark.sql.shuffle.partitions", "2")
     )
-    for key, value in (conf or {}).items():
+    conf = dict(conf or {})
+    conf["spark.jars"] = ",".join(filter(None, [conf.get("spark.jars"), jvm_jar()]))
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -1,0 +1,213 @@
+package dev.raftlog.spark;
+
+import java.io.IOException;
+import java.io.Serializable;
+import java.nio.file.Files;
+import java.nio.file.Path;
+import java.util.Locale;
+import java.util.Map;
+import java.util.Set;
+import java.util.TreeMap;
+import java.util.TreeSet;
+
+/**
+ * The options of the {@code raftlog-jvm} source: the names, defaults, checks and messages of the
+ * Python source's ({@code raftlog.spark.options}) for a batch read of the log.
+ */
+final class JvmOptions implements Serializable {
+  private static final long serialVersionUID = 1L;
+
+  // The Python source's documented options: the stream-only ones are known here too, so that
+  // they are refused with the reason rather than as unknown.
+  private static final Set<String> DOC =
+      new TreeSet<>(
+          Set.of(
+              "endpoints", "partitions", "startingOffsets", "endingOffsets", "mode",
+              "preferFollowers", "token", "tokenFile", "caFile", "maxRecordsPerSplit",
+              "maxRecordsPerTrigger", "failOnDataLoss", "retentionHold",
+              "retentionHoldTtlSeconds", "timeoutSeconds", "pageRecords"));
+
+  final String[] endpoints;
+  final int[] partitions; // null: all of them
+  final Offsets starting;
+  final Offsets ending;
+  final boolean preferFollowers;
+  final String token; // null: none
+  final String caFile; // null: the JVM's trust store
+  final long maxRecordsPerSplit;
+  final boolean failOnDataLoss;
+  final double timeoutS;
+  final int pageRecords;
+
+  private JvmOptions(Map<String, String> o) {
+    endpoints = endpoints(o);
+    partitions = partitions(o);
+    String mode = o.getOrDefault("mode", "log").strip().toLowerCase(Locale.ROOT);
+    if (!mode.equals("log") && !mode.equals("table")) {
+      throw new OptionException("mode", "must be log or table, got " + repr(o.get("mode")));
+    }
+    if (mode.equals("table")) {
+      throw new OptionException(
+          "mode", "table is read by format raftlog (the Python source); raftlog-jvm reads "
+              + "mode=log");
+    }
+    starting =
+        Offsets.parse("startingOffsets", o.get("startingoffsets"), Offsets.EARLIEST_ALL, false);
+    ending = Offsets.parse("endingOffsets", o.get("endingoffsets"), Offsets.LATEST_ALL, true);
+    token = token(o);
+    String ca = o.get("cafile");
+    if (ca != null && !ca.isEmpty() && !Files.isRegularFile(Path.of(ca))) {
+      throw new OptionException("caFile", ca + " is not a file");
+    }
+    caFile = ca == null || ca.isEmpty() ? null : ca;
+    if (o.get("retentionhold") != null) {
+      throw new OptionException("retentionHold", "holds are for streams (a batch range is fixed)");
+    }
+    maxRecordsPerSplit = integer(o, "maxRecordsPerSplit", 200_000, 1, 1L << 40);
+    pageRecords = (int) integer(o, "pageRecords", 20_000, 1, 50_000);
+    if (o.get("maxrecordspertrigger") != null) {
+      integer(o, "maxRecordsPerTrigger", 1, 1, 1L << 40);
+      throw new OptionException("maxRecordsPerTrigger", "is for streams (readStream)");
+    }
+    preferFollowers = bool(o, "preferFollowers", true);
+    failOnDataLoss = bool(o, "failOnDataLoss", true);
+    number(o, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0);
+    timeoutS = number(o, "timeoutSeconds", 30.0, 0.1, 3600.0);
+  }
+
+  /** Every option checked; OptionException names the first bad one. */
+  static JvmOptions parse(Map<String, String> raw) {
+    Map<String, String> o = new TreeMap<>();
+    raw.forEach((k, v) -> o.put(k.toLowerCase(Locale.ROOT), v));
+    Set<String> known = new TreeSet<>();
+    DOC.forEach(d -> known.add(d.toLowerCase(Locale.ROOT)));
+    known.add("path"); // Spark passes load(path) as "path"
+    for (String k : o.keySet()) {
+      if (!known.contains(k)) {
+        throw new OptionException(
+            k, "unknown option (known: " + String.join(", ", DOC) + ")");
+      }
+    }
+    String path = o.get("path");
+    if (path != null && !path.isEmpty()) {
+      throw new OptionException(
+          "path", "the raftlog source takes no path; give option('endpoints', ...)");
+    }
+    return new JvmOptions(o);
+  }
+
+  private static String repr(String s) {
+    return s == null ? "None" : "'" + s + "'";
+  }
+
+  private static String[] endpoints(Map<String, String> o) {
+    String raw = o.getOrDefault("endpoints", "").strip();
+    if (raw.isEmpty()) {
+      throw new OptionException(
+          "endpoints", "is required: comma-separated node URLs (http://host:port)");
+    }
+    return java.util.Arrays.stream(raw.split(","))
+        .map(String::strip)
+        .filter(e -> !e.isEmpty())
+        .map(e -> e.replaceAll("/+$", ""))
+        .peek(
+            e -> {
+              if (!e.startsWith("http://") && !e.startsWith("https://")) {
+                throw new OptionException("endpoints", repr(e) + " is not an http(s) URL");
+              }
+            })
+        .toArray(String[]::new);
+  }
+
+  private static int[] partitions(Map<String, String> o) {
+    String raw = o.get("partitions");
+    if (raw == null || raw.isBlank()) {
+      return null;
+    }
+    TreeSet<Integer> out = new TreeSet<>();
+    try {
+      for (String p : raw.split(",")) {
+        if (!p.isBlank()) {
+          out.add(Integer.parseInt(p.strip()));
+        }
+      }
+    } catch (NumberFormatException e) {
+      throw new OptionException(
+          "partitions", "must be comma-separated partition numbers, got " + repr(raw));
+    }
+    if (out.isEmpty() || out.first() < 0) {
+      throw new OptionException("partitions", "must be non-negative partition numbers: " + repr(raw));
+    }
+    return out.stream().mapToInt(Integer::intValue).toArray();
+  }
+
+  private static String token(Map<String, String> o) {
+    String token = o.get("token");
+    String file = o.get("tokenfile");
+    boolean hasToken = token != null && !token.isEmpty();
+    if (hasToken && file != null && !file.isEmpty()) {
+      throw new OptionException("tokenFile", "give token or tokenFile, not both");
+    }
+    if (file != null && !file.isEmpty()) {
+      try {
+        token = Files.readString(Path.of(file)).strip();
+      } catch (IOException e) {
+        throw new OptionException("tokenFile", "cannot be read: " + e);
+      }
+      if (token.isEmpty()) {
+        throw new OptionException("tokenFile", file + " is empty");
+      }
+      return token;
+    }
+    return hasToken ? token : null;
+  }
+
+  private static boolean bool(Map<String, String> o, String name, boolean dflt) {
+    String raw = o.get(name.toLowerCase(Locale.ROOT));
+    if (raw == null) {
+      return dflt;
+    }
+    String v = raw.strip().toLowerCase(Locale.ROOT);
+    if (Set.of("true", "1", "yes").contains(v)) {
+      return true;
+    }
+    if (Set.of("false", "0", "no").contains(v)) {
+      return false;
+    }
+    throw new OptionException(name, "must be true or false, got " + repr(raw));
+  }
+
+  private static long integer(Map<String, String> o, String name, long dflt, long lo, long hi) {
+    String raw = o.get(name.toLowerCase(Locale.ROOT));
+    if (raw == null) {
+      return dflt;
+    }
+    long v;
+    try {
+      v = Long.parseLong(raw.strip());
+    } catch (NumberFormatException e) {
+      throw new OptionException(name, "must be an integer, got " + repr(raw));
+    }
+    if (v < lo || v > hi) {
+      throw new OptionException(name, "must be between " + lo + " and " + hi + ", got " + v);
+    }
+    return v;
+  }
+
+  private static double number(Map<String, String> o, String name, double dflt, double lo, double hi) {
+    String raw = o.get(name.toLowerCase(Locale.ROOT));
+    if (raw == null) {
+      return dflt;
+    }
+    double v;
+    try {
+      v = Double.parseDouble(raw.strip());
+    } catch (NumberFormatException e) {
+      throw new OptionException(name, "must be a number, got " + repr(raw));
+    }
+    if (!(v >= lo && v <= hi)) {
+      throw new OptionException(name, "must be between " + lo + " and " + hi + ", got " + v);
+    }
+    return v;
+  }
+}

@@ -1,0 +1,35 @@
+package dev.raftlog.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import com.fasterxml.jackson.databind.node.JsonNodeFactory;
+
+/** A node answered with an error (status and its JSON body), or did not answer (status 0). */
+final class NodeException extends Exception {
+  private static final long serialVersionUID = 1L;
+  final String url;
+  final int status;
+  final transient JsonNode body;
+
+  NodeException(String url, int status, JsonNode body) {
+    super(url + ": " + (status != 0 ? "HTTP " + status + ": " : "") + reason(body));
+    this.url = url;
+    this.status = status;
+    this.body = body == null ? JsonNodeFactory.instance.objectNode() : body;
+  }
+
+  private static String reason(JsonNode body) {
+    if (body != null && body.hasNonNull("reason")) {
+      return body.get("reason").asText();
+    }
+    if (body != null && body.hasNonNull("error")) {
+      return body.get("error").asText();
+    }
+    return "no answer";
+  }
+
+  /** No answer, or an answer that another replica (or a later try) may not give. */
+  boolean retryable() {
+    return status == 0 || status == 421 || status == 500 || status == 502 || status == 503
+        || status == 504;
+  }
+}

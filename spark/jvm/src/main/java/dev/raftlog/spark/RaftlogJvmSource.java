@@ -1,0 +1,61 @@
+package dev.raftlog.spark;
+
+import java.util.EnumSet;
+import java.util.Map;
+import java.util.Set;
+import org.apache.spark.sql.connector.catalog.SupportsRead;
+import org.apache.spark.sql.connector.catalog.Table;
+import org.apache.spark.sql.connector.catalog.TableCapability;
+import org.apache.spark.sql.connector.catalog.TableProvider;
+import org.apache.spark.sql.connector.expressions.Transform;
+import org.apache.spark.sql.connector.read.ScanBuilder;
+import org.apache.spark.sql.sources.DataSourceRegister;
+import org.apache.spark.sql.types.StructType;
+import org.apache.spark.sql.util.CaseInsensitiveStringMap;
+
+/**
+ * {@code spark.read.format("raftlog-jvm")}: a batch read of a raftlog cluster's committed log
+ * (mode=log), planned and read in the JVM with the options of the Python source ({@code raftlog}).
+ */
+public final class RaftlogJvmSource implements TableProvider, DataSourceRegister {
+  @Override
+  public String shortName() {
+    return "raftlog-jvm";
+  }
+
+  @Override
+  public StructType inferSchema(CaseInsensitiveStringMap options) {
+    return Schema.SCHEMA;
+  }
+
+  @Override
+  public Table getTable(
+      StructType schema, Transform[] partitioning, Map<String, String> properties) {
+    return new LogTable();
+  }
+
+  static final class LogTable implements SupportsRead {
+    @Override
+    public String name() {
+      return "raftlog-jvm";
+    }
+
+    @Override
+    @SuppressWarnings("deprecation")
+    public StructType schema() {
+      return Schema.SCHEMA;
+    }
+
+    @Override
+    public Set<TableCapability> capabilities() {
+      // MICRO_BATCH_READ only so that readStream reaches the scan's refusal, which names the
+      // source to use instead of Spark's generic "does not support streamed reading".
+      return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
+    }
+
+    @Override
+    public ScanBuilder newScanBuilder(CaseInsensitiveStringMap options) {
+      return new RaftlogScan(options.asCaseSensitiveMap());
+    }
+  }
+}

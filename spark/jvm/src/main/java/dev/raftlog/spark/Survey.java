@@ -1,0 +1,75 @@
+package dev.raftlog.spark;
+
+import com.fasterxml.jackson.databind.JsonNode;
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.LinkedHashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeMap;
+import java.util.TreeSet;
+import java.util.stream.Collectors;
+
+/** Every endpoint's {@code /v1/status}, as the Python source's {@code nodes.survey}. */
+final class Survey {
+  private Survey() {}
+
+  /** The partitions read, by number; OptionException naming `endpoints` when none answers. */
+  static TreeMap<Integer, PartitionView> run(Nodes nodes, JvmOptions opts) {
+    double timeout = Math.min(opts.timeoutS, 10.0);
+    TreeMap<Integer, PartitionView> views = new TreeMap<>();
+    Map<String, String> unreachable = new LinkedHashMap<>();
+    TreeSet<Integer> counts = new TreeSet<>();
+    for (String base : opts.endpoints) {
+      JsonNode st;
+      try {
+        st = nodes.json(base, "/v1/status", timeout);
+      } catch (NodeException e) {
+        unreachable.put(base, e.getMessage());
+        continue;
+      }
+      JsonNode parts = st.path("partitions");
+      counts.add(parts.size());
+      for (JsonNode p : parts) {
+        int n = p.get("partition").asInt();
+        views
+            .computeIfAbsent(n, PartitionView::new)
+            .replicas
+            .add(
+                new PartitionView.Replica(
+                    base,
+                    "leader".equals(p.path("role").asText()),
+                    p.get("high_water_mark").asLong(),
+                    p.get("compaction_floor").asLong()));
+      }
+    }
+    if (views.isEmpty()) {
+      String why =
+          unreachable.entrySet().stream()
+              .map(e -> e.getKey() + ": " + e.getValue())
+              .collect(Collectors.joining("; "));
+      throw new OptionException("endpoints", "no node answered /v1/status (" + why + ")");
+    }
+    if (counts.size() > 1) {
+      throw new OptionException(
+          "endpoints", "the nodes disagree on the number of partitions " + counts);
+    }
+    if (opts.partitions != null) {
+      List<Integer> missing = new ArrayList<>();
+      for (int p : opts.partitions) {
+        if (!views.containsKey(p)) {
+          missing.add(p);
+        }
+      }
+      if (!missing.isEmpty()) {
+        throw new OptionException(
+            "partitions",
+            missing + " do not exist (the cluster has 0.." + (views.size() - 1) + ")");
+      }
+      TreeMap<Integer, PartitionView> chosen = new TreeMap<>();
+      Arrays.stream(opts.partitions).forEach(p -> chosen.put(p, views.get(p)));
+      return chosen;
+    }
+    return views;
+  }
+}
