@@ -8,7 +8,9 @@ materialises every column of every row; best of 3, the sources interleaved. A th
 `arrow-ceiling`, is a Python data source whose tasks yield ready-made Arrow batches of the same
 shape from memory: what any Python data source costs in Spark with no work of its own, the
 ceiling of the `raftlog` source. A fourth, `raftlog-jvm`, reads the same pages in the JVM (the
-jar `make jvm` builds). Run alone with `python -m bench.spark` (`RECORDS=...` to
+jar `make jvm` builds); a fifth is `raftlog-jvm` reading from `PageReplay`, which answers each
+request with the bytes a node gave for it the first time: the JVM reader's rate when the nodes'
+page building costs nothing. Run alone with `python -m bench.spark` (`RECORDS=...` to
 change the count).
 """
 
@@ -20,8 +22,11 @@ import os
 import platform
 import sys
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow as pa
@@ -106,6 +111,34 @@ class ArrowCeiling(DataSource):
         return _CeilingReader(int(o["records"]), int(o["perSplit"]), int(o["page"]))
 
 
+class PageReplay:
+    """An endpoint that answers each path with what `upstream` answered it the first time."""
+
+    def __init__(self, upstream: str) -> None:
+        cache: dict[str, tuple[str, bytes]] = {}
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # kept-alive connections, as a node's
+
+            def do_GET(self) -> None:
+                got = cache.get(self.path)
+                if got is None:
+                    with urllib.request.urlopen(upstream + self.path, timeout=60) as r:
+                        got = cache[self.path] = (r.headers["Content-Type"], r.read())
+                self.send_response(200)
+                self.send_header("Content-Type", got[0])
+                self.send_header("Content-Length", str(len(got[1])))
+                self.end_headers()
+                self.wfile.write(got[1])
+
+            def log_message(self, *args: object) -> None:
+                """Silent: a benchmark's requests are not news."""
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
 def timed_noop(df: DataFrame) -> float:
     started = time.perf_counter()
     df.write.format("noop").mode("overwrite").save()
@@ -134,12 +167,18 @@ def main(records: int = 1_000_000) -> None:
         spark = local_session(
             "raftlog-bench", master="local[*]", conf={"spark.driver.memory": "4g"}
         )
-        source, jvm = (
+        follower = next(n for n in cluster.nodes if n != cluster.leader(0))
+        replay = PageReplay(cluster.nodes[follower].url)
+        source, jvm, jvm_replay = (
             spark.read.format(fmt)
-            .option("endpoints", ",".join(cluster.endpoints))
+            .option("endpoints", endpoints)
             .option("maxRecordsPerSplit", "125000")
             .load()
-            for fmt in ("raftlog", "raftlog-jvm")
+            for fmt, endpoints in (
+                ("raftlog", ",".join(cluster.endpoints)),
+                ("raftlog-jvm", ",".join(cluster.endpoints)),
+                ("raftlog-jvm", replay.url),
+            )
         )
         parquet_path = str(Path(tmp) / "records.parquet")
         source.write.parquet(parquet_path)
@@ -156,16 +195,19 @@ def main(records: int = 1_000_000) -> None:
         )
         assert ceiling.count() == records
         assert jvm.count() == records
-        for df in (source, parquet, ceiling, jvm):  # warm up: JIT, workers
+        for df in (source, parquet, ceiling, jvm, jvm_replay):  # warm up: JIT, workers, replay
             timed_noop(df)
-        raft_s, parquet_s, ceiling_s, jvm_s = [], [], [], []
+        raft_s, parquet_s, ceiling_s, jvm_s, replay_s = [], [], [], [], []
         for _ in range(3):
             raft_s.append(timed_noop(source))
             parquet_s.append(timed_noop(parquet))
             ceiling_s.append(timed_noop(ceiling))
             jvm_s.append(timed_noop(jvm))
+            replay_s.append(timed_noop(jvm_replay))
+        replay.server.shutdown()
         raft_rate, parquet_rate = records / min(raft_s), records / min(parquet_s)
         ceiling_rate, jvm_rate = records / min(ceiling_s), records / min(jvm_s)
+        replay_rate = records / min(replay_s)
         args = archive.parse_args(
             ["--endpoints", ",".join(cluster.endpoints), "--output", str(Path(tmp) / "archive"),
              "--checkpoint", str(Path(tmp) / "checkpoint"), "--once", "--timeout-seconds", "900"]
@@ -192,9 +234,12 @@ def main(records: int = 1_000_000) -> None:
     print(f"| `raftlog-jvm` source (the same pages read in the JVM), best of 3 | "
           f"{jvm_rate:,.0f} rows/s ({min(jvm_s):.2f} s) |")  # fmt: skip
     print(f"| ratio raftlog-jvm / Parquet (goal: at least 50 %) | {jvm_rate / parquet_rate:.0%} |")
-    rounds = zip(raft_s, parquet_s, ceiling_s, jvm_s, strict=True)
+    print(f"| `raftlog-jvm` from the same pages replayed from memory (no page building), "
+          f"best of 3 | {replay_rate:,.0f} rows/s ({min(replay_s):.2f} s), "
+          f"{replay_rate / parquet_rate:.0%} of Parquet |")  # fmt: skip
+    rounds = zip(raft_s, parquet_s, ceiling_s, jvm_s, replay_s, strict=True)
     every = "; ".join(", ".join(f"{t:.2f}" for t in r) for r in rounds)
-    print(f"| every round, s (raftlog, Parquet, ceiling, raftlog-jvm) | {every} |")
+    print(f"| every round, s (raftlog, Parquet, ceiling, raftlog-jvm, replayed) | {every} |")
     print(f"| archive job (`--once`, into Parquet by partition and date), one run | "
           f"{archived / archive_s:,.0f} records/s ({archived:,} in {archive_s:.1f} s, "
           f"query start included) |")  # fmt: skip
