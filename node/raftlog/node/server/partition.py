@@ -27,6 +27,7 @@ from raftlog.node.core.messages import AppendRequest, HeartbeatRequest, InstallS
 from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
+from raftlog.node.server.commit_signal import CommitSignal
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.compactor import (
     CompactionPass,
@@ -126,7 +127,7 @@ class PartitionDriver:
             self._timed_sync, inline_below=node.settings.fsync_in_loop_below_ms / 1000
         )
         self.wake = asyncio.Event()
-        self.committed = asyncio.Condition()  # readers waiting for the high-water mark
+        self.committed = CommitSignal()  # readers waiting for the high-water mark
         # Why the partition stopped writing: a disk fault, or a bug caught by the loop. Reads of
         # what it holds go on; appends get 503 with this reason.
         self.failed: Exception | None = storage.failed
@@ -252,8 +253,7 @@ class PartitionDriver:
 
         self.call(ask)
         index = await fut
-        async with self.committed:
-            await self.committed.wait_for(lambda: self.table.applied_index >= index)
+        await self.committed.wait_for(lambda: self.table.applied_index >= index)
         return index
 
     async def run_on_core(self, fn: Callable[[], Any]) -> Any:
@@ -374,9 +374,11 @@ class PartitionDriver:
                 messages = [
                     m for m in messages if not isinstance(m, AppendRequest | HeartbeatRequest)
                 ]
-                # One turn of the loop for the peer senders to write them: a fast disk's sync
-                # runs in the loop (`GroupCommit.inline_below`) and would hold them back.
-                await asyncio.sleep(0)
+                if self.group.inline_now():
+                    # One turn of the loop for the peer senders to write them: a fast disk's
+                    # sync runs in the loop (`GroupCommit.inline_below`) and would hold them
+                    # back. A sync in the fsync thread gives them that turn anyway.
+                    await asyncio.sleep(0)
             await self.group.durable(self.group.wrote())
         if messages:
             self.node.transport.send(self.p, messages)
@@ -425,11 +427,7 @@ class PartitionDriver:
             w = self._waiters.pop(index)
             if not w.done.done():
                 w.done.set_exception(NotCommitted(f"index {index} was replaced"))
-        asyncio.get_running_loop().create_task(self._notify_readers())
-
-    async def _notify_readers(self) -> None:
-        async with self.committed:
-            self.committed.notify_all()
+        self.committed.notify()
 
     # ================================================================== local snapshots
     def _after_advance(self) -> None:
@@ -527,10 +525,7 @@ class PartitionDriver:
         await asyncio.wait({task})
 
     async def wait_committed(self, index: int, timeout: float) -> None:
-        async with self.committed:
-            await asyncio.wait_for(
-                self.committed.wait_for(lambda: self.raft.commit >= index), timeout
-            )
+        await self.committed.wait_for(lambda: self.raft.commit >= index, timeout)
 
     def _count_event(self, kind: str, detail: dict[str, Any]) -> None:
         c = self.counters

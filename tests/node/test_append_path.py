@@ -1,0 +1,74 @@
+"""The append path's per-request costs that are not speed: no task per commit, and readers
+waiting for the high-water mark woken without one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine, Generator
+from typing import Any
+
+import pytest
+
+from raftlog.node.core.raft import Role
+from raftlog.node.server.commit_signal import CommitSignal
+from raftlog.node.server.node import Node
+from raftlog.node.settings import NodeSettings
+
+
+def _count_tasks(loop: asyncio.AbstractEventLoop) -> list[str]:
+    """Record the coroutine name of every task created on `loop` from now on."""
+    names: list[str] = []
+
+    def factory(
+        loop: asyncio.AbstractEventLoop,
+        coro: Generator[Any, None, Any] | Coroutine[Any, Any, Any],
+        **kwargs: Any,
+    ) -> asyncio.Task[Any]:
+        names.append(getattr(coro, "__qualname__", type(coro).__name__))
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    loop.set_task_factory(factory)
+    return names
+
+
+def test_sequential_appends_create_no_task_per_commit(tmp_path):
+    async def run() -> None:
+        node = Node(
+            NodeSettings(
+                node_id="n1", peers={"n1": "http://127.0.0.1:10"}, data_dir=tmp_path, tick_ms=5
+            )
+        )
+        await node.start()
+        try:
+            d = node.drivers[0]
+            for _ in range(1000):
+                if d.raft.role == Role.LEADER and d.table.applied_index >= d.raft.log.last_index():
+                    break
+                await asyncio.sleep(0.01)
+            names = _count_tasks(asyncio.get_running_loop())
+            for i in range(50):
+                await d.propose([b"r%d" % i])
+            assert len(names) < 10, f"tasks per append: {names[:12]}"
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_readers_wake_on_the_notify_that_makes_them_ready_and_time_out_cleanly():
+    async def run() -> None:
+        signal, mark = CommitSignal(), [0]
+        reader = asyncio.ensure_future(signal.wait_for(lambda: mark[0] >= 2))
+        await asyncio.sleep(0)
+        mark[0] = 1
+        signal.notify()
+        await asyncio.sleep(0)
+        assert not reader.done()  # woken, not ready: waits again
+        mark[0] = 2
+        signal.notify()
+        await asyncio.wait_for(reader, 1)
+        with pytest.raises(TimeoutError):
+            await signal.wait_for(lambda: False, timeout=0.01)
+        assert signal._waiting == []  # the timed-out reader left nothing behind
+
+    asyncio.run(run())
