@@ -11,8 +11,9 @@ from raftlog.spark.session import local_session
 
 
 def spark_reads(endpoints: Sequence[str], latest: Mapping[str, str]) -> None:
-    """Read every partition (mode=log) and partition 0's table (mode=table) with a local Spark;
-    the table must hold `latest` (each key's last acknowledged value), or AssertionError."""
+    """Read every partition (mode=log, by `raftlog` and by the JVM reader `raftlog-jvm`, which
+    must agree) and partition 0's table (mode=table) with a local Spark; the table must hold
+    `latest` (each key's last acknowledged value), or AssertionError."""
     # A local demo: bind Spark to loopback (no warning about the hostname's address).
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     spark = local_session("raftlog-demo")
@@ -28,6 +29,14 @@ def spark_reads(endpoints: Sequence[str], latest: Mapping[str, str]) -> None:
         for r in per_partition:
             print(f"      partition {r['partition']}: {r['records']} records, indexes "
                   f"{r['min(index)']}..{r['max(index)']} (older: in the snapshot)")  # fmt: skip
+        jvm = spark.read.format("raftlog-jvm").option("endpoints", ",".join(endpoints)).load()
+        # Set operations take no map column: the headers are compared as JSON.
+        a, b = (df.withColumn("headers", F.to_json("headers")) for df in (log, jvm))
+        differ = a.exceptAll(b).count() + b.exceptAll(a).count()
+        print(f'    spark.read.format("raftlog-jvm") (the same read in the JVM): '
+              f"{jvm.count()} records, {differ} differing from raftlog's")  # fmt: skip
+        if differ:
+            raise AssertionError("raftlog-jvm read other records than raftlog")
         table = (
             spark.read.format("raftlog")
             .option("endpoints", ",".join(endpoints))

@@ -71,7 +71,7 @@ final class JvmOptions implements Serializable {
     }
     preferFollowers = bool(o, "preferFollowers", true);
     failOnDataLoss = bool(o, "failOnDataLoss", true);
-    number(o, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0);
+    number(o, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0); // checked, as by raftlog
     timeoutS = number(o, "timeoutSeconds", 30.0, 0.1, 3600.0);
   }
 
@@ -136,7 +136,8 @@ final class JvmOptions implements Serializable {
           "partitions", "must be comma-separated partition numbers, got " + repr(raw));
     }
     if (out.isEmpty() || out.first() < 0) {
-      throw new OptionException("partitions", "must be non-negative partition numbers: " + repr(raw));
+      throw new OptionException(
+          "partitions", "must be non-negative partition numbers: " + repr(raw));
     }
     return out.stream().mapToInt(Integer::intValue).toArray();
   }
@@ -194,7 +195,8 @@ final class JvmOptions implements Serializable {
     return v;
   }
 
-  private static double number(Map<String, String> o, String name, double dflt, double lo, double hi) {
+  private static double number(
+      Map<String, String> o, String name, double dflt, double lo, double hi) {
     String raw = o.get(name.toLowerCase(Locale.ROOT));
     if (raw == null) {
       return dflt;

@@ -60,7 +60,7 @@ final class Page {
     } else if (head == 0xdf) {
       fields = (int) u32();
     } else {
-      throw new IllegalArgumentException("not a MessagePack map (0x" + Integer.toHexString(head) + ")");
+      throw new IllegalArgumentException("not a MessagePack map: " + hex(head));
     }
     for (int i = 0; i < fields; i++) {
       String name = string();
@@ -141,7 +141,7 @@ final class Page {
     } else if (tag == 0xda) {
       len = u16();
     } else {
-      throw new IllegalArgumentException("a field name that is not a string (0x" + Integer.toHexString(tag) + ")");
+      throw new IllegalArgumentException("a field name that is not a string: " + hex(tag));
     }
     String s = new String(buf, at, len, StandardCharsets.UTF_8);
     at += len;
@@ -164,8 +164,12 @@ final class Page {
       case 0xd0 -> buf[at++];
       case 0xd1 -> (short) u16();
       case 0xd2 -> (int) u32();
-      default -> throw new IllegalArgumentException("an unexpected value (0x" + Integer.toHexString(tag) + ")");
+      default -> throw new IllegalArgumentException("an unexpected value: " + hex(tag));
     };
+  }
+
+  private static String hex(int tag) {
+    return "0x" + Integer.toHexString(tag);
   }
 
   private int u8() {
