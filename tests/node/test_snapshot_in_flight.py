@@ -12,19 +12,22 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raftlog.node.config import RaftConfig
+from raftlog.node.core.messages import AppendRequest
 from raftlog.node.core.raft import Role
+from raftlog.node.core.types import Entry, Membership, SnapshotMeta
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.fileio import FileOps
+from raftlog.node.storage.snapshots import Chunk, encode_snapshot
 
 HOLD_SECONDS = 10.0  # a held step gives up after this, so broken code fails instead of hanging
 
 
 class HeldOps(FileOps):
-    """File operations of the snapshot store whose `step` ("fsync": the new file's, before the
-    rename; "fsync_dir": after the rename) waits until released, in the writing thread."""
+    """File operations of the snapshot store whose first `step` ("fsync": the new file's,
+    before the rename; "fsync_dir": after the rename) waits until released."""
 
     def __init__(self, step: str) -> None:
         self.step = step
@@ -34,8 +37,9 @@ class HeldOps(FileOps):
 
     def _hold(self) -> None:
         self.calls += 1
-        self.reached.set()
-        self.release.wait(HOLD_SECONDS)
+        if self.calls == 1:  # the first write only: later ones (an install's) go through
+            self.reached.set()
+            self.release.wait(HOLD_SECONDS)
 
     def fsync(self, fd: int) -> None:
         if self.step == "fsync":
@@ -233,3 +237,46 @@ def test_a_crash_after_the_rename_before_compaction_opens_with_the_new_snapshot(
     before, opened, _ = _crash_during(tmp_path, "fsync_dir")
     assert opened[0] >= 50  # the renamed file is the newest: taken
     assert opened[1] == before[1]  # and the log still holds everything behind it
+
+
+def test_a_snapshot_installed_from_the_leader_meanwhile_wins_over_the_one_in_flight(tmp_path):
+    """A follower's own snapshot is still being written when the leader's newer one installs:
+    the older file is dropped when its write ends, and the installed one stays the latest."""
+
+    async def run() -> None:
+        peers = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens
+        node = Node(
+            NodeSettings(
+                node_id="n2",
+                peers=peers,
+                data_dir=tmp_path,
+                raft=RaftConfig(compact_every_operations=50, compact_number_entries=0),
+            )
+        )
+        await node.start()
+        d = node.drivers[0]
+        held = HeldOps("fsync")
+        d.storage.snapshots.ops = held
+        try:
+            entries = tuple(Entry(i, 1, data=_record(i)) for i in range(1, 61))
+            d.step(AppendRequest("n1", "n2", 1, 0, 0, entries, 60))
+            await _await_hold(held)  # the follower's own snapshot at 60 is being written
+            meta = SnapshotMeta(100, 1, Membership(frozenset(peers)))
+            raw = encode_snapshot(meta, KeyedTable().snapshot())
+            rx = d.storage.snapshots.receiver(100, 1)
+            assert rx.write(Chunk.of(raw, 0, len(raw)))
+            got, data = rx.verify()
+            d.snapshot_received("n1", 1, rx, got, data)
+            await _until(lambda: d.storage.snapshot_meta().index == 100, "the install")
+            installed = os.path.basename(d.storage.snapshots.file or "")
+            held.release.set()
+            snap_dir = tmp_path / "p0" / "snap"
+            await _until(lambda: os.listdir(snap_dir) == [installed], "the local file dropped")
+            assert d.failed is None
+            assert d.storage.snapshot_meta().index == 100
+            assert d.counters.snapshots_taken == 0  # the local one was never adopted
+        finally:
+            held.release.set()
+            await node.close()
+
+    asyncio.run(run())
