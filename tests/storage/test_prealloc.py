@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -13,8 +16,9 @@ from raftlog.cli.main import main
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.errors import WalCorruption
+from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.prealloc import SPARE_NAME
-from raftlog.node.storage.recovery import list_segments
+from raftlog.node.storage.recovery import analyze_wal, list_segments
 from raftlog.node.storage.wal import Wal
 
 SEG = 16 * 1024
@@ -220,3 +224,98 @@ def test_wal_check_on_preallocated_segments(tmp_path, capsys):
     assert "CORRUPTED: impossible record length 0" in out and "(log index 11)" in out
     assert seg.read_bytes() == bytes(damaged)
     assert os.path.getsize(seg) == SEG
+
+
+class NoSpace(FileOps):
+    """A disk that allocates part of what is asked, then fails (as a full ext4 does), or a
+    filesystem that cannot allocate at all."""
+
+    def __init__(self, err: int, part: int) -> None:
+        self.err = err
+        self.part = part
+        self.calls = 0
+
+    def allocate(self, fd: int, size: int) -> None:
+        self.calls += 1
+        if self.part:
+            os.posix_fallocate(fd, 0, self.part)
+        raise OSError(self.err, os.strerror(self.err))
+
+
+@pytest.mark.parametrize(
+    ("err", "part"), [(errno.ENOSPC, 6 * 1024), (errno.EOPNOTSUPP, 0), (errno.EINVAL, 0)]
+)
+def test_without_space_to_allocate_the_wal_runs_on_with_growing_segments(tmp_path, err, part):
+    ops = NoSpace(err, part)
+    w = Wal.open(str(tmp_path), segment_bytes=SEG, ops=ops)
+    while w.segment_count() < 3:  # rotations, with a spare prepared for each
+        w.append(ents(w.last_index() + 1, w.last_index() + 10, 1, size=200))
+        w.sync()
+    last = w.last_index()
+    w.close()
+    assert ops.calls >= 3, "allocation was tried"
+    assert not (tmp_path / SPARE_NAME).exists()
+    for seg in segments(tmp_path):
+        assert seg.stat().st_size == records_end(str(seg)), "no allocated space kept"
+    again = Wal.open(str(tmp_path), segment_bytes=SEG, ops=ops)
+    assert (again.last_index(), again.recovery) == (last, [])
+    again.append(ents(last + 1, last + 5, 1, size=200))
+    again.close()
+    assert Wal.open(str(tmp_path), segment_bytes=SEG).last_index() == last + 5
+
+
+class Recorder(FileOps):
+    def __init__(self) -> None:
+        self.ops: list[str] = []
+
+    def truncate(self, fd: int, size: int) -> None:
+        self.ops.append("truncate")
+        super().truncate(fd, size)
+
+    def unlink(self, path: str) -> None:
+        self.ops.append("unlink")
+        super().unlink(path)
+
+    def fsync_dir(self, path: str) -> None:
+        self.ops.append("fsync_dir")
+        super().fsync_dir(path)
+
+
+def test_truncation_makes_removed_segments_durable_before_cutting_the_kept_one(tmp_path):
+    # Otherwise a crash could bring back a removed segment after a kept one that ends in zeros.
+    rec = Recorder()
+    w = Wal.open(str(tmp_path), segment_bytes=SEG, ops=rec)
+    while w.segment_count() < 2:
+        w.append(ents(w.last_index() + 1, w.last_index() + 10, 1, size=200))
+    rec.ops.clear()
+    w.truncate_from(w._segments[-1].first_index - 3)
+    w.close()
+    assert rec.ops.index("unlink") < rec.ops.index("fsync_dir") < rec.ops.index("truncate")
+
+
+def test_wal_check_on_a_live_wal_never_reads_zeros_before_new_records(tmp_path):
+    # The allocated space is read up to its first hole, so the writer's records landing past
+    # what the reader saw as zeros can never look like zeros followed by records (damage).
+    w = Wal.open(str(tmp_path), segment_bytes=8 << 20)
+    stop = threading.Event()
+
+    def write() -> None:
+        while not stop.is_set() and w._segments[-1].end < (7 << 20):
+            w.append(ents(w.last_index() + 1, w.last_index() + 60, 1, size=200))
+            time.sleep(0.0002)  # several appends during each check
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    seen, damaged = [], []
+    try:
+        for _ in range(200):
+            found = analyze_wal(str(tmp_path))
+            seen.append(found.segments[-1].last_index)
+            if found.corruption is not None:
+                damaged.append(str(found.corruption))
+    finally:
+        stop.set()
+        writer.join()
+        w.close()
+    assert damaged == []
+    assert len(set(seen)) > 20, "the checks raced the writer"

@@ -84,7 +84,10 @@ class NodeSettings(BaseSettings):
         64 * 1024 * 1024,
         ge=4096,
         description="WAL segment size; with fsync on, each segment file is allocated at this "
-        "size before records go in (posix_fallocate: an append's fdatasync then writes only data)",
+        "size before records go in (posix_fallocate: an append's fdatasync then writes only "
+        "data), and the next one once the active one is half full, so a partition holds up to "
+        "two segments allocated ahead; on a full disk or a filesystem that cannot allocate, "
+        "segments grow with their records instead",
     )
     snapshot_install: Literal["auto", "operator"] = Field(
         "auto",

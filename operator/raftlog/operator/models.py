@@ -140,7 +140,10 @@ class Storage(_Model):
     segment_bytes: int = Field(
         64 * 1024 * 1024,
         ge=4096,
-        description="Size of a WAL segment; compaction removes whole segments behind a snapshot.",
+        description="Size of a WAL segment; compaction removes whole segments behind a "
+        "snapshot. Each partition keeps up to two segments allocated ahead of its records "
+        "(the active one and the next), so size the volume for at least "
+        "partitions x 2 x segmentBytes plus the retained log and snapshots.",
     )
     reclaim_policy: Literal["Delete", "Retain"] = Field(
         "Delete",

@@ -31,6 +31,17 @@ class FileOps:
         """Allocate the file's first `size` bytes (reading as zeros where nothing was written)."""
         os.posix_fallocate(fd, 0, size)
 
+    def try_allocate(self, fd: int, size: int, end: int) -> bool:
+        """Allocate like `allocate`, as a saving only: on a full disk or a filesystem that cannot
+        allocate, give back what was allocated past `end` (a failed fallocate can keep part of
+        it) and let the file grow with its records. False when it did not allocate."""
+        try:
+            self.allocate(fd, size)
+        except OSError:
+            self.truncate(fd, end)
+            return False
+        return True
+
     def fsync_dir(self, path: str) -> None:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
         try:

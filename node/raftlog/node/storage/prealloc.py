@@ -1,5 +1,8 @@
 """Preallocated WAL segments: each segment file is allocated at its full size before records go in.
 
+Allocation is a saving, never a condition: on a full disk, or a filesystem that cannot allocate,
+the segment grows with its records as it would without it, and the node runs on.
+
 An append into a file that grows makes every `fdatasync` journal the file's new size too. Into
 space allocated beforehand it writes only the data (and, once per 4 KiB block, the conversion of
 ext4's "unwritten" extent). Measured on this machine's ext4 (/tmp, where the benchmark's and
@@ -12,10 +15,11 @@ The space after the last record reads as zeros; recovery stops there (`segment.s
 record header is never a valid record). A new segment appears under its name only once its header
 is durable: the file is prepared as `SPARE_NAME` and renamed when it is installed, so a crash
 leaves either no new segment or one with a valid header. A spare left by a crash is not part of
-the log; preparing the next one replaces it (opening the WAL leaves it alone: a reader may open
-the directory while its writer works). The
-next segment's spare is prepared in a thread once the active segment is half full (as etcd's file
-pipeline does), so rotation costs the header's fsync and a rename, not the allocation.
+the log, and holds at most the space of the spare the WAL would prepare anyway: preparing the
+next one reuses it (opening the WAL leaves it alone, as another process may open the directory
+while its writer works). The next segment's spare is prepared in a thread once the active
+segment is half full (as etcd's file pipeline does), so rotation costs the header's fsync and a
+rename, not the allocation.
 """
 
 from __future__ import annotations
@@ -33,14 +37,17 @@ SPARE_NAME = "next.wal.tmp"
 def prepare(path: str, size: int, ops: FileOps, durable: bool) -> int:
     """Create the spare segment file of WAL directory `path`, `size` bytes allocated (synced;
     0: nothing allocated, the file grows with its records)."""
-    fd = os.open(os.path.join(path, SPARE_NAME), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+    spare = os.path.join(path, SPARE_NAME)
+    fd = os.open(spare, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         if size:
-            ops.allocate(fd, size)
+            ops.try_allocate(fd, size, 0)  # without the space, the segment grows as it fills
         if durable:
             ops.fsync(fd)  # the allocation, so the appends' fdatasyncs need not journal it
     except BaseException:
         os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(spare)  # never leave allocated space behind
         raise
     return fd
 

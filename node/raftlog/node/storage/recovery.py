@@ -6,6 +6,7 @@ refuses on corruption); `raftctl wal check` prints it, and `--repair` acts on it
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass, field
 
@@ -83,6 +84,33 @@ def list_segments(path: str) -> list[tuple[int, str]]:
     return sorted(found)
 
 
+def _read_segment(full: str, is_last: bool) -> tuple[bytes, int]:
+    """A segment's bytes, and the file's size. Of the last segment, only up to its first hole
+    when nothing was written after it: the space allocated ahead of the records (`prealloc`) is
+    a hole to the filesystem until written, so opening does not read megabytes of zeros, and a
+    reader racing the writer (`wal check` on a live node) never reads zeros before records the
+    writer has just added. Anything written after a hole is read, and judged, as before."""
+    with open(full, "rb") as f:
+        fd = f.fileno()
+        size = os.fstat(fd).st_size
+        end = _written_end(fd, size) if is_last else size
+        return os.pread(fd, end, 0) if end else b"", size
+
+
+def _written_end(fd: int, size: int) -> int:
+    try:
+        hole = os.lseek(fd, 0, os.SEEK_HOLE)  # the file's size when it has none (or no support)
+    except OSError:
+        return size
+    if hole >= size:
+        return size
+    try:
+        os.lseek(fd, hole, os.SEEK_DATA)
+    except OSError as e:
+        return hole if e.errno == errno.ENXIO else size  # ENXIO: no data after the hole
+    return size  # data after a hole: read it all
+
+
 def analyze_wal(path: str) -> WalAnalysis:
     a = WalAnalysis(path)
     names = list_segments(path)
@@ -109,9 +137,10 @@ def analyze_wal(path: str) -> WalAnalysis:
     heads = heads[start:]
     for i, (seq, name, _) in enumerate(heads):
         full = os.path.join(path, name)
-        with open(full, "rb") as f:
-            raw = f.read()
-        seg = ScannedSegment(seq, name, full, fmt.scan(full, raw, is_last=i == len(heads) - 1))
+        is_last = i == len(heads) - 1
+        raw, size = _read_segment(full, is_last)
+        seg = ScannedSegment(seq, name, full, fmt.scan(full, raw, is_last))
+        seg.scan.size = size
         if seg.scan.corruption is None and a.segments:
             prev = a.segments[-1]
             if seg.first_index != prev.last_index + 1 or seg.scan.prev_term != prev.last_term:

@@ -150,7 +150,8 @@ class Wal:
                 ops.truncate(seg.fd, s.scan.valid_end)  # the zeros allocated below replace it
             if s is found.segments[-1]:
                 if s.scan.size < prealloc or (changed and prealloc):
-                    ops.allocate(seg.fd, prealloc)  # a cut tail, or a WAL of before preallocation
+                    # A cut tail, or a WAL of before preallocation (best effort: see prealloc).
+                    ops.try_allocate(seg.fd, prealloc, seg.end)
                     changed = True
                 os.lseek(seg.fd, seg.end, os.SEEK_SET)  # where the next record goes
             if changed and durable:
@@ -453,6 +454,10 @@ class Wal:
             os.close(seg.fd)
             self._io("unlink", seg.path, functools.partial(self.ops.unlink, seg.path))
             removed = True
+        if removed and self.durable:
+            # Before the kept segment is cut: were a removed segment to come back after a crash,
+            # it would follow a segment that now ends in allocated zeros (refused as damage).
+            self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
         seg = self._segments[-1]
         keep = index - seg.first_index
         new_end = seg.offsets[keep] if keep < len(seg.offsets) else seg.end
@@ -460,7 +465,11 @@ class Wal:
         # new ones where a scan could take them for the log's.
         self._io("truncate", seg.path, lambda: self.ops.truncate(seg.fd, new_end))
         if self.prealloc:
-            self._io("allocate", seg.path, lambda: self.ops.allocate(seg.fd, self.prealloc))
+            self._io(
+                "allocate",
+                seg.path,
+                lambda: self.ops.try_allocate(seg.fd, self.prealloc, new_end),
+            )
         os.lseek(seg.fd, new_end, os.SEEK_SET)
         del seg.offsets[keep:]
         del seg.terms[keep:]
@@ -471,8 +480,6 @@ class Wal:
         seg.end += len(rec)
         if self.durable:
             self._io("fsync", seg.path, lambda: self.ops.fsync(seg.fd))
-            if removed:
-                self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
         cut = bisect.bisect_left(self.config_indexes, index)
         del self.config_indexes[cut:]
         if index < self._tail_first + len(self._tail):
