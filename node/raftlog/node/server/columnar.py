@@ -35,6 +35,7 @@ import logging
 import weakref
 from array import array
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from itertools import accumulate, repeat
 from operator import is_not
 from typing import TYPE_CHECKING, Any, TypeVar, cast
@@ -211,6 +212,49 @@ def _build_record_page(
     return record_page(partition, whole, high_water_mark=hwm, next_index=next_index, floor=floor)
 
 
+@dataclass
+class CommittedRange:
+    """What a page of committed records [start, next_index) is made of: the WAL's bytes of the
+    persisted entries, then the core's committed entries the driver has not persisted yet."""
+
+    hwm: int
+    raws: list[RawRange]
+    tail: list[Entry]  # entries of every kind
+    next_index: int
+
+
+def committed_range(
+    d: PartitionDriver, start: int, stop: int, limit: int, max_bytes: int
+) -> CommittedRange:
+    """Committed records [start, stop), at most `limit` entries and about `max_bytes` of
+    records, never above this replica's high-water mark (taken now: the mark only grows, so the
+    caller's check of `min_index` still holds). One event-loop step. Raises Compacted below
+    the floor, ApiError 503 when the WAL cannot be read."""
+    hwm = d.raft.commit
+    end = min(stop, start + limit, hwm + 1)
+    raft_log = d.raft.log
+    if start < raft_log.first_index():
+        raise Compacted(f"index {start} is below the compaction floor")
+    # Committed entries the driver has not persisted yet (the core's unstable entries, from
+    # `offset`) come from the core; the rest from the WAL's bytes.
+    stable = max(start, min(end, raft_log.offset))
+    try:
+        raws = d.storage.read_raw(start, stable, max_bytes) if start < stable else []
+    except OSError as e:
+        raise ApiError(503, "storage_failed", f"{e}; read from another replica") from None
+    at = raws[-1].first + len(raws[-1].offsets) if raws else start
+    used = sum(len(r.buf) for r in raws)
+    tail: list[Entry] = []
+    if at == stable and stable < end:
+        for entry in d.raft.read_committed(stable, end):
+            if used >= max_bytes and (raws or tail):
+                break  # the byte budget holds for the core's entries too
+            tail.append(entry)
+            used += len(entry.data)
+        at = tail[-1].index + 1 if tail else at
+    return CommittedRange(hwm, raws, tail, at)
+
+
 async def read_records(
     d: PartitionDriver, start: int, stop: int, limit: int, max_bytes: int
 ) -> bytes:
@@ -219,37 +263,18 @@ async def read_records(
     below the floor, WalCorruption when a record read fails its checksum."""
     max_bytes = min(max_bytes, MAX_PAGE_BYTES)
     async with _gate() as turn:
-        # Taken once the page may be built: the mark only grows, so the caller's check of
-        # `min_index` still holds. Everything below, up to the thread, is one event-loop step.
-        hwm = d.raft.commit
-        end = min(stop, start + limit, hwm + 1)
-        raft_log = d.raft.log
-        if start < raft_log.first_index():
-            raise Compacted(f"index {start} is below the compaction floor")
-        # Committed entries the driver has not persisted yet (the core's unstable entries, from
-        # `offset`) come from the core; the rest from the WAL's bytes.
-        stable = max(start, min(end, raft_log.offset))
-        try:
-            raws = d.storage.read_raw(start, stable, max_bytes) if start < stable else []
-        except OSError as e:
-            raise ApiError(503, "storage_failed", f"{e}; read from another replica") from None
-        at = raws[-1].first + len(raws[-1].offsets) if raws else start
-        used = sum(len(r.buf) for r in raws)
+        # Taken once the page may be built; everything below, up to the thread, is one
+        # event-loop step.
+        r = committed_range(d, start, stop, limit, max_bytes)
         rows = Rows()
-        if at == stable and stable < end:
-            tail: list[Entry] = []
-            for entry in d.raft.read_committed(stable, end):
-                if used >= max_bytes and (raws or tail):
-                    break  # the byte budget holds for the core's entries too
-                tail.append(entry)
-                used += len(entry.data)
-            rows.add_entries(tail)
-            at = tail[-1].index + 1 if tail else at
+        rows.add_entries(r.tail)
         floor = d.storage.compaction_floor()
         try:
-            return await turn.run(_build_record_page, d.p, raws, rows, hwm, at, floor)
+            return await turn.run(_build_record_page, d.p, r.raws, rows, r.hwm, r.next_index, floor)
         except WalCorruption as e:
-            log.error("partition %d: a bulk read of [%d, %d) failed: %s", d.p, start, at, e)
+            log.error(
+                "partition %d: a bulk read of [%d, %d) failed: %s", d.p, start, r.next_index, e
+            )
             raise
 
 
