@@ -23,7 +23,7 @@ from raftlog.node.core.raft import Role
 from raftlog.node.core.types import EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
 from raftlog.node.routing import partition_for
-from raftlog.node.server import admin, columnar
+from raftlog.node.server import admin, columnar, walpage
 from raftlog.node.server.api_common import (
     NODE_KEY,
     ApiError,
@@ -378,8 +378,14 @@ async def read_columns(request: web.Request) -> web.Response:
     limit = int_param(request, "limit", 10_000, 1, 50_000)
     max_bytes = int_param(request, "max_bytes", 8 << 20, 1, 64 << 20)
     min_index = int_param(request, "min_index", 0, 0, 2**62)
+    fmt = request.query.get("format", "columns")
+    if fmt not in ("columns", "wal"):
+        raise ApiError(400, "bad_request", f"format {fmt!r}: columns or wal")
     require_mark(d, min_index)
     try:
+        if fmt == "wal":  # the records' bytes, checked and decoded by the reader (`walpage`)
+            wal = walpage.read_wal_records(d, start, stop, limit, max_bytes)
+            return web.Response(body=wal, content_type=walpage.CONTENT_TYPE)
         body = await columnar.read_records(d, start, stop, limit, max_bytes)
     except Compacted:
         raise _compacted(d, start) from None
