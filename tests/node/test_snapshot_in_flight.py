@@ -5,11 +5,14 @@ step of the write opens to the same table."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import threading
 from collections.abc import Callable
 from pathlib import Path
+
+import pytest
 
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.messages import AppendRequest
@@ -18,7 +21,7 @@ from raftlog.node.core.types import Entry, Membership, SnapshotMeta
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
-from raftlog.node.statemachine import KeyedTable
+from raftlog.node.statemachine import KeyedTable, TableCapture
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.snapshots import Chunk, encode_snapshot
 
@@ -277,6 +280,36 @@ def test_a_snapshot_installed_from_the_leader_meanwhile_wins_over_the_one_in_fli
             assert d.counters.snapshots_taken == 0  # the local one was never adopted
         finally:
             held.release.set()
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_snapshot_that_fails_other_than_by_a_write_stops_the_partition_loudly(
+    tmp_path, monkeypatch
+):
+    """Not only a failed write: any error in the snapshot's thread (here: no memory to encode)
+    stops the partition, and an operator's pass then fails at once instead of waiting for a
+    snapshot that can never be adopted."""
+
+    def no_memory(self: TableCapture) -> bytes:
+        raise MemoryError("encoding the table")
+
+    monkeypatch.setattr(TableCapture, "encode", no_memory)
+
+    async def run() -> None:
+        node = _node(tmp_path)
+        d = await _leader(node)
+        try:
+            with contextlib.suppress(MemoryError):
+                await _append(d, 0, 60)  # passes compact_every_operations: a snapshot starts
+            await _until(lambda: d.failed is not None, "the partition stopping")
+            assert isinstance(d.failed, MemoryError)
+            with pytest.raises(MemoryError):
+                await asyncio.wait_for(d.compact_now(), HOLD_SECONDS / 2)
+            with pytest.raises(MemoryError):
+                await d.propose([_record(1)])
+        finally:
             await node.close()
 
     asyncio.run(run())

@@ -148,7 +148,9 @@ class PartitionDriver:
         self._reads: dict[int, asyncio.Future[int]] = {}  # ReadIndex requests in flight
         self._snapshotting: asyncio.Task[CompactionPass | None] | None = None  # at most one
         self._snapshot_file: asyncio.Future[str] | None = None  # its write in the worker thread
-        self._snapshot_error: StorageFailed | None = None  # its write failed: stop the driver
+        self._snapshot_error: Exception | None = None  # its write failed: stop the driver
+        # Futures answered by the driver loop: failed with the driver's error if it stops first.
+        self._on_core: set[asyncio.Future[Any]] = set()
 
     def _timed_sync(self) -> None:
         """The WAL sync, timed for `raftlog_fsync_seconds` (runs in the fsync thread)."""
@@ -256,9 +258,19 @@ class PartitionDriver:
         await self.committed.wait_for(lambda: self.table.applied_index >= index)
         return index
 
-    async def run_on_core(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` in the driver loop and return its result (or raise its error)."""
+    def _answered_by_core(self) -> asyncio.Future[Any]:
+        """A future the driver loop answers; raises at once if the driver has stopped."""
+        if self.failed is not None:
+            raise self.failed
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._on_core.add(fut)
+        fut.add_done_callback(self._on_core.discard)
+        return fut
+
+    async def run_on_core(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` in the driver loop and return its result (or raise its error, or the
+        driver's if it stops first)."""
+        fut = self._answered_by_core()
 
         def call() -> None:
             try:
@@ -305,6 +317,9 @@ class PartitionDriver:
             for prop in self._proposals:
                 if not prop.done.done():
                     prop.done.set_exception(e)
+            for fut in list(self._on_core):  # admin calls and a snapshot's adoption
+                if not fut.done():
+                    fut.set_exception(e)
 
     def _tell_due(self) -> None:
         self._tell = True
@@ -457,12 +472,16 @@ class PartitionDriver:
         self._snapshot_file = asyncio.ensure_future(asyncio.to_thread(write))
         try:
             path = await self._snapshot_file
-        except OSError as e:
-            self._snapshot_error = self.storage.snapshot_write_failed(e)
+        except Exception as e:
+            # Any failure stops the driver on its next turn: a write's as any failed write, any
+            # other (a bug, no memory to encode) loudly. Left alone, no snapshot would ever
+            # start again and the log would grow without bound.
+            error = self.storage.snapshot_write_failed(e) if isinstance(e, OSError) else e
+            self._snapshot_error = error
             self._snapshotting = None
-            self.wake.set()  # the driver stops on its next turn, as for any failed write
-            raise self._snapshot_error from e
-        done: asyncio.Future[CompactionPass | None] = asyncio.get_running_loop().create_future()
+            self.wake.set()
+            raise
+        done: asyncio.Future[CompactionPass | None] = self._answered_by_core()
 
         def finish() -> None:  # in the driver loop, between two Readies
             self._snapshotting = None
@@ -502,6 +521,8 @@ class PartitionDriver:
         """An operator's snapshot-and-compaction pass of the table as applied now: waits for a
         snapshot in flight, then takes a new one; None when nothing is new since the last."""
         while True:
+            if self.failed is not None:
+                raise self.failed
             if self._snapshotting is not None:
                 await asyncio.wait({self._snapshotting})
                 continue
