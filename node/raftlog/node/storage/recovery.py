@@ -111,6 +111,31 @@ def _written_end(fd: int, size: int) -> int:
     return size  # data after a hole: read it all
 
 
+RACE_REREADS = 5  # reads of the last segment before damage in it is believed
+
+
+def _scan_segment(full: str, is_last: bool) -> ScanResult:
+    """Read and scan a segment. Damage in the last one is believed only once two reads in a row
+    show it at the same offset: a writer may be appending while this reads (`wal check` on a
+    live node), and within allocated space a page read mid-write shows zeros with records the
+    writer finished just after it. Real damage reads the same every time."""
+    raw, size = _read_segment(full, is_last)
+    scanned = fmt.scan(full, raw, is_last)
+    for _ in range(RACE_REREADS if is_last else 0):
+        if scanned.corruption is None:
+            break
+        raw, size = _read_segment(full, is_last)
+        again = fmt.scan(full, raw, is_last)
+        stable = (
+            again.corruption is not None and again.corruption.offset == scanned.corruption.offset
+        )
+        scanned = again
+        if stable:
+            break
+    scanned.size = size
+    return scanned
+
+
 def analyze_wal(path: str) -> WalAnalysis:
     a = WalAnalysis(path)
     names = list_segments(path)
@@ -138,9 +163,7 @@ def analyze_wal(path: str) -> WalAnalysis:
     for i, (seq, name, _) in enumerate(heads):
         full = os.path.join(path, name)
         is_last = i == len(heads) - 1
-        raw, size = _read_segment(full, is_last)
-        seg = ScannedSegment(seq, name, full, fmt.scan(full, raw, is_last))
-        seg.scan.size = size
+        seg = ScannedSegment(seq, name, full, _scan_segment(full, is_last))
         if seg.scan.corruption is None and a.segments:
             prev = a.segments[-1]
             if seg.first_index != prev.last_index + 1 or seg.scan.prev_term != prev.last_term:
