@@ -217,6 +217,13 @@ def test_an_entry_that_is_not_a_record_never_shifts_its_neighbours():
     assert got[1:] == [Record(b"k1", b"v1"), Record(b"k2", b"v2")]
 
 
+def test_a_record_with_a_string_that_is_not_utf8_is_a_raw_row():
+    """msgspec raises UnicodeDecodeError (not a DecodeError) for it: once a 500 per page."""
+    bad = b"\x93\xc4\x01k\xc4\x01v\x81\xa2\xff\xfe\xa1x"  # a header key of bytes ff fe
+    got = columnar._decode([bad, encode_record(Record(b"k1", b"v1"))])
+    assert got == [Record(None, bad, {"raftlog.raw": "true"}), Record(b"k1", b"v1")]
+
+
 def test_a_damaged_or_vanished_snapshot_is_a_503_naming_the_problem(tmp_path):
     async def run() -> None:
         node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))

@@ -149,7 +149,7 @@ def _decode(data: list[bytes]) -> list[Record]:
     for raw in data:
         try:
             out.append(decode(raw))
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, UnicodeDecodeError):  # bad UTF-8 in a str is the latter
             out.append(Record(None, raw, {"raftlog.raw": "true"}))
     return out
 
