@@ -5,12 +5,19 @@ streams) names the source that does it; a replica that is down or behind is pass
 from __future__ import annotations
 
 import json
+import urllib.parse
 import urllib.request
+from typing import Any, cast
 
+import msgspec
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.local import LocalCluster
+from raftlog.node.record import Record, encode_record
+from raftlog.node.server import columnar, walpage
+from raftlog.node.storage.segment import ENTRY_FRAME, Rows, encode_commit, encode_entry
 from tests.spark.helpers import (
     FakeNode,
     Row,
@@ -200,3 +207,161 @@ def test_a_range_compacted_after_planning_fails_as_data_loss_or_is_skipped(spark
     finally:
         node.close()
     assert got == [r for r in acked0 if r[1] >= floor]
+
+
+def wal_page(partition: int, entries: list[Entry], first: int, nxt: int, hwm: int) -> bytes:
+    """A WAL page (`walpage`) of `entries` [first, nxt), a COMMIT record after every third."""
+    records = b""
+    for e in entries:
+        if first <= e.index < nxt:
+            records += encode_entry(e) + (encode_commit(e.index) if e.index % 3 == 0 else b"")
+    page = {
+        "partition": partition,
+        "high_water_mark": hwm,
+        "compaction_floor": 1,
+        "next": nxt,
+        "first": first,
+        "records": records,
+    }
+    return msgspec.msgpack.encode(page)
+
+
+def query(path: str) -> dict[str, str]:
+    return dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(path).query))
+
+
+ODD_DATA = [
+    Entry(1, 3, EntryKind.NOOP, b""),
+    Entry(2, 3, EntryKind.NORMAL, encode_record(Record(b"k", b"v", {"h": "1"}, 1_700_000_000_000))),
+    Entry(3, 3, EntryKind.NORMAL, b"not a record"),
+    Entry(4, 3, EntryKind.NORMAL, encode_record(Record(None, b"no key"))),
+    Entry(5, 3, EntryKind.NORMAL, encode_record(Record(b"gone", None))),  # a tombstone
+    Entry(6, 3, EntryKind.CONFIG, b"\x92\x91\xa2n1\x90"),
+    Entry(7, 3, EntryKind.NORMAL, msgspec.msgpack.encode([b"fewer fields"])),
+    Entry(8, 3, EntryKind.NORMAL, msgspec.msgpack.encode([b"k", b"v", {}, 5, None, -1, "x", [1]])),
+    Entry(9, 3, EntryKind.NORMAL, b"\x93\xc4\x01k\xc4\x01v\x81\xa2\xff\xfe\xa1x"),  # bad UTF-8
+    Entry(10, 3, EntryKind.NORMAL, b"\x92\xa1k\xc4\x01v"),  # a str key: not a record
+    Entry(11, 3, EntryKind.NORMAL, encode_record(Record(b"k", b"v")) + b"\x00"),  # trailing
+    Entry(12, 3, EntryKind.NORMAL, b""),
+    Entry(
+        13,
+        3,
+        EntryKind.NORMAL,
+        encode_record(Record(b"p", b"", {"ключ": "значение", "": ""}, 42, "producer", 3)),
+    ),
+    Entry(14, 3, EntryKind.NORMAL, msgspec.msgpack.encode({"key": b"k"})),  # a map
+    Entry(15, 4, EntryKind.NORMAL, encode_record(Record(b"k", b"v" * 300, {}, -5))),
+]
+
+
+def test_odd_data_reads_as_the_python_source_reads_it(spark, cluster):
+    """A node serving entries the API never writes (data that is not a record, records with
+    fewer or more fields, a str key, bad UTF-8, trailing bytes, no-op and membership entries,
+    commit records between): the JVM reader's WAL decoding gives the rows of the node's own
+    column page, as the Python source reads it."""
+    hwm = ODD_DATA[-1].index
+    status = follower_of(cluster, partitions=1)
+    partitions = cast(list[dict[str, Any]], status["partitions"])
+    partitions[0].update(role="leader", high_water_mark=hwm, compaction_floor=1)
+    body = json.dumps(status).encode()
+
+    def answer(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", body
+        q = query(path)
+        start = int(q["from"])
+        nxt = min(int(q["to"]), start + int(q["limit"]), hwm + 1)
+        if q.get("format") == "wal":
+            return 200, walpage.CONTENT_TYPE, wal_page(0, ODD_DATA, start, nxt, hwm)
+        rows = Rows()
+        rows.add_entries([e for e in ODD_DATA if start <= e.index < nxt])
+        page = columnar.record_page(0, rows, high_water_mark=hwm, next_index=nxt, floor=1)
+        return 200, columnar.CONTENT_TYPE, page
+
+    node = FakeNode(answer)
+    try:
+        options = {"partitions": "0", "pageRecords": "4"}
+        reader = spark.read.option("endpoints", node.url).options(**options)
+        got = rows_of(reader.format("raftlog-jvm").load())
+        want = rows_of(reader.format("raftlog").load())
+    finally:
+        node.close()
+    assert [r[1] for r in got] == [e.index for e in ODD_DATA if e.kind == EntryKind.NORMAL]
+    assert got == want
+    assert sum(r[5] == {"raftlog.raw": "true"} for r in got) == 6
+    assert any("format=wal" in p for p in node.requests)
+
+
+def test_a_replica_serving_a_damaged_record_is_passed_over(spark, cluster):
+    """A replica whose WAL pages carry a flipped byte (in an entry's term: only the checksum
+    tells) is asked first for every page; the reader takes each page from the next replica
+    and the read is exact."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    real = cluster.nodes[leader].url
+    status = json.dumps(follower_of(cluster)).encode()
+
+    def damaged(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", status
+        with urllib.request.urlopen(real + path, timeout=10) as r:
+            ctype, raw = r.headers["Content-Type"], r.read()
+        page = msgspec.msgpack.decode(raw)
+        records, pos = bytearray(page["records"]), 0
+        while pos < len(records):  # the first NORMAL entry's term
+            length, _, rtype, _, _, kind = ENTRY_FRAME.unpack_from(records, pos)
+            if rtype == 1 and kind == EntryKind.NORMAL:
+                records[pos + 8 + 9] ^= 0x01
+                break
+            pos += 8 + length
+        page["records"] = bytes(records)
+        return 200, ctype, msgspec.msgpack.encode(page)
+
+    node = FakeNode(damaged)
+    try:
+        df = (
+            spark.read.format("raftlog-jvm")
+            .option("endpoints", f"{node.url},{real}")
+            .option("partitions", "0")
+            .option("pageRecords", "20")
+            .load()
+        )
+        got = rows_of(df)
+    finally:
+        node.close()
+    assert got == [r for r in cluster.acked if r[0] == 0]
+    pages = [p for p in node.requests if "/columns?" in p]
+    assert len(pages) >= 7 and all("format=wal" in p for p in pages)
+
+
+def test_a_node_that_refuses_format_wal_is_read_by_column_pages(spark, cluster):
+    """An older node answers `format=wal` with a 400: the reader asks it for column pages
+    from then on, and the read is exact."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    real = cluster.nodes[leader].url
+    status = json.dumps(follower_of(cluster)).encode()
+
+    def older(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", status
+        if "format=wal" in path:
+            return error(400, "bad_request")
+        with urllib.request.urlopen(real + path, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+
+    node = FakeNode(older)
+    try:
+        df = (
+            spark.read.format("raftlog-jvm")
+            .option("endpoints", node.url)
+            .option("partitions", "0")
+            .option("pageRecords", "20")
+            .load()
+        )
+        got = rows_of(df)
+    finally:
+        node.close()
+    assert got == [r for r in cluster.acked if r[0] == 0]
+    pages = [p for p in node.requests if "/columns?" in p]
+    assert sum("format=wal" in p for p in pages) == 1 and len(pages) >= 8

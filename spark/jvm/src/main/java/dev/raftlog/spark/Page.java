@@ -35,7 +35,7 @@ final class Page {
 
   private int at;
 
-  private Page(byte[] buf) {
+  Page(byte[] buf) {
     this.buf = buf;
   }
 
