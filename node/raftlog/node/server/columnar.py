@@ -25,6 +25,10 @@ building runs in a worker thread, at most `BUILDERS` at a time per node, so a bi
 holds the event loop (Raft's ticks and heartbeats) for more than the pread; the pages' size is
 bounded by the request (`limit`, `max_bytes`, at most MAX_PAGE_BYTES), the core's
 committed-but-unpersisted entries included.
+
+A reader that checks and decodes records itself (the JVM Spark reader) asks for a WAL page
+instead (`format=wal`, `walpage`): the same range's records as the WAL frames them, which spares
+the node this page's per-record work. `committed_range` fixes the range for both.
 """
 
 from __future__ import annotations
