@@ -9,7 +9,7 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -84,6 +84,22 @@ async def _leader(node: Node) -> PartitionDriver:
     return d
 
 
+@contextlib.asynccontextmanager
+async def _held_leader(
+    data_dir: Path, step: str = "fsync"
+) -> AsyncIterator[tuple[PartitionDriver, HeldOps]]:
+    """A one-node leader whose snapshot store holds its first write at `step` until released."""
+    node = _node(data_dir)
+    d = await _leader(node)
+    held = HeldOps(step)
+    d.storage.snapshots.ops = held
+    try:
+        yield d, held
+    finally:
+        held.release.set()
+        await node.close()
+
+
 def _record(i: int) -> bytes:
     return b'{"key": "k%d", "value": "%s"}' % (i % 37, b"v" * 100 + b"%d" % i)
 
@@ -102,11 +118,7 @@ def test_the_log_is_compacted_only_once_the_snapshot_is_durable(tmp_path):
     neither the snapshot index nor the compaction floor moves; after it, both do."""
 
     async def run() -> None:
-        node = _node(tmp_path)
-        d = await _leader(node)
-        held = HeldOps("fsync")
-        d.storage.snapshots.ops = held
-        try:
+        async with _held_leader(tmp_path) as (d, held):
             before = (d.storage.snapshot_meta().index, d.storage.first_index())
             await _append(d, 0, 60)  # passes compact_every_operations: a snapshot starts
             await _await_hold(held)
@@ -125,20 +137,13 @@ def test_the_log_is_compacted_only_once_the_snapshot_is_durable(tmp_path):
             for e in d.raft.read_committed(snap + 1, d.table.applied_index + 1):
                 replay.apply(e)
             assert replay.rows == d.table.rows
-        finally:
-            held.release.set()
-            await node.close()
 
     asyncio.run(run())
 
 
 def test_an_operator_pass_waits_for_the_snapshot_in_flight_then_takes_a_new_one(tmp_path):
     async def run() -> None:
-        node = _node(tmp_path)
-        d = await _leader(node)
-        held = HeldOps("fsync")
-        d.storage.snapshots.ops = held
-        try:
+        async with _held_leader(tmp_path) as (d, held):
             await _append(d, 0, 60)
             await _await_hold(held)
             await _append(d, 60, 80)  # applied beyond the snapshot in flight
@@ -152,20 +157,13 @@ def test_an_operator_pass_waits_for_the_snapshot_in_flight_then_takes_a_new_one(
             assert done.snapshot_index == applied == d.storage.snapshot_meta().index
             assert done.floor == d.storage.first_index() <= applied + 1
             assert await d.compact_now() is None  # nothing new since: no snapshot
-        finally:
-            held.release.set()
-            await node.close()
 
     asyncio.run(run())
 
 
 def test_a_retention_hold_bounds_the_compaction_after_the_write(tmp_path):
     async def run() -> None:
-        node = _node(tmp_path)
-        d = await _leader(node)
-        held = HeldOps("fsync")
-        d.storage.snapshots.ops = held
-        try:
+        async with _held_leader(tmp_path) as (d, held):
             await _append(d, 0, 60)
             await _await_hold(held)
             d.storage.set_hold("reader", 20, ttl_seconds=600)  # set while the write is held
@@ -174,9 +172,6 @@ def test_a_retention_hold_bounds_the_compaction_after_the_write(tmp_path):
             await d.compact_now()  # None when a pass due anyway was just at this index
             assert d.storage.snapshot_meta().index == d.table.applied_index >= 300
             assert d.storage.first_index() <= 20
-        finally:
-            held.release.set()
-            await node.close()
 
     asyncio.run(run())
 
@@ -209,11 +204,7 @@ def _crash_during(tmp_path: Path, step: str) -> tuple[tuple[int, int], tuple[int
     expected = KeyedTable()
 
     async def run() -> tuple[int, int]:
-        node = _node(live)
-        d = await _leader(node)
-        held = HeldOps(step)
-        d.storage.snapshots.ops = held
-        try:
+        async with _held_leader(live, step) as (d, held):
             before = (d.storage.snapshot_meta().index, d.storage.first_index())
             await _append(d, 0, 60)
             await _await_hold(held)
@@ -221,9 +212,6 @@ def _crash_during(tmp_path: Path, step: str) -> tuple[tuple[int, int], tuple[int
             expected.rows, expected.applied_index = dict(d.table.rows), d.table.applied_index
             shutil.copytree(live, image)
             return before
-        finally:
-            held.release.set()
-            await node.close()
 
     before = asyncio.run(run())
     listing = " ".join(sorted(os.listdir(image / "p0" / "snap")))
