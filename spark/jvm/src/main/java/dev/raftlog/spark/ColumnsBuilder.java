@@ -1,5 +1,8 @@
 package dev.raftlog.spark;
 
+import java.lang.invoke.MethodHandles;
+import java.lang.invoke.VarHandle;
+import java.nio.ByteOrder;
 import java.util.Arrays;
 
 /**
@@ -9,6 +12,11 @@ import java.util.Arrays;
  * the assembled page is new.
  */
 final class ColumnsBuilder {
+  private static final VarHandle LONG =
+      MethodHandles.byteArrayViewVarHandle(long[].class, ByteOrder.LITTLE_ENDIAN);
+  private static final VarHandle INT =
+      MethodHandles.byteArrayViewVarHandle(int[].class, ByteOrder.LITTLE_ENDIAN);
+
   /** A growing little-endian byte buffer. */
   static final class Buf {
     byte[] a = new byte[1024];
@@ -26,17 +34,14 @@ final class ColumnsBuilder {
 
     void i64(long v) {
       room(8);
-      for (int i = 0; i < 8; i++) {
-        a[n++] = (byte) (v >>> (8 * i));
-      }
+      LONG.set(a, n, v);
+      n += 8;
     }
 
     void i32(int v) {
       room(4);
-      a[n++] = (byte) v;
-      a[n++] = (byte) (v >>> 8);
-      a[n++] = (byte) (v >>> 16);
-      a[n++] = (byte) (v >>> 24);
+      INT.set(a, n, v);
+      n += 4;
     }
 
     void u8(int v) {
