@@ -7,10 +7,11 @@ A local 3-node cluster (fsync off: this measures reading, not appending) is load
 materialises every column of every row; best of 3, the sources interleaved. A third source,
 `arrow-ceiling`, is a Python data source whose tasks yield ready-made Arrow batches of the same
 shape from memory: what any Python data source costs in Spark with no work of its own, the
-ceiling of the `raftlog` source. A fourth, `raftlog-jvm`, reads the same pages in the JVM (the
-jar `make jvm` builds); a fifth is `raftlog-jvm` reading from `PageReplay`, which answers each
+ceiling of the `raftlog` source. A fourth, `raftlog-jvm`, reads the log in the JVM (the jar
+`make jvm` builds) from WAL pages (`format=wal`: the records' bytes, checked and decoded by the
+reader); a fifth is `raftlog-jvm` reading from `PageReplay`, which answers each
 request with the bytes a node gave for it the first time: the JVM reader's rate when the nodes'
-page building costs nothing. Run alone with `python -m bench.spark` (`RECORDS=...` to
+pread costs nothing. Run alone with `python -m bench.spark` (`RECORDS=...` to
 change the count).
 """
 
@@ -231,10 +232,10 @@ def main(records: int = 1_000_000) -> None:
           f"best of 3 | {ceiling_rate:,.0f} rows/s ({min(ceiling_s):.2f} s), "
           f"{ceiling_rate / parquet_rate:.0%} of Parquet |")  # fmt: skip
     print(f"| ratio raftlog / ceiling | {raft_rate / ceiling_rate:.0%} |")
-    print(f"| `raftlog-jvm` source (the same pages read in the JVM), best of 3 | "
+    print(f"| `raftlog-jvm` source (WAL pages decoded in the JVM), best of 3 | "
           f"{jvm_rate:,.0f} rows/s ({min(jvm_s):.2f} s) |")  # fmt: skip
     print(f"| ratio raftlog-jvm / Parquet (goal: at least 50 %) | {jvm_rate / parquet_rate:.0%} |")
-    print(f"| `raftlog-jvm` from the same pages replayed from memory (no page building), "
+    print(f"| `raftlog-jvm` from the same pages replayed from memory (no node work), "
           f"best of 3 | {replay_rate:,.0f} rows/s ({min(replay_s):.2f} s), "
           f"{replay_rate / parquet_rate:.0%} of Parquet |")  # fmt: skip
     rounds = zip(raft_s, parquet_s, ceiling_s, jvm_s, replay_s, strict=True)
