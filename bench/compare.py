@@ -195,12 +195,13 @@ def _get_json(url: str, data: bytes | None = None, timeout: float = 2.0) -> Any:
 
 
 def _wait(what: str, ok: Any, timeout: float = 60.0) -> Any:
+    """`ok()`'s first answer other than None (a leader's index may be 0)."""
     deadline = time.monotonic() + timeout
     last: Exception | None = None
     while time.monotonic() < deadline:
         try:
             v = ok()
-            if v:
+            if v is not None:
                 return v
         except Exception as e:
             last = e
