@@ -141,6 +141,22 @@ def follower_of(cluster: LocalCluster, partitions: int = 3) -> dict[str, object]
     return status
 
 
+def read_partition_0_through(spark: SparkSession, node: FakeNode, *more: str) -> list[Row]:
+    """Partition 0 read by `raftlog-jvm` with `node` as the first endpoint (then `more`), in
+    pages of 20; the node is closed after."""
+    try:
+        df = (
+            spark.read.format("raftlog-jvm")
+            .option("endpoints", ",".join([node.url, *more]))
+            .option("partitions", "0")
+            .option("pageRecords", "20")
+            .load()
+        )
+        return rows_of(df)
+    finally:
+        node.close()
+
+
 @pytest.mark.parametrize("how", ["behind", "down"])
 def test_a_replica_that_is_behind_or_down_is_passed_over(spark, cluster, how):
     """A replica that answered the survey but, when a page is asked of it, is behind the
@@ -157,17 +173,7 @@ def test_a_replica_that_is_behind_or_down_is_passed_over(spark, cluster, how):
         return error(503, "behind", high_water_mark=1) if how == "behind" else None
 
     node = FakeNode(answer)
-    try:
-        df = (
-            spark.read.format("raftlog-jvm")
-            .option("endpoints", f"{node.url},{cluster.nodes[leader].url}")
-            .option("partitions", "0")
-            .option("pageRecords", "20")
-            .load()
-        )
-        got = rows_of(df)
-    finally:
-        node.close()
+    got = read_partition_0_through(spark, node, cluster.nodes[leader].url)
     assert got == [r for r in cluster.acked if r[0] == 0]
     pages = [p for p in node.requests if "/columns?" in p]
     assert len(pages) >= 7, "each page is asked of the follower first"
@@ -318,17 +324,7 @@ def test_a_replica_serving_a_damaged_record_is_passed_over(spark, cluster):
         return 200, ctype, msgspec.msgpack.encode(page)
 
     node = FakeNode(damaged)
-    try:
-        df = (
-            spark.read.format("raftlog-jvm")
-            .option("endpoints", f"{node.url},{real}")
-            .option("partitions", "0")
-            .option("pageRecords", "20")
-            .load()
-        )
-        got = rows_of(df)
-    finally:
-        node.close()
+    got = read_partition_0_through(spark, node, real)
     assert got == [r for r in cluster.acked if r[0] == 0]
     pages = [p for p in node.requests if "/columns?" in p]
     assert len(pages) >= 7 and all("format=wal" in p for p in pages)
@@ -351,17 +347,7 @@ def test_a_node_that_refuses_format_wal_is_read_by_column_pages(spark, cluster):
             return r.status, r.headers["Content-Type"], r.read()
 
     node = FakeNode(older)
-    try:
-        df = (
-            spark.read.format("raftlog-jvm")
-            .option("endpoints", node.url)
-            .option("partitions", "0")
-            .option("pageRecords", "20")
-            .load()
-        )
-        got = rows_of(df)
-    finally:
-        node.close()
+    got = read_partition_0_through(spark, node)
     assert got == [r for r in cluster.acked if r[0] == 0]
     pages = [p for p in node.requests if "/columns?" in p]
     assert sum("format=wal" in p for p in pages) == 1 and len(pages) >= 8
