@@ -19,6 +19,7 @@ from raftlog.node.core.types import Entry, EntryKind, Membership, SnapshotMeta
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server import columnar
 from raftlog.node.server.api_common import ApiError
+from raftlog.node.server.app import _record_json
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
@@ -292,3 +293,24 @@ def test_a_suffix_overwritten_by_a_new_leader_is_never_served_from_the_stale_wal
             await node.close()
 
     asyncio.run(run())
+
+
+def test_a_record_whose_timestamp_is_past_int64_is_a_raw_row_and_the_page_is_built():
+    # msgpack's uint64 holds it and msgspec decodes it; the int64 column cannot: once a 500.
+    big = msgspec.msgpack.encode([b"k", b"v", {}, 1 << 63])
+    got = columnar._decode([big, encode_record(Record(b"k1", b"v1", {}, (1 << 63) - 1))])
+    assert got == [
+        Record(None, big, {"raftlog.raw": "true"}),
+        Record(b"k1", b"v1", {}, (1 << 63) - 1),
+    ]
+    rows = Rows()
+    rows.add_entries([Entry(1, 1, EntryKind.NORMAL, big)])
+    page = msgspec.msgpack.decode(
+        columnar.record_page(0, rows, high_water_mark=1, next_index=2, floor=1)
+    )
+    assert page["count"] == 1 and page["timestamp_ms"] == bytes(8)
+
+
+def test_the_json_read_of_a_record_with_a_string_that_is_not_utf8_is_its_raw_bytes():
+    bad = b"\x93\xc4\x01k\xc4\x01v\x81\xa2\xff\xfe\xa1x"
+    assert _record_json(7, 2, bad) == {"index": 7, "term": 2, "raw_b64": "k8QBa8QBdoGi//6heA=="}

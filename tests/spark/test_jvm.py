@@ -257,6 +257,17 @@ ODD_DATA = [
     ),
     Entry(14, 3, EntryKind.NORMAL, msgspec.msgpack.encode({"key": b"k"})),  # a map
     Entry(15, 4, EntryKind.NORMAL, encode_record(Record(b"k", b"v" * 300, {}, -5))),
+    Entry(16, 4, EntryKind.NORMAL, msgspec.msgpack.encode([b"k", b"v", {}, 1 << 63])),  # > int64
+    Entry(  # more headers than the reader keeps room for between records
+        17,
+        4,
+        EntryKind.NORMAL,
+        encode_record(Record(b"many", b"v", {f"h{i}": f"{i}" for i in range(2000)})),
+    ),
+    Entry(
+        18, 4, EntryKind.NORMAL, b"\x93\xc0\xc0\xdf\x00\xf4\x24\x00\xa0\xa0"
+    ),  # 16M pairs claimed
+    Entry(19, 4, EntryKind.NORMAL, encode_record(Record(b"after", b"v", {"h": "x"}))),
 ]
 
 
@@ -294,7 +305,7 @@ def test_odd_data_reads_as_the_python_source_reads_it(spark, cluster):
         node.close()
     assert [r[1] for r in got] == [e.index for e in ODD_DATA if e.kind == EntryKind.NORMAL]
     assert got == want
-    assert sum(r[5] == {"raftlog.raw": "true"} for r in got) == 6
+    assert sum(r[5] == {"raftlog.raw": "true"} for r in got) == 8
     assert any("format=wal" in p for p in node.requests)
 
 

@@ -63,6 +63,7 @@ T = TypeVar("T")
 CONTENT_TYPE = "application/vnd.raftlog.columns+msgpack"
 BUILDERS = 2  # pages built at once per node (each in a worker thread)
 GATE_WAIT_S = 10.0  # the longest a request waits for its turn
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 MAX_PAGE_BYTES = 16 << 20  # a page's records at most (building one takes a few times that)
 _encoder = msgspec.msgpack.Encoder()
 _record = msgspec.msgpack.Decoder(Record)
@@ -152,9 +153,13 @@ def _decode(data: list[bytes]) -> list[Record]:
     decode = _record.decode
     for raw in data:
         try:
-            out.append(decode(raw))
+            r = decode(raw)
         except (msgspec.DecodeError, UnicodeDecodeError):  # bad UTF-8 in a str is the latter
-            out.append(Record(None, raw, {"raftlog.raw": "true"}))
+            r = None
+        # A timestamp past int64 (msgpack's uint64; never written by this API) has no column.
+        if r is None or not INT64_MIN <= r.timestamp_ms <= INT64_MAX:
+            r = Record(None, raw, {"raftlog.raw": "true"})
+        out.append(r)
     return out
 
 

@@ -136,6 +136,16 @@ final class Msgpack {
     };
   }
 
+  /** An integer that fits a signed 64-bit long: a uint64 past it is malformed here. */
+  long int64() {
+    boolean unsigned64 = at < end && (b[at] & 0xff) == 0xcf;
+    long v = integer();
+    if (unsigned64 && v < 0) {
+      throw MALFORMED;
+    }
+    return v;
+  }
+
   /** Past one value of any type. */
   void skip(int depth) {
     if (depth > MAX_DEPTH) {

@@ -1,6 +1,7 @@
 package dev.raftlog.spark;
 
 import java.nio.charset.StandardCharsets;
+import java.util.Arrays;
 import java.util.zip.CRC32C;
 
 /**
@@ -27,6 +28,7 @@ final class WalPage {
   private final ColumnsBuilder cols = new ColumnsBuilder();
   private final CRC32C crc = new CRC32C();
   private final Msgpack mp = new Msgpack();
+  private static final int MAX_KEPT_HEADERS = 4096;
   private int[] headers = new int[16]; // key offset, key length, value offset, value length
 
   /** The rows of the WAL page {@code raw}, asked from {@code first}. */
@@ -135,16 +137,16 @@ final class WalPage {
       }
       if (fields > 2) {
         pairs = mp.mapLen();
-        if (headers.length < 4 * pairs) {
-          headers = new int[4 * pairs];
-        }
         for (int i = 0; i < 4 * pairs; i += 2) {
+          if (i + 1 >= headers.length) { // grown as pairs are read: a count is only a claim
+            headers = Arrays.copyOf(headers, 2 * headers.length);
+          }
           headers[i + 1] = mp.str();
           headers[i] = mp.start;
         }
       }
       if (fields > 3) {
-        millis = mp.integer();
+        millis = mp.int64(); // past int64 has no column: a raw row, as the node's page makes
       }
       if (fields > 4 && !mp.nil()) {
         mp.str();
@@ -160,6 +162,7 @@ final class WalPage {
       }
     } catch (Msgpack.Malformed e) {
       rawRow(b, from, end);
+      keepHeadersSmall();
       return;
     }
     ColumnsBuilder.binary(cols.keyOffsets, cols.keyData, cols.keyValid, b, keyOff, keyLen);
@@ -169,6 +172,14 @@ final class WalPage {
       cols.header(b, headers[i], headers[i + 1], headers[i + 2], headers[i + 3]);
     }
     cols.endRow(millis);
+    keepHeadersSmall();
+  }
+
+  /** One record with many headers does not hold their memory for the rest of the read. */
+  private void keepHeadersSmall() {
+    if (headers.length > MAX_KEPT_HEADERS) {
+      headers = new int[16];
+    }
   }
 
   private void rawRow(byte[] b, int from, int end) {
