@@ -259,6 +259,7 @@ def test_create_scale_heal_snapshot_scale_down_and_delete(env: Env) -> None:
     # ------------------------------------------------------------- SnapshotRequired healed
     leader = env.status("c")["leaders"]["0"]
     target = max(m["name"] for m in env.status("c")["members"] if m["name"] != leader)
+    stopped = time.time()  # the operator's clock: an install of the target before is not this one
     env.k8s.kubelet.signal(NS, target, signal.SIGSTOP)
     asyncio.run(write(400, "b"))
     env.k8s.kubelet.signal(NS, target, signal.SIGCONT)
@@ -269,7 +270,7 @@ def test_create_scale_heal_snapshot_scale_down_and_delete(env: Env) -> None:
             (
                 i
                 for i in env.status("c").get("snapshotInstalls", [])
-                if i["state"] == "installed" and i["member"] == target
+                if i["state"] == "installed" and i["member"] == target and i["startedAt"] >= stopped
             ),
             None,
         ),
