@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
 
 import pytest
+from tests.node.helpers import until
 
 from raftlog.node.core.messages import AppendRequest, PreVoteResponse, VoteResponse
 from raftlog.node.core.raft import Role
@@ -58,14 +58,6 @@ def _single_node(tmp_path, node_id: str = "n1", peers: dict[str, str] | None = N
     )
 
 
-async def _until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
-
-
 def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tmp_path):
     """Proposals that arrive together become one Raft batch (one write, one fsync), and each
     appender is answered with exactly its own contiguous indexes, in arrival order."""
@@ -75,8 +67,8 @@ def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tm
         await node.start()
         try:
             d = node.drivers[0]
-            await _until(lambda: d.raft.role == Role.LEADER, "election")
-            await _until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            await until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
             start = d.raft.log.last_index() + 1
             syncs = d.group.fsyncs
             sizes = [1 + (i * 7) % 5 for i in range(40)]
@@ -106,11 +98,11 @@ def test_an_append_not_committed_in_time_is_told_timeout_and_others_are_not(tmp_
             d = node.drivers[0]
             # Elect n1 by hand: n2's pre-vote and vote are all it needs of three.
             d.call(d.raft.hup)
-            await _until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
+            await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
             d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
-            await _until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
+            await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
             d.step(VoteResponse("n2", "n1", d.raft.term, True))
-            await _until(lambda: d.raft.role == Role.LEADER, "election")
+            await until(lambda: d.raft.role == Role.LEADER, "election")
             started = time.monotonic()
             slow = asyncio.ensure_future(d.propose([b"never"], timeout=0.1))
             patient = asyncio.ensure_future(d.propose([b"later"], timeout=60))
@@ -137,7 +129,7 @@ def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_p
         held, release, returned = threading.Event(), threading.Event(), threading.Event()
         try:
             d = node.drivers[0]
-            await _until(lambda: d.raft.role == Role.LEADER, "election")
+            await until(lambda: d.raft.role == Role.LEADER, "election")
             real = d.storage.sync
 
             def hung() -> None:

@@ -9,10 +9,11 @@ import contextlib
 import os
 import shutil
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from tests.node.helpers import until
 
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.messages import AppendRequest
@@ -68,19 +69,11 @@ def _node(data_dir: Path, every: int = 50) -> Node:
     )
 
 
-async def _until(cond: Callable[[], bool], what: str, timeout: float = 10.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{what} did not happen within {timeout} s")
-
-
 async def _leader(node: Node) -> PartitionDriver:
     await node.start()
     d = node.drivers[0]
-    await _until(lambda: d.raft.role == Role.LEADER, "election")
-    await _until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
+    await until(lambda: d.raft.role == Role.LEADER, "election")
+    await until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
     return d
 
 
@@ -110,7 +103,7 @@ async def _append(d: PartitionDriver, lo: int, hi: int) -> None:
 
 
 async def _await_hold(held: HeldOps) -> None:
-    await _until(held.reached.is_set, "the snapshot write reaching its held step")
+    await until(held.reached.is_set, "the snapshot write reaching its held step")
 
 
 def test_the_log_is_compacted_only_once_the_snapshot_is_durable(tmp_path):
@@ -126,7 +119,7 @@ def test_the_log_is_compacted_only_once_the_snapshot_is_durable(tmp_path):
             assert (d.storage.snapshot_meta().index, d.storage.first_index()) == before
             assert held.calls == 1, "a second snapshot started while one was in flight"
             held.release.set()
-            await _until(lambda: d.storage.first_index() > before[1], "the compaction")
+            await until(lambda: d.storage.first_index() > before[1], "the compaction")
             snap = d.storage.snapshot_meta().index
             assert snap >= 50
             assert d.storage.first_index() <= snap + 1  # nothing past the snapshot
@@ -186,8 +179,8 @@ def _reopen(data_dir: Path, expected: KeyedTable) -> tuple[int, int]:
         opened = (d.storage.snapshot_meta().index, d.storage.first_index())
         await node.start()
         try:
-            await _until(lambda: d.raft.role == Role.LEADER, "election after the crash")
-            await _until(lambda: d.table.applied_index >= expected.applied_index, "replay")
+            await until(lambda: d.raft.role == Role.LEADER, "election after the crash")
+            await until(lambda: d.table.applied_index >= expected.applied_index, "replay")
             assert d.table.rows == expected.rows
             return opened
         finally:
@@ -258,11 +251,11 @@ def test_a_snapshot_installed_from_the_leader_meanwhile_wins_over_the_one_in_fli
             assert rx.write(Chunk.of(raw, 0, len(raw)))
             got, data = rx.verify()
             d.snapshot_received("n1", 1, rx, got, data)
-            await _until(lambda: d.storage.snapshot_meta().index == 100, "the install")
+            await until(lambda: d.storage.snapshot_meta().index == 100, "the install")
             installed = os.path.basename(d.storage.snapshots.file or "")
             held.release.set()
             snap_dir = tmp_path / "p0" / "snap"
-            await _until(lambda: os.listdir(snap_dir) == [installed], "the local file dropped")
+            await until(lambda: os.listdir(snap_dir) == [installed], "the local file dropped")
             assert d.failed is None
             assert d.storage.snapshot_meta().index == 100
             assert d.counters.snapshots_taken == 0  # the local one was never adopted
@@ -291,7 +284,7 @@ def test_a_snapshot_that_fails_other_than_by_a_write_stops_the_partition_loudly(
         try:
             with contextlib.suppress(MemoryError):
                 await _append(d, 0, 60)  # passes compact_every_operations: a snapshot starts
-            await _until(lambda: d.failed is not None, "the partition stopping")
+            await until(lambda: d.failed is not None, "the partition stopping")
             assert isinstance(d.failed, MemoryError)
             with pytest.raises(MemoryError):
                 await asyncio.wait_for(d.compact_now(), HOLD_SECONDS / 2)

@@ -14,6 +14,7 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from crc32c import crc32c
+from tests.node.helpers import until
 
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.errors import Compacted
@@ -71,14 +72,6 @@ def read(
     return records_of(walpage.read_wal_records(d, start, stop, limit, max_bytes))
 
 
-async def until(cond: Any, what: str) -> None:
-    for _ in range(500):
-        if cond():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"{what} did not happen within 5 s")
-
-
 def test_a_wal_page_holds_the_committed_records_as_framed_persisted_or_not(tmp_path):
     async def run() -> None:
         node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
@@ -87,12 +80,14 @@ def test_a_wal_page_holds_the_committed_records_as_framed_persisted_or_not(tmp_p
             d = node.drivers[0]
             first = tuple(entry(i) for i in range(1, 21))
             d.step(AppendRequest("n1", "n2", 2, 0, 0, first, 5))
-            await until(lambda: d.storage.last_index() >= 20 and d.raft.commit >= 5, "append")
+            await until(
+                lambda: d.storage.last_index() >= 20 and d.raft.commit >= 5, "append", timeout=5.0
+            )
             more = tuple(entry(i) for i in range(21, 31))  # commit 20 then 25: COMMIT records
             d.step(AppendRequest("n1", "n2", 2, 20, 2, (), 20))
-            await until(lambda: d.storage.commit_index() >= 20, "commit 20")
+            await until(lambda: d.storage.commit_index() >= 20, "commit 20", timeout=5.0)
             d.step(AppendRequest("n1", "n2", 2, 20, 2, more, 25))
-            await until(lambda: d.storage.last_index() >= 30, "append 21..30")
+            await until(lambda: d.storage.last_index() >= 30, "append 21..30", timeout=5.0)
             page, got, commits = read(d, 1)
             assert got == [entry(i) for i in range(1, 26)], "every kind, nothing above the mark"
             assert commits >= 1, "the WAL's commit records are served as they are"
@@ -131,7 +126,9 @@ def test_damaged_bytes_are_served_as_they_are(tmp_path):
         try:
             d = node.drivers[0]
             d.step(AppendRequest("n1", "n2", 2, 0, 0, tuple(map(entry, range(1, 11))), 10))
-            await until(lambda: d.storage.last_index() >= 10 and d.raft.commit >= 10, "append")
+            await until(
+                lambda: d.storage.last_index() >= 10 and d.raft.commit >= 10, "append", timeout=5.0
+            )
             (raw,) = d.storage.read_raw(6, 7, 1 << 20)
             fd = os.open(raw.path, os.O_RDWR)
             try:
@@ -169,10 +166,10 @@ def test_a_range_below_the_floor_is_compacted_over_http_as_in_process(tmp_path):
         await srv.start_server()
         try:
             d = node.drivers[0]
-            await until(lambda: d.raft.role == Role.LEADER, "election")
+            await until(lambda: d.raft.role == Role.LEADER, "election", timeout=5.0)
             for i in range(0, 200, 10):
                 await d.propose([b'{"key": "k%d", "value": "v"}' % j for j in range(i, i + 10)])
-            await until(lambda: d.storage.first_index() > 1, "a compaction")
+            await until(lambda: d.storage.first_index() > 1, "a compaction", timeout=5.0)
             floor = d.storage.first_index()
             with pytest.raises(Compacted):
                 walpage.read_wal_records(d, floor - 1, 10**9, 50_000, 1 << 20)
