@@ -295,6 +295,15 @@ def test_a_suffix_overwritten_by_a_new_leader_is_never_served_from_the_stale_wal
     asyncio.run(run())
 
 
+def test_the_keyed_table_skips_a_record_with_a_string_that_is_not_utf8():
+    # It must count it as undecodable, as any non-record, not raise in the driver's apply.
+    table = KeyedTable()
+    bad = b"\x93\xc4\x01k\xc4\x01v\x81\xa2\xff\xfe\xa1x"
+    table.apply(Entry(1, 1, EntryKind.NORMAL, bad))
+    table.apply(Entry(2, 1, EntryKind.NORMAL, encode_record(Record(b"k1", b"v1"))))
+    assert (table.applied_index, table.undecodable, table.rows) == (2, 1, {b"k1": b"v1"})
+
+
 def test_a_record_whose_timestamp_is_past_int64_is_a_raw_row_and_the_page_is_built():
     # msgpack's uint64 holds it and msgspec decodes it; the int64 column cannot: once a 500.
     big = msgspec.msgpack.encode([b"k", b"v", {}, 1 << 63])

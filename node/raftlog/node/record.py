@@ -32,4 +32,7 @@ def encode_record(record: Record) -> bytes:
 
 def decode_record(data: bytes) -> Record:
     """Raises msgspec.DecodeError (a ValueError) naming what is wrong."""
-    return _decoder.decode(data)
+    try:
+        return _decoder.decode(data)
+    except UnicodeDecodeError as e:  # msgspec's answer to a str that is not UTF-8
+        raise msgspec.DecodeError(f"a str that is not UTF-8: {e}") from None

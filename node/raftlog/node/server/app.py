@@ -236,7 +236,7 @@ def fast_records(raw: bytes, max_record_bytes: int) -> tuple[list[bytes], str | 
 def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
     try:
         r = decode_record(data)
-    except (msgspec.DecodeError, UnicodeDecodeError):  # bad UTF-8 in a str is the latter
+    except msgspec.DecodeError:
         return {"index": index, "term": term, "raw_b64": base64.b64encode(data).decode()}
     out: dict[str, Any] = {"index": index, "term": term}
     for name, v in (("key", r.key), ("value", r.value)):
