@@ -202,6 +202,26 @@ def test_metrics_expose_the_partitions_and_latencies(node):
         assert line in text, line
 
 
+@pytest.mark.parametrize("chosen", [None, "asyncio"])
+def test_nodes_run_on_the_event_loop_chosen_and_replicate_on_it(tmp_path, chosen):
+    """uvloop by default, the standard library's loop when `event_loop` says so; appends
+    commit through a 3-node cluster (fsync on) on either."""
+    env = {} if chosen is None else {"RAFTLOG_EVENT_LOOP": chosen}
+    with LocalCluster(tmp_path, replicas=3, partitions=1, env=env) as c:
+        c.wait_ready()
+        leader = c.leader(0)
+        assert leader is not None
+        for i in range(20):
+            code, reply = c.request(
+                leader, "POST", "/v1/partitions/0/records", json.dumps({"value": f"v{i}"}).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            assert code == 200, reply
+        assert reply["last_index"] == c.status(leader)["partitions"][0]["high_water_mark"]
+        for name in c.nodes:
+            assert c.status(name)["event_loop"] == (chosen or "uvloop")
+
+
 def test_admin_calls_need_the_token(node):
     auth = {"Authorization": "Bearer s3cret-token"}
     code, reply = post(node, "/v1/admin/partitions/0/compact", b"{}")

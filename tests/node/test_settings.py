@@ -32,6 +32,7 @@ def test_flags_win_over_environment_over_file(tmp_path, monkeypatch):
         ({"port": 0}, "port"),
         ({"raft": {"heartbeat_ticks": 50}}, "raft"),
         ({"colour": "red"}, "colour"),
+        ({"event_loop": "trio"}, "event_loop"),
         ({"port": 7001, "peer_port": 7001}, "peer_port: 7001 is also the client port"),
     ],
 )

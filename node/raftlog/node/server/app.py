@@ -483,7 +483,8 @@ async def status(request: web.Request) -> web.Response:
                 },
             }
         )
-    return web.json_response({"node": node.id, "partitions": parts})
+    loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop or asyncio
+    return web.json_response({"node": node.id, "event_loop": loop, "partitions": parts})
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -15,8 +15,10 @@ import asyncio
 import logging
 import signal
 import sys
+from collections.abc import Coroutine
 from typing import Any
 
+import uvloop
 from aiohttp import web
 from pydantic import ValidationError
 
@@ -62,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="skip fsync (tests and benchmarks only; logged)",
     )
+    ap.add_argument("--event-loop", choices=["uvloop", "asyncio"], help="default: uvloop")
     ap.add_argument("--log-level", default="INFO")
     return ap
 
@@ -101,6 +104,13 @@ async def serve(settings: NodeSettings) -> None:
     await node.close()
 
 
+def run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
+    if event_loop == "uvloop":
+        uvloop.run(main)
+    else:
+        asyncio.run(main)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -125,11 +135,12 @@ def main(argv: list[str] | None = None) -> int:
             "tls_cert_file",
             "tls_key_file",
             "tls_ca_file",
+            "event_loop",
         )
     }
     try:
         settings = load_settings(flags, args.config)
-        asyncio.run(serve(settings))
+        run(serve(settings), settings.event_loop)
     except ValidationError as e:
         print(f"raftlog-node: invalid settings: {describe_validation_error(e)}", file=sys.stderr)
         return 2
