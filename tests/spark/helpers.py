@@ -149,13 +149,18 @@ Answer = Callable[[str, int], tuple[int, str, bytes] | None]
 
 
 class FakeNode:
-    """A node that answers as `answer` says, and counts the requests per path kind."""
+    """A node that answers as `answer` says, and counts the requests per path kind. With
+    `piece`, a body is sent in pieces of that many bytes, a millisecond apart (so that a reader
+    gets it in many socket reads), and with `chunked` too, without a length: chunked (HTTP/1.1,
+    the connection kept alive)."""
 
-    def __init__(self, answer: Answer) -> None:
+    def __init__(self, answer: Answer, piece: int = 0, chunked: bool = False) -> None:
         self.requests: list[str] = []
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1" if chunked else "HTTP/1.0"
+
             def do_GET(self) -> None:
                 n = len(fake.requests)
                 fake.requests.append(self.path)
@@ -166,9 +171,19 @@ class FakeNode:
                 status, ctype, body = got
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
-                self.send_header("Content-Length", str(len(body)))
+                if chunked:
+                    self.send_header("Transfer-Encoding", "chunked")
+                else:
+                    self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                for at in range(0, len(body), piece or max(1, len(body))):
+                    part = body[at : at + piece] if piece else body
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(part), part) if chunked else part)
+                    self.wfile.flush()
+                    if piece:
+                        time.sleep(0.001)
+                if chunked:
+                    self.wfile.write(b"0\r\n\r\n")
 
             def log_message(self, *args: object) -> None:
                 """Silent: the test reads the requests recorded above, not a log."""

@@ -309,6 +309,62 @@ def test_odd_data_reads_as_the_python_source_reads_it(spark, cluster):
     assert any("format=wal" in p for p in node.requests)
 
 
+def varied_value(i: int) -> bytes:
+    return bytes([i % 251]) * (i * 7919 % 20_000)
+
+
+def varied(i: int) -> Entry:
+    """Entry i: a record of 0 to 20,000 bytes, headers on every fourth, a time on every other."""
+    headers = {"h": str(i)} if i % 4 == 0 else {}
+    millis = 1_700_000_000_000 + i if i % 2 else 0
+    record = Record(b"k%d" % i, varied_value(i), headers, millis)
+    return Entry(i, 2, EntryKind.NORMAL, encode_record(record))
+
+
+VARIED = [varied(i) for i in range(1, 61)]
+
+
+@pytest.mark.parametrize("chunked", [False, True], ids=["with a length", "chunked"])
+def test_pages_of_varied_size_read_whole_with_or_without_a_length(spark, cluster, chunked):
+    """Pages of 16 records of up to 20,000 bytes (about 160 KiB, each a different size), sent
+    in pieces of 1,000 bytes with a Content-Length or chunked: the reader takes each body whole
+    (many socket reads into the buffer it keeps from page to page, grown as a chunked body
+    comes), and reads what the Python source reads, also when Spark caches the rows."""
+    hwm = VARIED[-1].index
+    status = follower_of(cluster, partitions=1)
+    partitions = cast(list[dict[str, Any]], status["partitions"])
+    partitions[0].update(role="leader", high_water_mark=hwm, compaction_floor=1)
+    body = json.dumps(status).encode()
+
+    def answer(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", body
+        q = query(path)
+        start = int(q["from"])
+        nxt = min(int(q["to"]), start + int(q["limit"]), hwm + 1)
+        if q.get("format") == "wal":
+            return 200, walpage.CONTENT_TYPE, wal_page(0, VARIED, start, nxt, hwm)
+        rows = Rows()
+        rows.add_entries([e for e in VARIED if start <= e.index < nxt])
+        page = columnar.record_page(0, rows, high_water_mark=hwm, next_index=nxt, floor=1)
+        return 200, columnar.CONTENT_TYPE, page
+
+    node = FakeNode(answer, piece=1000, chunked=chunked)
+    try:
+        options = {"partitions": "0", "pageRecords": "16", "timeoutSeconds": "5"}
+        reader = spark.read.option("endpoints", node.url).options(**options)
+        got = rows_of(reader.format("raftlog-jvm").load())
+        cached = reader.format("raftlog-jvm").load().cache()
+        got_cached = rows_of(cached)
+        cached.unpersist()
+        want = rows_of(reader.format("raftlog").load())
+    finally:
+        node.close()
+    assert [(r[1], r[4]) for r in got] == [(e.index, varied_value(e.index)) for e in VARIED]
+    assert got == want and got_cached == want
+    assert sum("format=wal" in p for p in node.requests) == 2 * 4  # 4 pages, 2 reads
+
+
 def test_a_replica_serving_a_damaged_record_is_passed_over(spark, cluster):
     """A replica whose WAL pages carry a flipped byte (in an entry's term: only the checksum
     tells) is asked first for every page; the reader takes each page from the next replica

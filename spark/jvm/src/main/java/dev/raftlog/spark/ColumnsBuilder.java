@@ -8,8 +8,9 @@ import java.util.Arrays;
 /**
  * The columns of a {@code /columns} page (see {@link Page}), built row by row into growing
  * byte buffers: a WAL page's records decoded by the reader land in the same layout, so the
- * vectors read them as they read a column page. The buffers are kept from page to page; only
- * the assembled page is new.
+ * vectors read them as they read a column page. The buffers are kept from page to page and
+ * the page built reads them in place (no copy): it holds until the next page is built, as
+ * Spark reads a batch before it asks for the next.
  */
 final class ColumnsBuilder {
   private static final VarHandle LONG =
@@ -121,25 +122,18 @@ final class ColumnsBuilder {
     rows++;
   }
 
-  /** The page of the rows built: one array holding every column. */
+  /** The page of the rows built, over this builder's buffers (until {@link #clear}). */
   Page build(long partition, long next) {
-    int size = 0;
-    for (Buf b : all) {
-      size += b.n;
-    }
-    byte[] out = new byte[size];
-    Page p = new Page(out);
+    Page p = new Page(null); // nothing to parse: its spans are set here
     Page.Span[] spans = {
       p.index, p.term, p.timestampMs, p.keyOffsets, p.keyData, p.keyValid, p.valueOffsets,
       p.valueData, p.valueValid, p.headerOffsets, p.headerKeyOffsets, p.headerKeyData,
       p.headerValueOffsets, p.headerValueData,
     };
-    int at = 0;
     for (int i = 0; i < all.length; i++) {
-      System.arraycopy(all[i].a, 0, out, at, all[i].n);
-      spans[i].offset = at;
+      spans[i].buf = all[i].a;
+      spans[i].offset = 0;
       spans[i].length = all[i].n;
-      at += all[i].n;
     }
     p.partition = partition;
     p.count = rows;

@@ -5,58 +5,55 @@ import com.fasterxml.jackson.databind.ObjectMapper;
 import com.fasterxml.jackson.databind.node.JsonNodeFactory;
 import java.io.IOException;
 import java.io.InputStream;
+import java.net.HttpURLConnection;
 import java.net.URI;
-import java.net.http.HttpClient;
-import java.net.http.HttpRequest;
-import java.net.http.HttpResponse;
+import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
 import java.security.GeneralSecurityException;
 import java.security.KeyStore;
 import java.security.cert.Certificate;
 import java.security.cert.CertificateFactory;
-import java.time.Duration;
+import java.util.Arrays;
 import java.util.HashSet;
 import java.util.Set;
 import java.util.concurrent.ConcurrentHashMap;
+import javax.net.ssl.HttpsURLConnection;
 import javax.net.ssl.SSLContext;
+import javax.net.ssl.SSLSocketFactory;
 import javax.net.ssl.TrustManagerFactory;
 
 /**
- * What the source asks of the nodes, over {@link HttpClient} (HTTP/1.1, kept-alive connections
- * shared by the tasks of an executor). Every call has a timeout.
+ * What the source asks of the nodes, over {@link HttpURLConnection} (HTTP/1.1, the JVM's
+ * kept-alive connections shared by the tasks of an executor). Every call has a timeout. The
+ * blocking client reads a body straight into one buffer kept from call to call: the
+ * asynchronous {@code java.net.http.HttpClient} cost several times the CPU per page (a
+ * selector thread, a new 16 KiB buffer per socket read, the chunks joined into a new array),
+ * more than decoding the page's records.
  */
 final class Nodes {
   private static final ObjectMapper JSON = new ObjectMapper();
-  // One client per trust store ("" for the JVM's): a client owns a thread and a pool.
-  private static final ConcurrentHashMap<String, HttpClient> CLIENTS = new ConcurrentHashMap<>();
+  // One socket factory per CA file: loading the certificates once per executor.
+  private static final ConcurrentHashMap<String, SSLSocketFactory> TLS = new ConcurrentHashMap<>();
+  private static final int CONNECT_TIMEOUT_MS = 10_000;
 
   private static final String WAL_TYPE = "application/vnd.raftlog.wal+msgpack";
 
   private final JvmOptions options;
-  private final HttpClient client;
+  private final SSLSocketFactory tls; // null: the JVM's default trust
   private final WalPage walPage = new WalPage(); // its buffers, reused page after page
   private final Set<String> columnsOnly = new HashSet<>(); // nodes that refuse format=wal
+  private byte[] body = new byte[1 << 16]; // the last answer's body is [0, bodyLength)
+  private int bodyLength;
+  private String contentType = "";
 
   Nodes(JvmOptions options) {
     this.options = options;
-    this.client =
-        CLIENTS.computeIfAbsent(options.caFile == null ? "" : options.caFile, Nodes::newClient);
+    this.tls = options.caFile == null ? null : TLS.computeIfAbsent(options.caFile, Nodes::trusting);
   }
 
-  private static HttpClient newClient(String caFile) {
-    HttpClient.Builder b =
-        HttpClient.newBuilder()
-            .version(HttpClient.Version.HTTP_1_1)
-            .connectTimeout(Duration.ofSeconds(10));
-    if (!caFile.isEmpty()) {
-      b.sslContext(trusting(caFile));
-    }
-    return b.build();
-  }
-
-  /** An SSL context that trusts the PEM certificates of {@code caFile} (as Python's cafile). */
-  private static SSLContext trusting(String caFile) {
+  /** A socket factory that trusts the PEM certificates of {@code caFile} (as Python's cafile). */
+  private static SSLSocketFactory trusting(String caFile) {
     try (InputStream in = Files.newInputStream(Path.of(caFile))) {
       KeyStore store = KeyStore.getInstance(KeyStore.getDefaultType());
       store.load(null, null);
@@ -69,55 +66,93 @@ final class Nodes {
       tmf.init(store);
       SSLContext ctx = SSLContext.getInstance("TLS");
       ctx.init(null, tmf.getTrustManagers(), null);
-      return ctx;
+      return ctx.getSocketFactory();
     } catch (IOException | GeneralSecurityException e) {
       throw new OptionException("caFile", caFile + " cannot be used: " + e);
     }
   }
 
-  /** The body of a 2xx answer; NodeException otherwise (status 0: no answer). */
-  byte[] get(String base, String path, double timeoutS) throws NodeException {
-    return send(base, path, timeoutS).body();
-  }
-
-  private HttpResponse<byte[]> send(String base, String path, double timeoutS)
-      throws NodeException {
-    HttpRequest.Builder req =
-        HttpRequest.newBuilder(URI.create(base + path))
-            .timeout(Duration.ofMillis((long) (timeoutS * 1000)))
-            .GET();
-    if (options.token != null) {
-      req.header("Authorization", "Bearer " + options.token);
-    }
-    HttpResponse<byte[]> resp;
+  /** GETs base + path: a 2xx answer's body in {@link #body}; else NodeException (0: no answer). */
+  private void send(String base, String path, double timeoutS) throws NodeException {
+    HttpURLConnection c = null;
     try {
-      resp = client.send(req.build(), HttpResponse.BodyHandlers.ofByteArray());
+      c = (HttpURLConnection) URI.create(base + path).toURL().openConnection();
+      if (tls != null && c instanceof HttpsURLConnection https) {
+        https.setSSLSocketFactory(tls);
+      }
+      c.setConnectTimeout(CONNECT_TIMEOUT_MS);
+      c.setReadTimeout((int) Math.max(1, Math.min(Integer.MAX_VALUE, timeoutS * 1000)));
+      c.setUseCaches(false);
+      c.setInstanceFollowRedirects(false); // a node's answer is the answer
+      if (options.token != null) {
+        c.setRequestProperty("Authorization", "Bearer " + options.token);
+      }
+      int status = c.getResponseCode();
+      boolean ok = status >= 200 && status < 300;
+      try (InputStream in = ok ? c.getInputStream() : c.getErrorStream()) {
+        read(in, c.getContentLengthLong());
+      }
+      contentType = c.getContentType() == null ? "" : c.getContentType();
+      if (!ok) {
+        throw failed(base, status);
+      }
     } catch (IOException e) {
+      if (c != null) {
+        c.disconnect(); // not back to the pool half read
+      }
       throw new NodeException(
           base, 0, JsonNodeFactory.instance.objectNode().put("reason", describe(e)));
-    } catch (InterruptedException e) {
-      Thread.currentThread().interrupt();
-      throw new NodeException(
-          base, 0, JsonNodeFactory.instance.objectNode().put("reason", "interrupted"));
     }
-    int status = resp.statusCode();
-    if (status >= 200 && status < 300) {
-      return resp;
+  }
+
+  /** The whole body (of {@code length} bytes, or up to the end when -1) into {@link #body}. */
+  private void read(InputStream in, long length) throws IOException {
+    bodyLength = 0;
+    if (in == null) {
+      return; // an error without a body
     }
-    JsonNode body;
+    if (length > Integer.MAX_VALUE - 8) {
+      throw new IOException("an answer of " + length + " bytes");
+    }
+    if (length > body.length) {
+      body = new byte[(int) length];
+    }
+    while (true) {
+      if (bodyLength == body.length) {
+        if (length >= 0) {
+          return;
+        }
+        body = Arrays.copyOf(body, 2 * body.length);
+      }
+      int n = in.read(body, bodyLength, body.length - bodyLength);
+      if (n < 0) {
+        if (length >= 0 && bodyLength < length) {
+          throw new IOException("the answer ends after " + bodyLength + " of " + length + " bytes");
+        }
+        return;
+      }
+      bodyLength += n;
+      if (bodyLength == length) {
+        return;
+      }
+    }
+  }
+
+  private NodeException failed(String base, int status) {
+    JsonNode parsed;
     try {
-      body = resp.body().length == 0 ? null : JSON.readTree(resp.body());
+      parsed = bodyLength == 0 ? null : JSON.readTree(body, 0, bodyLength);
     } catch (IOException e) {
-      String text = new String(resp.body(), 0, Math.min(200, resp.body().length));
-      body = JsonNodeFactory.instance.objectNode().put("reason", text);
+      String text = new String(body, 0, Math.min(200, bodyLength), StandardCharsets.UTF_8);
+      parsed = JsonNodeFactory.instance.objectNode().put("reason", text);
     }
-    throw new NodeException(base, status, body != null && body.isObject() ? body : null);
+    return new NodeException(base, status, parsed != null && parsed.isObject() ? parsed : null);
   }
 
   JsonNode json(String base, String path, double timeoutS) throws NodeException {
-    byte[] raw = get(base, path, timeoutS);
+    send(base, path, timeoutS);
     try {
-      return JSON.readTree(raw);
+      return JSON.readTree(body, 0, bodyLength);
     } catch (IOException e) {
       throw new NodeException(
           base, 0, JsonNodeFactory.instance.objectNode().put("reason", "not JSON: " + e));
@@ -133,23 +168,23 @@ final class Nodes {
       throws NodeException {
     String q = "from=" + start + "&to=" + stop + "&limit=" + limit + "&min_index=" + (stop - 1);
     String path = "/v1/partitions/" + partition + "/columns?" + q;
-    HttpResponse<byte[]> resp;
     if (columnsOnly.contains(base)) {
-      resp = send(base, path, options.timeoutS);
+      send(base, path, options.timeoutS);
     } else {
       try {
-        resp = send(base, path + "&format=wal", options.timeoutS);
+        send(base, path + "&format=wal", options.timeoutS);
       } catch (NodeException e) {
         if (e.status != 400 && e.status != 404) {
           throw e;
         }
         columnsOnly.add(base);
-        resp = send(base, path, options.timeoutS);
+        send(base, path, options.timeoutS);
       }
     }
-    boolean wal = resp.headers().firstValue("Content-Type").orElse("").startsWith(WAL_TYPE);
     try {
-      return wal ? walPage.decode(resp.body(), start) : Page.parse(resp.body());
+      return contentType.startsWith(WAL_TYPE)
+          ? walPage.decode(body, bodyLength, start)
+          : Page.parse(Arrays.copyOf(body, bodyLength)); // its vectors keep the bytes
     } catch (IllegalArgumentException e) {
       throw new NodeException(
           base, 0, JsonNodeFactory.instance.objectNode().put("reason", "a bad page: " + e));

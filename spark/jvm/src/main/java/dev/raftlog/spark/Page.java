@@ -5,7 +5,8 @@ import java.nio.charset.StandardCharsets;
 /**
  * A {@code /columns} page (see the node's {@code columnar.py}): one MessagePack map of integers
  * and flat little-endian buffers. The buffers are not copied: each is a span of the answer's
- * bytes, which the column vectors read in place. Only the types the page uses are read.
+ * bytes, which the column vectors read in place. Only the types the page uses are read. A page
+ * a {@link ColumnsBuilder} built has the same layout, each span the start of one of its buffers.
  */
 final class Page {
   final byte[] buf;
@@ -29,6 +30,7 @@ final class Page {
   final Span headerValueData = new Span();
 
   static final class Span {
+    byte[] buf;
     int offset = -1;
     int length;
   }
@@ -70,6 +72,7 @@ final class Page {
         at++;
         int len = binLength(tag);
         if (s != null) {
+          s.buf = buf;
           s.offset = at;
           s.length = len;
         }

@@ -32,22 +32,29 @@ final class Schema {
 
   /** The page's columns, read in place. */
   static ColumnarBatch batch(Page page) {
-    byte[] b = page.buf;
     int n = (int) page.count;
+    Page.Span hk = page.headerKeyOffsets;
+    Page.Span hv = page.headerValueOffsets;
     ColumnVector[] columns = {
       new ConstantIntVector((int) page.partition),
-      new Int64Vector(b, page.index.offset),
-      new Int64Vector(b, page.term.offset),
-      BytesVector.binary(b, page.keyOffsets.offset, page.keyData.offset, page.keyValid.offset, n),
-      BytesVector.binary(
-          b, page.valueOffsets.offset, page.valueData.offset, page.valueValid.offset, n),
+      new Int64Vector(page.index.buf, page.index.offset),
+      new Int64Vector(page.term.buf, page.term.offset),
+      binary(page.keyOffsets, page.keyData, page.keyValid, n),
+      binary(page.valueOffsets, page.valueData, page.valueValid, n),
       new HeadersVector(
-          b,
+          page.headerOffsets.buf,
           page.headerOffsets.offset,
-          BytesVector.strings(b, page.headerKeyOffsets.offset, page.headerKeyData.offset),
-          BytesVector.strings(b, page.headerValueOffsets.offset, page.headerValueData.offset)),
-      new TimestampVector(b, page.timestampMs.offset, n),
+          BytesVector.strings(
+              hk.buf, hk.offset, page.headerKeyData.buf, page.headerKeyData.offset),
+          BytesVector.strings(
+              hv.buf, hv.offset, page.headerValueData.buf, page.headerValueData.offset)),
+      new TimestampVector(page.timestampMs.buf, page.timestampMs.offset, n),
     };
     return new ColumnarBatch(columns, n);
+  }
+
+  private static BytesVector binary(Page.Span offsets, Page.Span data, Page.Span valid, int n) {
+    return BytesVector.binary(
+        offsets.buf, offsets.offset, data.buf, data.offset, valid.buf, valid.offset, n);
   }
 }

@@ -31,15 +31,15 @@ final class WalPage {
   private static final int MAX_KEPT_HEADERS = 4096;
   private int[] headers = new int[16]; // key offset, key length, value offset, value length
 
-  /** The rows of the WAL page {@code raw}, asked from {@code first}. */
-  Page decode(byte[] raw, long first) {
+  /** The rows of the WAL page {@code raw[0, length)}, asked from {@code first}. */
+  Page decode(byte[] raw, int length, long first) {
     long partition = -1;
     long next = -1;
     long pageFirst = -1;
     int records = -1;
     int recordsLen = 0;
     try {
-      mp.reset(raw, 0, raw.length);
+      mp.reset(raw, 0, length);
       int fields = mp.mapLen();
       for (int i = 0; i < fields; i++) {
         String name = mp.string();

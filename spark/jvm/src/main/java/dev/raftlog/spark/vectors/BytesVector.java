@@ -8,36 +8,46 @@ import org.apache.spark.unsafe.types.UTF8String;
 /**
  * Byte strings laid out as Arrow's: int32 offsets (rows + 1) into the concatenated data, and,
  * when nullable, one validity byte per row (0: null). Binary (key, value) or UTF-8 strings
- * (header keys and values, read without a copy).
+ * (header keys and values, read without a copy). Each buffer is at an offset of an array,
+ * the same array for a column page's, one array each for a page the reader built.
  */
 public final class BytesVector extends ReadOnlyVector {
-  private final byte[] buf;
+  private final byte[] offsetsBuf;
   private final int offsets;
+  private final byte[] dataBuf;
   private final int data;
+  private final byte[] validBuf;
   private final int valid; // -1: no nulls
   private final int nulls;
 
-  private BytesVector(DataType type, byte[] buf, int offsets, int data, int valid, int rows) {
+  private BytesVector(
+      DataType type, byte[] offsetsBuf, int offsets, byte[] dataBuf, int data, byte[] validBuf,
+      int valid, int rows) {
     super(type);
-    this.buf = buf;
+    this.offsetsBuf = offsetsBuf;
     this.offsets = offsets;
+    this.dataBuf = dataBuf;
     this.data = data;
-    this.nulls = valid < 0 ? 0 : countNulls(buf, valid, rows);
+    this.validBuf = validBuf;
+    this.nulls = valid < 0 ? 0 : countNulls(validBuf, valid, rows);
     this.valid = nulls == 0 ? -1 : valid;
   }
 
-  /** Nullable binary: the validity buffer at {@code valid}. */
-  public static BytesVector binary(byte[] buf, int offsets, int data, int valid, int rows) {
-    return new BytesVector(DataTypes.BinaryType, buf, offsets, data, valid, rows);
+  /** Nullable binary: the validity buffer at {@code valid} of {@code validBuf}. */
+  public static BytesVector binary(
+      byte[] offsetsBuf, int offsets, byte[] dataBuf, int data, byte[] validBuf, int valid,
+      int rows) {
+    return new BytesVector(
+        DataTypes.BinaryType, offsetsBuf, offsets, dataBuf, data, validBuf, valid, rows);
   }
 
   /** Strings without nulls. */
-  public static BytesVector strings(byte[] buf, int offsets, int data) {
-    return new BytesVector(DataTypes.StringType, buf, offsets, data, -1, 0);
+  public static BytesVector strings(byte[] offsetsBuf, int offsets, byte[] dataBuf, int data) {
+    return new BytesVector(DataTypes.StringType, offsetsBuf, offsets, dataBuf, data, null, -1, 0);
   }
 
   private int start(int rowId) {
-    return (int) INT.get(buf, offsets + 4 * rowId);
+    return (int) INT.get(offsetsBuf, offsets + 4 * rowId);
   }
 
   @Override
@@ -47,7 +57,7 @@ public final class BytesVector extends ReadOnlyVector {
 
   @Override
   public boolean isNullAt(int rowId) {
-    return valid >= 0 && buf[valid + rowId] == 0;
+    return valid >= 0 && validBuf[valid + rowId] == 0;
   }
 
   @Override
@@ -55,7 +65,7 @@ public final class BytesVector extends ReadOnlyVector {
     if (isNullAt(rowId)) {
       return null;
     }
-    return Arrays.copyOfRange(buf, data + start(rowId), data + start(rowId + 1));
+    return Arrays.copyOfRange(dataBuf, data + start(rowId), data + start(rowId + 1));
   }
 
   @Override
@@ -64,6 +74,6 @@ public final class BytesVector extends ReadOnlyVector {
       return null;
     }
     int from = start(rowId);
-    return UTF8String.fromBytes(buf, data + from, start(rowId + 1) - from);
+    return UTF8String.fromBytes(dataBuf, data + from, start(rowId + 1) - from);
   }
 }
