@@ -59,6 +59,12 @@ class NodeSettings(BaseSettings):
     )
     tick_ms: int = Field(50, ge=5, le=5000, description="one Raft tick, in milliseconds")
     durable: bool = Field(True, description="fsync before acknowledging (off: tests only)")
+    client_fast_path: bool = Field(
+        True,
+        description="answer single-partition appends on the client listener without aiohttp's "
+        "request machinery (`server/fastpath.py`; about a tenth of its CPU per request); "
+        "every other request there is served by aiohttp as before",
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop",
         description="the event loop the node runs on: uvloop (libuv; its transports and "

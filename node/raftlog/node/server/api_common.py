@@ -95,9 +95,13 @@ def driver_of(request: web.Request) -> PartitionDriver:
         p = int(raw)
     except ValueError:
         raise bad("partition", f"{raw!r} is not an integer") from None
-    d = node_of(request).driver(p)
+    return partition_driver(node_of(request), p)
+
+
+def partition_driver(node: Node, p: int) -> PartitionDriver:
+    d = node.driver(p)
     if d is None:
-        n = len(node_of(request).drivers)
+        n = len(node.drivers)
         raise ApiError(404, "unknown_partition", f"partition {p} does not exist (0..{n - 1})")
     return d
 

@@ -255,7 +255,13 @@ def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
 # ====================================================================== client API
 async def append(request: web.Request) -> web.Response:
     node, d = node_of(request), driver_of(request)
-    raw = await request.read()
+    answer = await append_body(node, d, await request.read())
+    return web.Response(body=answer, headers=_JSON_HEADERS)
+
+
+async def append_body(node: Node, d: PartitionDriver, raw: bytes) -> bytes:
+    """An append of a raw request body to `d`: its JSON answer once committed, or `ApiError`.
+    (The client listener's fast path, `fastpath.py`, answers the same way.)"""
     parsed = fast_records(raw, node.settings.max_record_bytes)
     if parsed is None:
         try:
@@ -283,7 +289,8 @@ async def append_by_key(request: web.Request) -> web.Response:
         raise bad("records", f"the keys map to partitions {sorted(parts)}; send one per partition")
     d = node.driver(parts.pop())
     assert d is not None
-    return await _append_to(node, d, *parse_records(body, node.settings.max_record_bytes))
+    answer = await _append_to(node, d, *parse_records(body, node.settings.max_record_bytes))
+    return web.Response(body=answer, headers=_JSON_HEADERS)
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
@@ -291,7 +298,7 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 
 async def _append_to(
     node: Node, d: PartitionDriver, records: list[bytes], producer: str | None, first_seq: int
-) -> web.Response:
+) -> bytes:
     if d.failed is not None:
         kind = "storage_failed" if isinstance(d.failed, StorageFailed) else "partition_failed"
         raise ApiError(503, kind, str(d.failed) or type(d.failed).__name__)
@@ -326,7 +333,7 @@ async def _append_to(
         "term": done.term,
         "duplicate": done.duplicate,
     }
-    return web.Response(body=msgspec.json.encode(answer), headers=_JSON_HEADERS)
+    return msgspec.json.encode(answer)
 
 
 async def read(request: web.Request) -> web.Response:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from raftlog.node.config import describe_validation_error
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app
+from raftlog.node.server.fastpath import Connections, FastAppendProtocol
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings, load_settings
 from raftlog.node.storage.errors import CorruptFile, WalCorruption
@@ -78,11 +79,27 @@ async def serve(settings: NodeSettings) -> None:
         else [(settings.port, frozenset({"client"})), (settings.peer_port, frozenset({"peer"}))]
     )
     runners = []
+    fast_servers: list[asyncio.Server] = []
+    fast_conns = Connections()
+    loop = asyncio.get_running_loop()
     for port, planes in listeners:
         runner = web.AppRunner(build_app(node, planes), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, settings.host, port, ssl_context=settings.server_ssl())
-        await site.start()
+        aiohttp_server = runner.server
+        assert aiohttp_server is not None
+        if "client" in planes and settings.client_fast_path:
+            fast_servers.append(
+                await loop.create_server(
+                    lambda fallback=aiohttp_server: FastAppendProtocol(node, fallback, fast_conns),
+                    settings.host,
+                    port,
+                    ssl=settings.server_ssl(),
+                    backlog=128,
+                )
+            )
+        else:
+            site = web.TCPSite(runner, settings.host, port, ssl_context=settings.server_ssl())
+            await site.start()
         runners.append(runner)
         log.info(
             "node %s serving %s on %s://%s:%d",
@@ -93,12 +110,15 @@ async def serve(settings: NodeSettings) -> None:
             port,
         )
     log.info("node %s: %d partitions, data in %s", node.id, settings.partitions, settings.data_dir)
+    fast_conns.start()
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     log.info("node %s stopping", node.id)
+    for server in fast_servers:
+        server.close()
+    fast_conns.close()
     for runner in runners:
         await runner.cleanup()
     await node.close()
