@@ -194,3 +194,44 @@ def test_a_sync_runs_in_the_loop_only_after_a_window_of_fast_ones_and_one_slow_o
             gc.close()
 
     asyncio.run(run())
+
+
+def test_a_sync_stays_in_its_thread_while_another_partition_syncs_in_its_own():
+    """Partitions of one node share a `SyncGate`: while one's sync is under way in its thread,
+    another's sync, fast as its last ones were, goes to its thread too (the two overlap)
+    instead of holding the loop; once none is, it runs in the loop again."""
+    from raftlog.node.storage.group_commit import SYNC_WINDOW, SyncGate
+
+    where: list[bool] = []
+    held, started = threading.Event(), threading.Event()
+
+    def fast() -> None:
+        where.append(threading.current_thread() is threading.main_thread())
+
+    def slow() -> None:
+        started.set()
+        held.wait(5)
+
+    async def run() -> None:
+        gate = SyncGate()
+        a = GroupCommit(fast, inline_below=0.05, gate=gate)
+        b = GroupCommit(slow, inline_below=0, gate=gate)  # always in its thread
+        try:
+            for _ in range(SYNC_WINDOW + 1):
+                await a.durable(a.wrote())
+            assert where[-1], "a's syncs are fast: in the loop"
+            other = asyncio.ensure_future(b.durable(b.wrote()))
+            while not started.is_set():
+                await asyncio.sleep(0.001)
+            await a.durable(a.wrote())
+            assert not where[-1], "b's sync is under way in its thread: a's goes to its own"
+            held.set()
+            await other
+            await a.durable(a.wrote())
+            assert where[-1], "and back in the loop once b's is done"
+        finally:
+            held.set()
+            a.close()
+            b.close()
+
+    asyncio.run(run())

@@ -85,12 +85,14 @@ class NodeSettings(BaseSettings):
         10.0, gt=0, description="how long an append waits for its commit before 503"
     )
     fsync_in_loop_below_ms: float = Field(
-        0.5,
+        5.0,
         ge=0,
         le=100,
         description="run a partition's fsync in the event loop itself (no thread handoff) "
-        "while each of its last 64 fsyncs took less than this; 0: always in a thread. Faster "
-        "on a fast local disk; a disk that then stalls holds the whole node for that one fsync",
+        "while each of its last 64 fsyncs took less than this and no other partition's fsync "
+        "is under way in its thread; 0: always in a thread. Lower latency on a local disk; the "
+        "node's loop waits for such an fsync (one slower than this sends the next 64 to the "
+        "thread), and a disk that stalls without warning holds the whole node for that fsync",
     )
     segment_bytes: int = Field(
         64 * 1024 * 1024,

@@ -13,6 +13,7 @@ from raftlog.node.server.metrics import NodeMetrics
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.storage.group_commit import SyncGate
 from raftlog.node.transport.peers import Transport
 
 log = logging.getLogger("raftlog.node")
@@ -25,6 +26,7 @@ class Node:
         self.token = settings.token()
         self.transport = Transport(self.id, dict(settings.peers), self.token, settings.client_ssl())
         self.metrics = NodeMetrics()
+        self.sync_gate = SyncGate()  # the partitions' fsyncs: in the loop only one at a time
         bootstrap = None if settings.join else Membership(frozenset(settings.peers))
         self.drivers: dict[int, PartitionDriver] = {}
         for p in range(settings.partitions):

@@ -124,7 +124,9 @@ class PartitionDriver:
         self.config = config
         self.table = KeyedTable.restore(storage.snapshot_data())
         self.group = GroupCommit(
-            self._timed_sync, inline_below=node.settings.fsync_in_loop_below_ms / 1000
+            self._timed_sync,
+            inline_below=node.settings.fsync_in_loop_below_ms / 1000,
+            gate=node.sync_gate,
         )
         self.wake = asyncio.Event()
         self.committed = CommitSignal()  # readers waiting for the high-water mark

@@ -12,14 +12,32 @@ With N writers in flight the disk sees about one fsync per fsync latency, not N.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 from raftlog.node.core.types import Entry
 
 SYNC_WINDOW = 64  # syncs looked back on before one runs in the event loop
+
+
+class SyncGate:
+    """Shared by the GroupCommits of one node: a sync runs in the event loop only while no
+    other one is under way in its thread, so on a node whose partitions all sync at once their
+    fsyncs still overlap in their threads instead of queueing in the loop one after another."""
+
+    def __init__(self) -> None:
+        self.in_threads = 0
+
+    @contextlib.contextmanager
+    def in_thread(self) -> Iterator[None]:
+        self.in_threads += 1
+        try:
+            yield
+        finally:
+            self.in_threads -= 1
 
 
 class _Batch:
@@ -34,6 +52,7 @@ class GroupCommit:
         sync: Callable[[], None],
         write: Callable[[list[Entry]], None] | None = None,
         inline_below: float = 0.0005,
+        gate: SyncGate | None = None,
     ) -> None:
         self._sync = sync
         self._write = write
@@ -45,12 +64,15 @@ class GroupCommit:
         self.failed: BaseException | None = None
         self._inline = False  # a `durable` caller is running a sync itself
         # A `durable` caller with nothing in flight syncs in the event loop itself while every
-        # one of the last SYNC_WINDOW syncs took less than `inline_below` (0: never): on a disk
-        # that syncs in ~0.1 ms, handing the sync to the thread and back costs more CPU and
-        # latency than the sync. The whole node's loop waits for such a sync, so one slow sync
-        # sends the next SYNC_WINDOW to the thread; what is left is a disk that stalls without
-        # warning after a long fast run, which holds the node for that one sync.
+        # one of the last SYNC_WINDOW syncs took less than `inline_below` (0: never) and no
+        # other sync of the node is in a thread (`SyncGate`): handing a sync to the thread and
+        # back costs two wakeups and two GIL handoffs on the append's path, which on a busy
+        # machine cost more than a fast disk's sync. The whole node's loop waits for such a
+        # sync, so one slow sync sends the next SYNC_WINDOW to the thread; what is left is a
+        # disk that stalls without warning after a long fast run, which holds the node for
+        # that one sync.
         self.inline_below = inline_below
+        self.gate = SyncGate() if gate is None else gate
         self._recent: deque[float] = deque(maxlen=SYNC_WINDOW)  # unknown: start in the thread
         self.fsyncs = 0  # how many syncs ran (for metrics and the benchmark)
         # One thread of its own: fsyncs of one log are sequential anyway, and a warm dedicated
@@ -60,7 +82,11 @@ class GroupCommit:
     def inline_now(self) -> bool:
         """Whether a sync would run in the event loop now (see `inline_below`)."""
         recent = self._recent
-        return len(recent) == SYNC_WINDOW and max(recent) < self.inline_below
+        return (
+            not self.gate.in_threads
+            and len(recent) == SYNC_WINDOW
+            and max(recent) < self.inline_below
+        )
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
@@ -103,7 +129,8 @@ class GroupCommit:
                 if self.inline_now():
                     self._timed()  # fast disk: cheaper than a thread handoff; see `inline_below`
                 else:
-                    await asyncio.get_running_loop().run_in_executor(self._thread, self._timed)
+                    with self.gate.in_thread():
+                        await asyncio.get_running_loop().run_in_executor(self._thread, self._timed)
             except Exception as e:
                 self._fail(e, None)
                 raise
@@ -133,7 +160,8 @@ class GroupCommit:
                     self._write(batch.entries)
                     self._written += 1
                 target = self._written
-                await asyncio.get_running_loop().run_in_executor(self._thread, self._timed)
+                with self.gate.in_thread():
+                    await asyncio.get_running_loop().run_in_executor(self._thread, self._timed)
             except Exception as e:  # the storage has marked itself failed; tell every waiter
                 self._fail(e, batch)
                 return
