@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from typing import Any, cast
 
 import msgspec
@@ -271,12 +272,13 @@ ODD_DATA = [
 ]
 
 
-def test_odd_data_reads_as_the_python_source_reads_it(spark, cluster):
-    """A node serving entries the API never writes (data that is not a record, records with
-    fewer or more fields, a str key, bad UTF-8, trailing bytes, no-op and membership entries,
-    commit records between): the JVM reader's WAL decoding gives the rows of the node's own
-    column page, as the Python source reads it."""
-    hwm = ODD_DATA[-1].index
+Answer = Callable[[str, int], tuple[int, str, bytes]]
+
+
+def leader_of(cluster: LocalCluster, entries: list[Entry]) -> Answer:
+    """A fake leader of partition 0 holding `entries`, all committed: a real follower's status
+    made the leader's, and WAL and column pages of the entries."""
+    hwm = entries[-1].index
     status = follower_of(cluster, partitions=1)
     partitions = cast(list[dict[str, Any]], status["partitions"])
     partitions[0].update(role="leader", high_water_mark=hwm, compaction_floor=1)
@@ -289,13 +291,21 @@ def test_odd_data_reads_as_the_python_source_reads_it(spark, cluster):
         start = int(q["from"])
         nxt = min(int(q["to"]), start + int(q["limit"]), hwm + 1)
         if q.get("format") == "wal":
-            return 200, walpage.CONTENT_TYPE, wal_page(0, ODD_DATA, start, nxt, hwm)
+            return 200, walpage.CONTENT_TYPE, wal_page(0, entries, start, nxt, hwm)
         rows = Rows()
-        rows.add_entries([e for e in ODD_DATA if start <= e.index < nxt])
+        rows.add_entries([e for e in entries if start <= e.index < nxt])
         page = columnar.record_page(0, rows, high_water_mark=hwm, next_index=nxt, floor=1)
         return 200, columnar.CONTENT_TYPE, page
 
-    node = FakeNode(answer)
+    return answer
+
+
+def test_odd_data_reads_as_the_python_source_reads_it(spark, cluster):
+    """A node serving entries the API never writes (data that is not a record, records with
+    fewer or more fields, a str key, bad UTF-8, trailing bytes, no-op and membership entries,
+    commit records between): the JVM reader's WAL decoding gives the rows of the node's own
+    column page, as the Python source reads it."""
+    node = FakeNode(leader_of(cluster, ODD_DATA))
     try:
         options = {"partitions": "0", "pageRecords": "4"}
         reader = spark.read.option("endpoints", node.url).options(**options)
@@ -330,26 +340,7 @@ def test_pages_of_varied_size_read_whole_with_or_without_a_length(spark, cluster
     in pieces of 1,000 bytes with a Content-Length or chunked: the reader takes each body whole
     (many socket reads into the buffer it keeps from page to page, grown as a chunked body
     comes), and reads what the Python source reads, also when Spark caches the rows."""
-    hwm = VARIED[-1].index
-    status = follower_of(cluster, partitions=1)
-    partitions = cast(list[dict[str, Any]], status["partitions"])
-    partitions[0].update(role="leader", high_water_mark=hwm, compaction_floor=1)
-    body = json.dumps(status).encode()
-
-    def answer(path: str, n: int) -> tuple[int, str, bytes]:
-        if path == "/v1/status":
-            return 200, "application/json", body
-        q = query(path)
-        start = int(q["from"])
-        nxt = min(int(q["to"]), start + int(q["limit"]), hwm + 1)
-        if q.get("format") == "wal":
-            return 200, walpage.CONTENT_TYPE, wal_page(0, VARIED, start, nxt, hwm)
-        rows = Rows()
-        rows.add_entries([e for e in VARIED if start <= e.index < nxt])
-        page = columnar.record_page(0, rows, high_water_mark=hwm, next_index=nxt, floor=1)
-        return 200, columnar.CONTENT_TYPE, page
-
-    node = FakeNode(answer, piece=1000, chunked=chunked)
+    node = FakeNode(leader_of(cluster, VARIED), piece=1000, chunked=chunked)
     try:
         options = {"partitions": "0", "pageRecords": "16", "timeoutSeconds": "5"}
         reader = spark.read.option("endpoints", node.url).options(**options)
