@@ -3,8 +3,14 @@ real node answering over raw sockets exactly as aiohttp does, handing every othe
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
+import signal
 import socket
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
@@ -15,16 +21,22 @@ pytestmark = [pytest.mark.e2e]
 
 LIMIT = 65536  # the nodes' max_request_bytes
 APPEND = b"POST /v1/partitions/1/records HTTP/1.1"
+HOST = APPEND + b"\r\nHost: x"
+NO_HOST = APPEND + b"\r\nContent-Length: 3"
 
 
 @pytest.mark.parametrize(
     ("head", "parsed"),
     [
         (APPEND + b"\r\nHost: x\r\nContent-Length: 12", (1, 12, False)),
-        (APPEND + b"\r\ncontent-length:0\r\nConnection: keep-alive", (1, 0, False)),
-        (APPEND + b"\r\nContent-Length: 5\r\nConnection: Keep-Alive, close", (1, 5, True)),
-        (b"POST /v1/partitions/0/records HTTP/1.1\r\nContent-Length: 1", (0, 1, False)),
-        (APPEND + b"\r\nX-Tab:\ta\tb\r\nContent-Length: 3", (1, 3, False)),
+        (APPEND + b"\r\ncontent-length:0\r\nHOST: x\r\nConnection: keep-alive", (1, 0, False)),
+        (
+            APPEND + b"\r\nHost: x\r\nContent-Length: 5\r\nConnection: Keep-Alive, close",
+            (1, 5, True),
+        ),
+        (b"POST /v1/partitions/0/records HTTP/1.1\r\nHost: x\r\nContent-Length: 1", (0, 1, False)),
+        (APPEND + b"\r\nHost: x\r\nX-Tab:\ta\tb\r\nContent-Length: 3", (1, 3, False)),
+        (APPEND + b"\r\nHost: x\r\nContent-Length: 3" + b"\r\nX: y" * 126, (1, 3, False)),
     ],
 )
 def test_the_heads_it_answers(head, parsed):
@@ -34,24 +46,27 @@ def test_the_heads_it_answers(head, parsed):
 @pytest.mark.parametrize(
     "head",
     [
-        APPEND,  # no length
-        APPEND + b"\r\nContent-Length: 3\r\nContent-Length: 3",  # two lengths: smuggling
-        APPEND + b"\r\nContent-Length: +3",
-        APPEND + b"\r\nContent-Length: 3 3",
-        APPEND + b"\r\nContent-Length: 3\r\nTransfer-Encoding: chunked",
-        APPEND + b"\r\nContent-Length: 3\r\nExpect: 100-continue",
-        APPEND + b"\r\nContent-Length: 3\r\nContent-Encoding: gzip",
-        APPEND + b"\r\nContent-Length: 3\r\nConnection: upgrade",
-        APPEND + b"\r\nContent-Length: 3\r\n folded",  # obsolete line folding
-        APPEND + b"\r\nContent-Length: 3\r\nBad Name: x",
-        APPEND + b"\r\nContent-Length: 3\r\nX: a\x01b",
-        APPEND + b"\r\nContent-Length: 3\r\nno colon",
-        b"POST /v1/partitions/1/records HTTP/1.0\r\nContent-Length: 3",
-        b"POST /v1/partitions/01/records HTTP/1.1\r\nContent-Length: 3",
-        b"POST /v1/partitions/1/records?x=1 HTTP/1.1\r\nContent-Length: 3",
-        b"POST /v1/records HTTP/1.1\r\nContent-Length: 3",
-        b"GET /v1/partitions/1/records HTTP/1.1\r\nContent-Length: 3",
-        b"post /v1/partitions/1/records HTTP/1.1\r\nContent-Length: 3",
+        HOST,  # no length
+        NO_HOST,
+        HOST + b"\r\nContent-Length: 3\r\nHost: y",  # two Hosts
+        HOST + b"\r\nContent-Length: 3" + b"\r\nX: y" * 127,  # 129 headers
+        HOST + b"\r\nContent-Length: 3\r\nContent-Length: 3",  # two lengths: smuggling
+        HOST + b"\r\nContent-Length: +3",
+        HOST + b"\r\nContent-Length: 3 3",
+        HOST + b"\r\nContent-Length: 3\r\nTransfer-Encoding: chunked",
+        HOST + b"\r\nContent-Length: 3\r\nExpect: 100-continue",
+        HOST + b"\r\nContent-Length: 3\r\nContent-Encoding: gzip",
+        HOST + b"\r\nContent-Length: 3\r\nConnection: upgrade",
+        HOST + b"\r\nContent-Length: 3\r\n folded",  # obsolete line folding
+        HOST + b"\r\nContent-Length: 3\r\nBad Name: x",
+        HOST + b"\r\nContent-Length: 3\r\nX: a\x01b",
+        HOST + b"\r\nContent-Length: 3\r\nno colon",
+        b"POST /v1/partitions/1/records HTTP/1.0\r\nHost: x\r\nContent-Length: 3",
+        b"POST /v1/partitions/01/records HTTP/1.1\r\nHost: x\r\nContent-Length: 3",
+        b"POST /v1/partitions/1/records?x=1 HTTP/1.1\r\nHost: x\r\nContent-Length: 3",
+        b"POST /v1/records HTTP/1.1\r\nHost: x\r\nContent-Length: 3",
+        b"GET /v1/partitions/1/records HTTP/1.1\r\nHost: x\r\nContent-Length: 3",
+        b"post /v1/partitions/1/records HTTP/1.1\r\nHost: x\r\nContent-Length: 3",
     ],
 )
 def test_every_other_head_is_left_to_aiohttp(head):
@@ -192,3 +207,121 @@ def test_connection_close_is_honoured(nodes):
             data += more
     assert data.startswith(b"HTTP/1.1 200 OK\r\n")
     assert b"\r\nConnection: close\r\n" in data
+
+
+def first_status(c: LocalCluster, data: bytes) -> int:
+    """The status of the first answer to `data` on a new connection."""
+    with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=5) as s:
+        s.sendall(data)
+        buf = b""
+        while b"\r\n" not in buf:
+            more = s.recv(65536)
+            assert more, "closed without an answer"
+            buf += more
+        return int(buf.split()[1])
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        append_request(b'{"\\ud800": 1}'),  # an error naming a lone surrogate: still JSON
+        b"POST /v1/partitions/1/records HTTP/1.1\nHost: t\nContent-Length: 14\n\n"
+        b'{"value": "v"}',  # bare LF: refused at once, not waited on
+        b"POST /v1/partitions/1/records HTTP/1.1\r\nContent-Length: 14\r\n\r\n"
+        b'{"value": "v"}',  # no Host
+        append_request(b'{"value": "v"}', extra=b"Host: u\r\n"),  # two Hosts
+        append_request(b'{"value": "v"}', extra=b"".join(b"X-%d: a\r\n" % i for i in range(130))),
+    ],
+    ids=["lone surrogate", "bare LF", "no Host", "two Hosts", "130 headers"],
+)
+def test_requests_aiohttp_refuses_are_refused_on_both(nodes, name, request_bytes):
+    assert first_status(nodes[name], request_bytes) == 400
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def test_a_client_that_does_not_read_its_answers_cannot_grow_the_node(nodes):
+    """Pipelined requests from a client that reads nothing: once the node's answers back up,
+    it stops reading, so what the client sends stays in the kernel's buffers."""
+    c = nodes["fast"]
+    proc = c.nodes["n1"].proc
+    assert proc is not None
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", c.nodes["n1"].port))
+        s.settimeout(1)
+        unknown = (
+            b"POST /v1/partitions/7/records HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}"
+        )
+        with contextlib.suppress(TimeoutError):
+            for _ in range(100):
+                s.sendall(unknown * 1000)  # 404s, until the node's writes back up
+        before = rss_kib(proc.pid)
+        sent = 0
+        with contextlib.suppress(TimeoutError, OSError):
+            while sent < 64 << 20:
+                s.sendall(b"x" * (1 << 20))
+                sent += 1 << 20
+        grown = rss_kib(proc.pid) - before
+    assert sent < 16 << 20, f"the node took {sent >> 20} MiB it could not answer yet"
+    assert grown < 16 << 10, f"its memory grew by {grown >> 10} MiB"
+
+
+def test_appends_under_way_at_sigterm_are_answered_before_the_node_exits(tmp_path):
+    """Clients appending unique values when the node gets SIGTERM: every value the restarted
+    node holds was answered 200 (an append that commits is never left without its answer, which
+    a client would retry into a duplicate)."""
+    with LocalCluster(tmp_path, replicas=1, partitions=1) as c:
+        c.wait_ready()
+        port = c.nodes["n1"].port
+        answered: set[str] = set()
+        stop = threading.Event()
+
+        def client(k: int) -> None:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", port), timeout=15) as s,
+            ):
+                for i in itertools.count():
+                    value = f"c{k}-{i}"
+                    s.sendall(append_request(json.dumps({"value": value}).encode(), 0))
+                    head = b""
+                    while b"\r\n" not in head:
+                        more = s.recv(4096)
+                        if not more:
+                            return
+                        head += more
+                    if head.startswith(b"HTTP/1.1 200"):
+                        answered.add(value)
+                    if stop.is_set():
+                        return
+
+        threads = [threading.Thread(target=client, args=(k,)) for k in range(32)]
+        for t in threads:
+            t.start()
+        time.sleep(1.0)
+        c.signal("n1", signal.SIGTERM)
+        proc = c.nodes["n1"].proc
+        assert proc is not None and proc.wait(timeout=30) == 0
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        c.start("n1")
+        c.wait_ready()
+        stored: set[str] = set()
+        start = 1
+        while True:
+            code, page = c.get("n1", f"/v1/partitions/0/records?from={start}&limit=10000")
+            assert code == 200
+            if not page["records"]:
+                break
+            stored |= {r["value"] for r in page["records"] if r["value"]}
+            start = page["next"]
+    assert answered, "no append was answered before the SIGTERM"
+    assert stored - answered == set(), "committed, but the client was never told"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import re
 import socket
@@ -25,8 +26,6 @@ from email.utils import formatdate
 from http import HTTPStatus
 from typing import cast
 
-import msgspec
-
 from raftlog.node.server.api_common import ApiError, partition_driver
 from raftlog.node.server.app import append_body
 from raftlog.node.server.node import Node
@@ -35,8 +34,10 @@ log = logging.getLogger("raftlog.api")
 
 ROUTE = "/v1/partitions/{partition}/records"  # the aiohttp route's name in the metrics
 MAX_HEAD = 8192  # a longer head is aiohttp's to judge (it answers 400 or 431)
-IDLE_S = 75.0  # an idle connection is closed after this, as aiohttp's keep-alive timeout does
+MAX_HEADERS = 128  # aiohttp's limit: more is its 400
+IDLE_S = 75.0  # a connection that sent nothing for this long and waits for no answer is closed
 SWEEP_S = 5.0
+_BARE_LF = re.compile(rb"(?<!\r)\n")  # a line not ended by CRLF: aiohttp's 400, at once
 
 _REQUEST_LINE = re.compile(rb"POST /v1/partitions/(0|[1-9][0-9]{0,8})/records HTTP/1\.1")
 _TOKEN = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # a header name (RFC 9110 token)
@@ -52,10 +53,11 @@ def parse_head(head: bytes) -> tuple[int, int, bool] | None:
     None for any other head, well-formed or not."""
     lines = head.split(b"\r\n")
     m = _REQUEST_LINE.fullmatch(lines[0])
-    if m is None:
+    if m is None or len(lines) - 1 > MAX_HEADERS:
         return None
     length = None
     close = False
+    hosts = 0
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if not sep or _TOKEN.fullmatch(name) is None:
@@ -68,6 +70,8 @@ def parse_head(head: bytes) -> tuple[int, int, bool] | None:
             if length is not None or not value.isdigit() or len(value) > 12:
                 return None  # a second length (smuggling), a sign, spaces, absurd sizes
             length = int(value)
+        elif name == b"host":
+            hosts += 1
         elif name in _HANDED_OVER:
             return None
         elif name == b"connection":
@@ -75,7 +79,7 @@ def parse_head(head: bytes) -> tuple[int, int, bool] | None:
             if not options <= {b"close", b"keep-alive"}:
                 return None
             close = b"close" in options
-    if length is None:
+    if length is None or hosts != 1:  # HTTP/1.1 requires exactly one Host (RFC 9112 3.2)
         return None
     return int(m.group(1)), length, close
 
@@ -96,6 +100,10 @@ class _Date:
 
 _date = _Date()
 _REASONS = {s.value: s.phrase.encode() for s in HTTPStatus}
+_INTERNAL = b'{"error": "internal", "reason": "see the node\'s log"}'
+_STOPPING = json.dumps(
+    {"error": "stopping", "reason": "the node stopped; the outcome is unknown, retry"}
+).encode()
 
 
 def response(status: int, body: bytes, content_type: bytes, close: bool) -> bytes:
@@ -110,10 +118,14 @@ def response(status: int, body: bytes, content_type: bytes, close: bool) -> byte
 
 
 class Connections:
-    """The fast path's open connections: closed when idle too long, and at shutdown."""
+    """The fast path's open connections and the answers under way: a connection silent for
+    IDLE_S while it waits for no answer is closed; at shutdown, each is closed once its answer
+    under way is written (`drain`)."""
 
     def __init__(self) -> None:
         self.open: set[FastAppendProtocol] = set()
+        self.answers: set[asyncio.Task[None]] = set()
+        self.draining = False
         self._sweeper: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -124,13 +136,21 @@ class Connections:
         while True:
             await asyncio.sleep(SWEEP_S)
             cutoff = loop.time() - IDLE_S
-            for conn in [c for c in self.open if c.idle_since is not None]:
-                if conn.idle_since is not None and conn.idle_since < cutoff:
-                    conn.close()
+            for conn in [c for c in self.open if not c.busy and c.last_data < cutoff]:
+                conn.close()
 
-    def close(self) -> None:
+    async def drain(self, timeout: float) -> None:
+        """Stop taking requests; close each connection once its answer under way is written,
+        waiting up to `timeout` for them (an append in flight may still commit: its client is
+        told), then close the rest."""
+        self.draining = True
         if self._sweeper is not None:
             self._sweeper.cancel()
+        for conn in list(self.open):
+            if not conn.busy:
+                conn.close()
+        if self.answers:
+            await asyncio.wait(list(self.answers), timeout=timeout)
         for conn in list(self.open):
             conn.close()
 
@@ -151,18 +171,27 @@ class FastAppendProtocol(asyncio.Protocol):
         self.write_paused = False
         self.read_paused = False
         self.close_when_done = False
-        self.idle_since: float | None = None  # loop time since nothing is in flight
+        self.last_data = 0.0  # loop time of the last bytes received (or of the connection)
         self.max_body = node.settings.max_request_bytes
+        self.limit = self.max_body + MAX_HEAD  # bytes buffered before reading pauses
+        self.head: tuple[int, int, int, bool] | None = None  # (body start, p, length, close)
+        self.scanned = 0  # where the search for the end of the head resumes
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's do not subclass asyncio.Transport, hence no isinstance).
         self.transport = t = cast(asyncio.Transport, transport)
+        if self.conns.draining:
+            t.close()
+            return
         sock = t.get_extra_info("socket")
-        if sock is not None:  # answers are small: never held back waiting for an ACK
+        if sock is not None:
             with contextlib.suppress(OSError):
+                # Answers are small: never held back waiting for an ACK. Keep-alive probes find
+                # peers that vanished, as aiohttp has them on its connections.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         self.conns.open.add(self)
-        self.idle_since = asyncio.get_running_loop().time()
+        self.last_data = asyncio.get_running_loop().time()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conns.open.discard(self)
@@ -170,11 +199,10 @@ class FastAppendProtocol(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buf += data
+        self.last_data = asyncio.get_running_loop().time()
         if not self.busy:
             self._next()
-        elif len(self.buf) > self.max_body + MAX_HEAD and self.transport is not None:
-            self.transport.pause_reading()  # a client sending ahead: wait for the answers
-            self.read_paused = True
+        self._flow()
 
     def eof_received(self) -> bool:
         if self.busy:
@@ -189,66 +217,88 @@ class FastAppendProtocol(asyncio.Protocol):
         self.write_paused = False
         if not self.busy:
             self._next()
+            self._flow()
 
     def close(self) -> None:
         if self.transport is not None:
             self.transport.close()
 
-    def _next(self) -> None:
-        """Start answering the next complete request in the buffer, if any."""
+    def _flow(self) -> None:
+        """Read no more while this much waits in the buffer (a client sending ahead of its
+        answers, or not reading them): the kernel's buffers then push back on it."""
         transport = self.transport
-        if transport is None or self.write_paused or not self.buf:
+        if transport is None:
             return
-        if self.read_paused:
+        if len(self.buf) > self.limit:
+            if not self.read_paused:
+                transport.pause_reading()
+                self.read_paused = True
+        elif self.read_paused:
             transport.resume_reading()
             self.read_paused = False
-        end = self.buf.find(b"\r\n\r\n", 0, MAX_HEAD + 4)
-        if end < 0:
-            if len(self.buf) > MAX_HEAD:
+
+    def _next(self) -> None:
+        """Start answering the next complete request in the buffer, if any."""
+        if self.transport is None or self.write_paused or self.conns.draining or not self.buf:
+            return
+        if self.head is None:
+            end = self.buf.find(b"\r\n\r\n", self.scanned, MAX_HEAD + 4)
+            if end < 0:
+                if len(self.buf) > MAX_HEAD or _BARE_LF.search(self.buf, self.scanned):
+                    self._hand_over()
+                else:
+                    self.scanned = max(0, len(self.buf) - 3)
+                return
+            parsed = parse_head(bytes(self.buf[:end]))
+            if parsed is None or parsed[1] > self.max_body:
                 self._hand_over()
-            return
-        parsed = parse_head(bytes(self.buf[:end]))
-        if parsed is None or parsed[1] > self.max_body:
-            self._hand_over()
-            return
-        partition, length, close = parsed
-        start = end + 4
+                return
+            self.head = (end + 4, *parsed)
+        start, partition, length, close = self.head
         if len(self.buf) < start + length:
             return  # the rest of the body is on its way
         body = bytes(self.buf[start : start + length])
         del self.buf[: start + length]
+        self.head, self.scanned = None, 0
         self.busy = True
-        self.idle_since = None
-        asyncio.get_running_loop().create_task(self._answer(partition, body, close))
+        task = asyncio.get_running_loop().create_task(self._answer(partition, body, close))
+        self.conns.answers.add(task)
+        task.add_done_callback(self.conns.answers.discard)
 
     async def _answer(self, partition: int, body: bytes, close: bool) -> None:
         started = time.perf_counter()
-        content_type = b"application/json"
+        status, answer = 500, _INTERNAL
+        content_type = b"application/json; charset=utf-8"
         try:
             answer = await append_body(self.node, partition_driver(self.node, partition), body)
-            status = 200
+            status, content_type = 200, b"application/json"
+        except asyncio.CancelledError:  # the node is stopping past `Connections.drain`'s wait
+            status, answer = 503, _STOPPING
+            raise
         except ApiError as e:
-            status, answer = e.status, msgspec.json.encode(e.body)
-            content_type = b"application/json; charset=utf-8"
+            # As aiohttp's json_response encodes it (ASCII: a lone surrogate named in a field
+            # is escaped, not an encoding error).
+            status, answer = e.status, json.dumps(e.body).encode()
         except Exception:  # a bug: logged with its trace, answered without internals
             log.exception("POST /v1/partitions/%d/records failed", partition)
-            status = 500
-            answer = b'{"error": "internal", "reason": "see the node\'s log"}'
-            content_type = b"application/json; charset=utf-8"
-        self.node.metrics.request_latency(ROUTE, "POST", status).observe(
-            time.perf_counter() - started
-        )
+        finally:
+            self._respond(status, answer, content_type, close, time.perf_counter() - started)
+
+    def _respond(
+        self, status: int, answer: bytes, content_type: bytes, close: bool, took: float
+    ) -> None:
+        self.node.metrics.request_latency(ROUTE, "POST", status).observe(took)
         transport = self.transport
+        self.busy = False
         if transport is None or transport.is_closing():
             return
-        close = close or self.close_when_done
+        close = close or self.close_when_done or self.conns.draining
         transport.write(response(status, answer, content_type, close))
-        self.busy = False
         if close:
             transport.close()
             return
-        self.idle_since = asyncio.get_running_loop().time()
         self._next()
+        self._flow()
 
     def _hand_over(self) -> None:
         """Give the connection, from the request at the head of the buffer on, to aiohttp."""
@@ -256,6 +306,8 @@ class FastAppendProtocol(asyncio.Protocol):
         assert transport is not None and not self.busy
         self.conns.open.discard(self)
         self.transport = None
+        if self.read_paused:
+            transport.resume_reading()  # aiohttp's own flow control takes over
         proto = self.fallback()
         transport.set_protocol(proto)
         proto.connection_made(transport)

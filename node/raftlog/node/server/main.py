@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from raftlog.node.config import describe_validation_error
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app
-from raftlog.node.server.fastpath import Connections, FastAppendProtocol
+from raftlog.node.server.fastpath import IDLE_S, Connections, FastAppendProtocol
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings, load_settings
 from raftlog.node.storage.errors import CorruptFile, WalCorruption
@@ -83,11 +83,14 @@ async def serve(settings: NodeSettings) -> None:
     fast_conns = Connections()
     loop = asyncio.get_running_loop()
     for port, planes in listeners:
-        runner = web.AppRunner(build_app(node, planes), access_log=None)
+        fast = "client" in planes and settings.client_fast_path
+        # The fast path closes silent connections after IDLE_S; aiohttp's do the same.
+        app = build_app(node, planes)
+        runner = web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_S)
         await runner.setup()
         aiohttp_server = runner.server
         assert aiohttp_server is not None
-        if "client" in planes and settings.client_fast_path:
+        if fast:
             fast_servers.append(
                 await loop.create_server(
                     lambda fallback=aiohttp_server: FastAppendProtocol(node, fallback, fast_conns),
@@ -118,7 +121,7 @@ async def serve(settings: NodeSettings) -> None:
     log.info("node %s stopping", node.id)
     for server in fast_servers:
         server.close()
-    fast_conns.close()
+    await fast_conns.drain(settings.append_timeout_s + 1)  # appends under way get their answer
     for runner in runners:
         await runner.cleanup()
     await node.close()
