@@ -83,14 +83,12 @@ async def serve(settings: NodeSettings) -> None:
     fast_conns = Connections()
     loop = asyncio.get_running_loop()
     for port, planes in listeners:
-        fast = "client" in planes and settings.client_fast_path
-        # The fast path closes silent connections after IDLE_S; aiohttp's do the same.
-        app = build_app(node, planes)
-        runner = web.AppRunner(app, access_log=None, keepalive_timeout=IDLE_S)
+        # aiohttp closes silent connections after IDLE_S, as the fast path does.
+        runner = web.AppRunner(build_app(node, planes), access_log=None, keepalive_timeout=IDLE_S)
         await runner.setup()
-        aiohttp_server = runner.server
+        aiohttp_server = runner.server  # the protocol factory the fast path hands over to
         assert aiohttp_server is not None
-        if fast:
+        if "client" in planes and settings.client_fast_path:
             fast_servers.append(
                 await loop.create_server(
                     lambda fallback=aiohttp_server: FastAppendProtocol(node, fallback, fast_conns),
