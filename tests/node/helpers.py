@@ -4,6 +4,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from pathlib import Path
+
+from raftlog.node.config import RaftConfig
+from raftlog.node.core.types import Membership, SnapshotMeta
+from raftlog.node.server.node import Node
+from raftlog.node.server.partition import PartitionDriver
+from raftlog.node.settings import NodeSettings
+from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.snapshots import Chunk, encode_snapshot
 
 
 async def until(cond: Callable[[], object], what: str, timeout: float = 10.0) -> None:
@@ -13,3 +22,29 @@ async def until(cond: Callable[[], object], what: str, timeout: float = 10.0) ->
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
+
+
+def compacting_node(data_dir: Path, every: int = 50) -> Node:
+    """A one-node cluster whose partition snapshots every `every` operations and compacts
+    behind it, over segments of 4 KiB (so compaction removes some)."""
+    return Node(
+        NodeSettings(
+            node_id="n1",
+            peers={"n1": "http://127.0.0.1:10"},
+            data_dir=data_dir,
+            tick_ms=5,
+            segment_bytes=4096,
+            raft=RaftConfig(compact_every_operations=every, compact_number_entries=0),
+        )
+    )
+
+
+def offer_empty_snapshot(d: PartitionDriver, index: int, term: int, voters: set[str]) -> None:
+    """Hand `d` an empty table's snapshot at (index, term), received whole from n1 in one
+    verified chunk, as a snapshot stream would."""
+    meta = SnapshotMeta(index, term, Membership(frozenset(voters)))
+    raw = encode_snapshot(meta, KeyedTable().snapshot())
+    rx = d.storage.snapshots.receiver(index, term)
+    assert rx.write(Chunk.of(raw, 0, len(raw)))
+    got, data = rx.verify()
+    d.snapshot_received("n1", term, rx, got, data)

@@ -8,15 +8,13 @@ import threading
 import time
 
 import pytest
-from tests.node.helpers import until
+from tests.node.helpers import offer_empty_snapshot, until
 
 from raftlog.node.core.messages import AppendRequest, PreVoteResponse, VoteResponse
 from raftlog.node.core.raft import Role
-from raftlog.node.core.types import Entry, Membership, SnapshotMeta
+from raftlog.node.core.types import Entry
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
-from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.snapshots import Chunk, encode_snapshot
 
 PEERS = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens there
 
@@ -27,13 +25,8 @@ def test_entries_after_an_installed_snapshot_are_kept(tmp_path):
         await node.start()
         try:
             d = node.drivers[0]
-            meta = SnapshotMeta(10, 2, Membership(frozenset(PEERS)))
-            raw = encode_snapshot(meta, KeyedTable().snapshot())
-            rx = d.storage.snapshots.receiver(10, 2)
-            assert rx.write(Chunk.of(raw, 0, len(raw)))
-            got, data = rx.verify()
             # Both arrive before the driver's next turn, so one Ready carries both.
-            d.snapshot_received("n1", 2, rx, got, data)
+            offer_empty_snapshot(d, 10, 2, set(PEERS))
             new = (Entry(11, 2, data=b"x"), Entry(12, 2, data=b"y"))
             d.step(AppendRequest("n1", "n2", 2, 10, 2, new, 10))
             for _ in range(100):

@@ -13,18 +13,17 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tests.node.helpers import until
+from tests.node.helpers import compacting_node, offer_empty_snapshot, until
 
 from raftlog.node.config import RaftConfig
 from raftlog.node.core.messages import AppendRequest
 from raftlog.node.core.raft import Role
-from raftlog.node.core.types import Entry, Membership, SnapshotMeta
+from raftlog.node.core.types import Entry
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.statemachine import KeyedTable, TableCapture
 from raftlog.node.storage.fileio import FileOps
-from raftlog.node.storage.snapshots import Chunk, encode_snapshot
 
 HOLD_SECONDS = 10.0  # a held step gives up after this, so broken code fails instead of hanging
 
@@ -56,19 +55,6 @@ class HeldOps(FileOps):
         super().fsync_dir(path)
 
 
-def _node(data_dir: Path, every: int = 50) -> Node:
-    return Node(
-        NodeSettings(
-            node_id="n1",
-            peers={"n1": "http://127.0.0.1:10"},
-            data_dir=data_dir,
-            tick_ms=5,
-            segment_bytes=4096,  # many small segments: compaction removes some
-            raft=RaftConfig(compact_every_operations=every, compact_number_entries=0),
-        )
-    )
-
-
 async def _leader(node: Node) -> PartitionDriver:
     await node.start()
     d = node.drivers[0]
@@ -82,7 +68,7 @@ async def _held_leader(
     data_dir: Path, step: str = "fsync"
 ) -> AsyncIterator[tuple[PartitionDriver, HeldOps]]:
     """A one-node leader whose snapshot store holds its first write at `step` until released."""
-    node = _node(data_dir)
+    node = compacting_node(data_dir)
     d = await _leader(node)
     held = HeldOps(step)
     d.storage.snapshots.ops = held
@@ -174,7 +160,7 @@ def _reopen(data_dir: Path, expected: KeyedTable) -> tuple[int, int]:
     the crashed node had; returns the snapshot index and the compaction floor it opened with."""
 
     async def run() -> tuple[int, int]:
-        node = _node(data_dir, every=10**6)
+        node = compacting_node(data_dir, every=10**6)
         d = node.drivers[0]
         opened = (d.storage.snapshot_meta().index, d.storage.first_index())
         await node.start()
@@ -245,12 +231,7 @@ def test_a_snapshot_installed_from_the_leader_meanwhile_wins_over_the_one_in_fli
             entries = tuple(Entry(i, 1, data=_record(i)) for i in range(1, 61))
             d.step(AppendRequest("n1", "n2", 1, 0, 0, entries, 60))
             await _await_hold(held)  # the follower's own snapshot at 60 is being written
-            meta = SnapshotMeta(100, 1, Membership(frozenset(peers)))
-            raw = encode_snapshot(meta, KeyedTable().snapshot())
-            rx = d.storage.snapshots.receiver(100, 1)
-            assert rx.write(Chunk.of(raw, 0, len(raw)))
-            got, data = rx.verify()
-            d.snapshot_received("n1", 1, rx, got, data)
+            offer_empty_snapshot(d, 100, 1, set(peers))
             await until(lambda: d.storage.snapshot_meta().index == 100, "the install")
             installed = os.path.basename(d.storage.snapshots.file or "")
             held.release.set()
@@ -279,7 +260,7 @@ def test_a_snapshot_that_fails_other_than_by_a_write_stops_the_partition_loudly(
     monkeypatch.setattr(TableCapture, "encode", no_memory)
 
     async def run() -> None:
-        node = _node(tmp_path)
+        node = compacting_node(tmp_path)
         d = await _leader(node)
         try:
             with contextlib.suppress(MemoryError):

@@ -14,9 +14,8 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from crc32c import crc32c
-from tests.node.helpers import until
+from tests.node.helpers import compacting_node, until
 
-from raftlog.node.config import RaftConfig
 from raftlog.node.core.errors import Compacted
 from raftlog.node.core.messages import AppendRequest
 from raftlog.node.core.raft import Role
@@ -151,16 +150,7 @@ def test_a_range_below_the_floor_is_compacted_over_http_as_in_process(tmp_path):
     format is a 400."""
 
     async def run() -> None:
-        node = Node(
-            NodeSettings(
-                node_id="n1",
-                peers={"n1": "http://127.0.0.1:10"},
-                data_dir=tmp_path,
-                tick_ms=5,
-                segment_bytes=4096,  # many small segments: compaction removes some
-                raft=RaftConfig(compact_every_operations=50, compact_number_entries=0),
-            )
-        )
+        node = compacting_node(tmp_path)
         await node.start()
         srv = TestServer(build_app(node))
         await srv.start_server()
