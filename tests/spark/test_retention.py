@@ -67,17 +67,34 @@ def compact_everywhere(cluster: LocalCluster) -> None:
         assert code == 200, body
 
 
+def holds(cluster: LocalCluster) -> list[dict[str, int]]:
+    """Each node's retention holds on partition 0, holder -> min_index."""
+    out = []
+    for n in cluster.nodes:
+        code, body = cluster.get(n, "/v1/admin/partitions/0/holds")
+        assert code == 200, body
+        out.append({h["holder"]: h["min_index"] for h in body["holds"]})
+    return out
+
+
 def run_until_sink_holds(
     spark, cluster, path, n: int, then: list[dict[str, Any]] | None = None, **options: str
 ) -> list[Row]:
     """Run the stream until the sink holds `n` records (plus `then`, appended once the query
-    started, before compaction can run); returns the rows `then` appended."""
+    started, before compaction can run) and, with `retentionHold`, until every node's hold
+    stands past them; returns the rows `then` appended."""
     query = start(spark, cluster, path, **options)
     try:
         wait_until("the query to start", lambda: bool(query.recentProgress), timeout=60)
         added = append(cluster, 0, then) if then else []
         n += len(added)
         wait_until(f"{n} records in the sink", lambda: len(sink(spark, path)) >= n)
+        holder = options.get("retentionHold")
+        if holder and added:
+            # Spark tells a source a batch is done only when it plans the next one (the next
+            # trigger), so the hold moves a little after the sink has the rows.
+            want = {holder: added[-1][1] + 1}
+            wait_until(f"every hold at {want}", lambda: all(h == want for h in holds(cluster)))
     finally:
         query.stop()
     return added
@@ -90,11 +107,7 @@ def test_a_retention_hold_keeps_what_the_stream_has_not_committed(spark, cluster
         spark, cluster, tmp_path, 0, records(40, "first", pad=300), retentionHold="reader-1"
     )
     committed = acked[-1][1] + 1  # the stream's next index: where its hold now stands
-    # (Spark tells a source a batch is done when it plans the next one; idle triggers do.)
-    for n in cluster.nodes:
-        code, body = cluster.get(n, "/v1/admin/partitions/0/holds")
-        assert code == 200
-        assert {"reader-1": committed} == {h["holder"]: h["min_index"] for h in body["holds"]}
+    assert holds(cluster) == [{"reader-1": committed}] * len(cluster.nodes)
     # Much more is written and compacted while the stream is stopped.
     for i in range(4):
         acked += append(cluster, 0, records(40, f"more{i}", pad=300))
