@@ -30,6 +30,26 @@ def stream(spark: SparkSession, cluster: LocalCluster, **options: str) -> DataFr
     return raftlog_df(spark, cluster, options, stream=True)
 
 
+def starting_at(acked: list[Row]) -> str:
+    """startingOffsets at the first of `acked` in each partition: the records the test appended
+    (a follower's status may not know yet of the module's latest commits)."""
+    first: dict[str, int] = {}
+    for p, index, *_ in acked:
+        first[str(p)] = min(index, first.get(str(p), index))
+    return json.dumps(first)
+
+
+def batches_with_rows(query: StreamingQuery, rows: int) -> int:
+    """How many of the query's micro-batches read records, once its progress counts `rows`:
+    Spark reports a batch after the sink has committed its files, so the sink can hold a
+    batch's records before `recentProgress` has it."""
+    wait_until(
+        f"the query's progress to count {rows} records",
+        lambda: sum(p["numInputRows"] for p in query.recentProgress) >= rows,
+    )
+    return len([p for p in query.recentProgress if p["numInputRows"]])
+
+
 def until_caught_up(df: DataFrame, sink: Path, checkpoint: Path) -> StreamingQuery:
     """Run `df` into a Parquet sink with an availableNow trigger until it has read everything
     there was when it started; the finished query (for its progress)."""
@@ -74,12 +94,12 @@ def test_new_records_in_later_batches_and_exactly_once_across_a_restart(spark, c
     query = start()
     try:
         wait_until("the records from before the start", sink_holds(len(acked)))
-        batches_before = len([p for p in query.recentProgress if p["numInputRows"]])
+        batches_before = batches_with_rows(query, len(acked))
         acked += append(cluster, 0, records(12, "while-running", keys=3))
         acked += append(cluster, 1, records(8, "while-running"))
         wait_until("the records appended while running", sink_holds(len(acked)))
-        later = [p for p in query.recentProgress if p["numInputRows"]]
-        assert len(later) > batches_before, "the new records came in a later micro-batch"
+        later = batches_with_rows(query, len(acked))
+        assert later > batches_before, "the new records came in a later micro-batch"
     finally:
         query.stop()
     acked += append(cluster, 0, records(15, "while-stopped", keys=3))
@@ -97,13 +117,8 @@ def test_new_records_in_later_batches_and_exactly_once_across_a_restart(spark, c
 
 
 def test_max_records_per_trigger_bounds_each_micro_batch(spark, cluster, tmp_path):
-    start = {p: int(cluster.status("n1")["partitions"][p]["high_water_mark"]) + 1 for p in (0, 1)}
     acked = append(cluster, 0, records(30, "bounded")) + append(cluster, 1, records(20, "bounded"))
-    df = stream(
-        spark, cluster,
-        startingOffsets=json.dumps({"0": start[0], "1": start[1]}),
-        maxRecordsPerTrigger="12",
-    )  # fmt: skip
+    df = stream(spark, cluster, startingOffsets=starting_at(acked), maxRecordsPerTrigger="12")
     query = until_caught_up(df, tmp_path / "sink", tmp_path / "checkpoint")
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sum(sizes) == 50 and max(sizes) <= 12 and len(sizes) >= 5, sizes
@@ -118,15 +133,11 @@ def test_a_crash_between_the_offset_log_and_the_commit_log_replays_the_same_batc
     (with or without the sink's own log of batch N): the restart runs batch N again over the
     logged offsets, though more records came meanwhile, and the sink ends exactly once."""
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
-    start = {p: int(cluster.status("n1")["partitions"][p]["high_water_mark"]) + 1 for p in (0, 1)}
     acked = append(cluster, 0, records(20, "crash")) + append(cluster, 1, records(14, "crash"))
+    starting = starting_at(acked)
 
     def run() -> None:
-        df = stream(
-            spark, cluster,
-            startingOffsets=json.dumps({"0": start[0], "1": start[1]}),
-            maxRecordsPerTrigger="10",
-        )  # fmt: skip
+        df = stream(spark, cluster, startingOffsets=starting, maxRecordsPerTrigger="10")
         until_caught_up(df, sink, checkpoint)
 
     run()
