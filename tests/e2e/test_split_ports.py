@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.frames import open_frame_stream
 from tests.loopback import free_loopback_net
 
 from raftlog.client import AsyncClient
@@ -112,6 +113,10 @@ def test_clients_and_peers_are_served_on_their_own_ports(split_cluster):
     # The client port has no admin or peer routes, even with the token.
     assert call(f"http://{follower}:{CLIENT}/v1/admin/peers", token=TOKEN) == 404
     assert call(f"http://{follower}:{CLIENT}/peer/v1/stream", token=TOKEN) == 404
+    for port, status in ((CLIENT, 404), (PEER, 101)):  # the frame stream: peer port only
+        s, got, _ = open_frame_stream(follower, port, TOKEN)
+        s.close()
+        assert got == status, port
     assert call(f"http://{follower}:{CLIENT}/peer/v1/messages", "POST", TOKEN, {}) == 404
     # The peer port has no client routes; its admin API wants the token.
     assert call(f"http://{follower}:{PEER}/v1/partitions/0/records?from=1") == 404

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import ssl
 import urllib.error
 import urllib.request
 from typing import Any
@@ -14,6 +15,7 @@ from raftlog.client import AsyncClient
 from raftlog.node.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e]
+FRAMES_ACCEPTED = 'raftlog_request_seconds_count{method="GET",route="/peer/v1/frames",status="101"}'
 
 
 def test_a_cluster_over_tls(tmp_path):
@@ -36,6 +38,12 @@ def test_a_cluster_over_tls(tmp_path):
 
         page = asyncio.run(go())
         assert [r["value"] for r in page["records"]] == ["over tls"]
+        # The peers' Raft traffic took the frame stream, over TLS.
+        trusted = ssl.create_default_context(cafile=str(ca_file))
+        for name, node in cluster.nodes.items():
+            with urllib.request.urlopen(node.url + "/metrics", context=trusted, timeout=5) as r:
+                metrics = r.read().decode()
+            assert FRAMES_ACCEPTED in metrics, name
         plain = cluster.endpoints[0].replace("https://", "http://") + "/healthz"
         with pytest.raises((urllib.error.URLError, ConnectionError, OSError)):
             urllib.request.urlopen(plain, timeout=3).read()

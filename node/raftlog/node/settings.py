@@ -65,6 +65,13 @@ class NodeSettings(BaseSettings):
         "request machinery (`server/fastpath.py`; about a tenth of its CPU per request); "
         "every other request there is served by aiohttp as before",
     )
+    peer_frames: bool = Field(
+        True,
+        description="stream Raft messages to peers over a raw connection of length-prefixed "
+        "frames (an HTTP/1.1 Upgrade on the peer port, `transport/frames.py`), handled in the "
+        "socket's callbacks with no task hop on either side; off: a WebSocket per peer, as "
+        "before (a peer that does not know frames is sent them over the WebSocket anyway)",
+    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop",
         description="the event loop the node runs on: uvloop (libuv; its transports and "

@@ -9,13 +9,18 @@ is answered here by the same code as the aiohttp route (`app.append_body`), with
 statuses, JSON bodies and `raftlog_request_seconds` observations. At the first request it does
 not recognise, the connection passes for good, with that request's bytes, to aiohttp's own
 protocol, which serves everything else (other routes, chunked bodies, `Expect`, upgrades to the
-peer stream, HTTP/1.0, malformed heads and their 400s). Any doubt goes to aiohttp.
+WebSocket peer stream, HTTP/1.0, malformed heads and their 400s). Any doubt goes to aiohttp.
+
+On a listener that serves the peer plane, the same protocol accepts a peer's frame stream
+handshake (`transport.frames`): with the cluster's token it answers 101 and the connection passes
+to `peer_frames.FrameReceiver`; without it, 401 and the connection closes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import logging
 import re
@@ -29,6 +34,8 @@ from typing import cast
 from raftlog.node.server.api_common import ApiError, partition_driver
 from raftlog.node.server.app import append_body
 from raftlog.node.server.node import Node
+from raftlog.node.server.peer_frames import FrameReceiver
+from raftlog.node.transport import frames
 
 log = logging.getLogger("raftlog.api")
 
@@ -123,8 +130,9 @@ class Connections:
     under way is written (`drain`)."""
 
     def __init__(self) -> None:
-        self.open: set[FastAppendProtocol] = set()
+        self.open: set[FastPathProtocol] = set()
         self.answers: set[asyncio.Task[None]] = set()
+        self.streams: set[asyncio.Transport] = set()  # peers' frame streams
         self.draining = False
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -154,17 +162,30 @@ class Connections:
         for conn in list(self.open):
             conn.close()
 
+    def close_streams(self) -> None:
+        """Close the peers' frame streams (last: appends under way need them to commit)."""
+        for t in list(self.streams):
+            t.close()
 
-class FastAppendProtocol(asyncio.Protocol):
-    """One client connection: fast appends in order, until the first request that is not one
-    (see the module's docstring). Requests are answered one at a time, in order."""
+
+class FastPathProtocol(asyncio.Protocol):
+    """One connection: fast appends in order (`appends`), or a peer's frame stream (`frames`),
+    until the first request that is neither (see the module's docstring). Requests are answered
+    one at a time, in order."""
 
     def __init__(
-        self, node: Node, fallback: Callable[[], asyncio.Protocol], conns: Connections
+        self,
+        node: Node,
+        fallback: Callable[[], asyncio.Protocol],
+        conns: Connections,
+        appends: bool = True,
+        frames: bool = False,
     ) -> None:
         self.node = node
         self.fallback = fallback  # aiohttp's protocol factory (`web.Server`)
         self.conns = conns
+        self.appends = appends
+        self.frames = frames
         self.buf = bytearray()
         self.transport: asyncio.Transport | None = None
         self.busy = False  # a request is being answered
@@ -249,7 +270,13 @@ class FastAppendProtocol(asyncio.Protocol):
                 else:
                     self.scanned = max(0, len(self.buf) - 3)
                 return
-            parsed = parse_head(bytes(self.buf[:end]))
+            head = bytes(self.buf[:end])
+            parsed = parse_head(head) if self.appends else None
+            if parsed is None and self.frames:
+                auth = frames.parse_upgrade(head)
+                if auth is not None:
+                    self._upgrade(auth, end + 4)
+                    return
             if parsed is None or parsed[1] > self.max_body:
                 self._hand_over()
                 return
@@ -285,9 +312,15 @@ class FastAppendProtocol(asyncio.Protocol):
             self._respond(status, answer, content_type, close, time.perf_counter() - started)
 
     def _respond(
-        self, status: int, answer: bytes, content_type: bytes, close: bool, took: float
+        self,
+        status: int,
+        answer: bytes,
+        content_type: bytes,
+        close: bool,
+        took: float,
+        route: tuple[str, str] = (ROUTE, "POST"),
     ) -> None:
-        self.node.metrics.request_latency(ROUTE, "POST", status).observe(took)
+        self.node.metrics.request_latency(*route, status).observe(took)
         transport = self.transport
         self.busy = False
         if transport is None or transport.is_closing():
@@ -299,6 +332,34 @@ class FastAppendProtocol(asyncio.Protocol):
             return
         self._next()
         self._flow()
+
+    def _upgrade(self, auth: bytes, start: int) -> None:
+        """Accept a peer's frame stream whose handshake head ends at `start`: the connection
+        passes to a `FrameReceiver` with the bytes after the head (401 without the token)."""
+        transport = self.transport
+        assert transport is not None and not self.busy
+        started = time.perf_counter()
+        token = self.node.token
+        if token and not hmac.compare_digest(auth, f"Bearer {token}".encode()):
+            body = b'{"error": "unauthorized", "reason": "a valid bearer token is required"}'
+            took = time.perf_counter() - started
+            kind = b"application/json; charset=utf-8"
+            self._respond(401, body, kind, True, took, (frames.PATH, "GET"))
+            return
+        self.node.metrics.request_latency(frames.PATH, "GET", 101).observe(
+            time.perf_counter() - started
+        )
+        self.conns.open.discard(self)
+        self.transport = None
+        transport.write(frames.SWITCHED)
+        if self.read_paused:
+            transport.resume_reading()
+        proto = FrameReceiver(self.node, self.conns.streams)
+        transport.set_protocol(proto)
+        proto.connection_made(transport)
+        data, self.buf = bytes(self.buf[start:]), bytearray()
+        if data:
+            proto.data_received(data)
 
     def _hand_over(self) -> None:
         """Give the connection, from the request at the head of the buffer on, to aiohttp."""

@@ -24,7 +24,7 @@ from pydantic import ValidationError
 
 from raftlog.node.config import describe_validation_error
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app
-from raftlog.node.server.fastpath import IDLE_S, Connections, FastAppendProtocol
+from raftlog.node.server.fastpath import IDLE_S, Connections, FastPathProtocol
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings, load_settings
 from raftlog.node.storage.errors import CorruptFile, WalCorruption
@@ -88,10 +88,14 @@ async def serve(settings: NodeSettings) -> None:
         await runner.setup()
         aiohttp_server = runner.server  # the protocol factory the fast path hands over to
         assert aiohttp_server is not None
-        if "client" in planes and settings.client_fast_path:
+        appends = "client" in planes and settings.client_fast_path
+        frames = "peer" in planes and settings.peer_frames
+        if appends or frames:
             fast_servers.append(
                 await loop.create_server(
-                    lambda fallback=aiohttp_server: FastAppendProtocol(node, fallback, fast_conns),
+                    lambda fallback=aiohttp_server, a=appends, f=frames: FastPathProtocol(
+                        node, fallback, fast_conns, appends=a, frames=f
+                    ),
                     settings.host,
                     port,
                     ssl=settings.server_ssl(),
@@ -120,6 +124,7 @@ async def serve(settings: NodeSettings) -> None:
     for server in fast_servers:
         server.close()
     await fast_conns.drain(settings.append_timeout_s + 1)  # appends under way get their answer
+    fast_conns.close_streams()
     for runner in runners:
         await runner.cleanup()
     await node.close()

@@ -24,7 +24,9 @@ class Node:
         self.settings = settings
         self.id = settings.node_id
         self.token = settings.token()
-        self.transport = Transport(self.id, dict(settings.peers), self.token, settings.client_ssl())
+        self.transport = Transport(
+            self.id, dict(settings.peers), self.token, settings.client_ssl(), settings.peer_frames
+        )
         self.metrics = NodeMetrics()
         self.sync_gate = SyncGate()  # the partitions' fsyncs: in the loop only one at a time
         bootstrap = None if settings.join else Membership(frozenset(settings.peers))

@@ -1,16 +1,18 @@
 """Sending to peers: one long-lived stream and one sender task per peer.
 
-Each peer gets a WebSocket (`/peer/v1/stream`, on the node's own port, behind the same token and
-TLS as every peer call) that carries binary frames one way, with TCP_NODELAY: a frame costs one
-write here and one read there, with no request, response or header round. Messages for a peer
-queue up while the previous frame is written and go out together in the next one (binary frames,
-see `codec`). A peer that does not know the stream (an older node, 404 on the handshake) is sent
-frames by `POST /peer/v1/messages`, one request per frame, as before.
+Each peer gets a frame stream (`frames`: an HTTP/1.1 Upgrade on the peer's own port, behind the
+same token and TLS as every peer call, then length-prefixed binary frames one way, with
+TCP_NODELAY). A message is written to the socket by the driver that sends it, in the same
+callback: no task hop, and a frame costs one write here and one read there. Messages queue only
+while the stream is not up or the kernel's buffer for the peer is full, and go out together in
+the next frame. A peer that does not know frames (an older node, or `peer_frames` off: 404 on
+the handshake) is sent them over a WebSocket (`/peer/v1/stream`, a sender task writing each
+frame), and one that knows neither by `POST /peer/v1/messages`, one request per frame.
 
 A failed send drops its frame (Raft retransmits what matters) and the sender backs off, doubling
-from 50 ms to 2 s, until the peer answers again; a write that cannot finish within
-`SEND_TIMEOUT` (a peer that stopped reading) drops the connection. The queue is bounded: when a
-peer is down for long, the oldest messages are dropped first.
+from 50 ms to 2 s, until the peer answers again; a stream that cannot take a write within
+`SEND_TIMEOUT` (a peer that stopped reading) is dropped. The queue is bounded: when a peer is
+down for long, the oldest messages are dropped first.
 
 Snapshots stream in chunks, each with its offset and CRC32C; the receiver appends them to a
 partial file, so a transfer cut short resumes where it stopped.
@@ -21,13 +23,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import urllib.parse
 from collections import deque
+from typing import Literal
 
 import aiohttp
 
 from raftlog.node.core.messages import Message
 from raftlog.node.core.types import SnapshotMeta
 from raftlog.node.storage.snapshots import DEFAULT_CHUNK_BYTES, Chunk, encode_snapshot
+from raftlog.node.transport import frames
 from raftlog.node.transport.codec import encode_frame
 
 log = logging.getLogger("raftlog.transport")
@@ -36,33 +41,54 @@ MAX_QUEUE = 10_000
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 STREAM_PATH = "/peer/v1/stream"
 SEND_TIMEOUT = 5.0
+CONNECT_TIMEOUT = 5.0  # TCP, TLS and the frame stream's handshake
+Mode = Literal["frames", "stream", "post"]
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
 
 
-class _StreamUnsupported(Exception):
-    """The peer answered the stream handshake with 404: it only takes POSTed frames."""
+class _Unsupported(Exception):
+    """The peer answered a stream's handshake with 404: it does not know that kind."""
 
 
 class PeerSender:
-    def __init__(self, name: str, url: str, session: aiohttp.ClientSession, token: str | None):
+    def __init__(
+        self,
+        name: str,
+        url: str,
+        session: aiohttp.ClientSession,
+        token: str | None,
+        ssl_context: ssl.SSLContext | None = None,
+        mode: Mode = "frames",
+    ):
         self.name = name
         self.url = url
         self.session = session
         self.token = token
+        self.ssl_context = ssl_context
         self.headers = {**auth_headers(token), "Content-Type": "application/x-raftlog-frame"}
         self.queue: deque[tuple[int, Message]] = deque(maxlen=MAX_QUEUE)
         self.ready = asyncio.Event()
         self.sent_frames = 0
         self.failures = 0
         self.connected = False
-        self.streaming = True  # False once the peer turned out not to know the stream
-        self._closed = False  # the open stream was closed by the peer or failed while reading
+        self.mode: Mode = mode  # steps down to "stream", then "post", on a peer's 404
+        self.link: frames.Link | None = None  # the frame stream, while it is up
+        self._closed = False  # the open WebSocket was closed by the peer or failed while reading
         self.task: asyncio.Task[None] | None = None
 
     def send(self, partition: int, messages: list[Message]) -> None:
+        link = self.link
+        if link is not None and link.writable:
+            if self.queue:  # never ahead of what waits
+                self.queue.extend((partition, m) for m in messages)
+                link.write(self._take())
+            else:
+                link.write(encode_frame([(partition, m) for m in messages]))
+            self.sent_frames += 1
+            return
         self.queue.extend((partition, m) for m in messages)
         self.ready.set()
 
@@ -79,15 +105,21 @@ class PeerSender:
                 self.ready.clear()
                 continue
             try:
-                if self.streaming:
+                if self.mode == "frames":
+                    await self._frames()
+                elif self.mode == "stream":
                     await self._stream()
                 else:
                     self.ready.clear()
                     await self._post(self._take())
                 backoff = BACKOFF_MIN
-            except _StreamUnsupported:
-                log.info("peer %s has no %s; sending frames by POST", self.name, STREAM_PATH)
-                self.streaming = False
+            except _Unsupported:
+                if self.mode == "frames":
+                    log.info("peer %s has no %s; using a WebSocket", self.name, frames.PATH)
+                    self.mode = "stream"
+                else:
+                    log.info("peer %s has no %s; sending frames by POST", self.name, STREAM_PATH)
+                    self.mode = "post"
             except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as e:
                 self.failures += 1
                 if self.connected:
@@ -101,6 +133,54 @@ class PeerSender:
         if not self.connected:
             log.info("peer %s reachable at %s", self.name, self.url)
         self.connected = True
+
+    async def _frames(self) -> None:
+        """Open the frame stream and keep it until it fails (raises) or closes; `send` writes
+        to it directly meanwhile, and this writes what queued while it could not."""
+        link = await self._open_link()
+        self._reachable()
+        self.link = link
+        try:
+            while True:
+                if link.lost:
+                    raise ConnectionResetError(f"the stream to {self.name} was closed")
+                if link.paused:
+                    # The peer is not reading: give it SEND_TIMEOUT to take the write.
+                    async with asyncio.timeout(SEND_TIMEOUT):
+                        while link.paused and not link.lost:
+                            await self.ready.wait()
+                            self.ready.clear()
+                    continue
+                if self.queue:
+                    link.write(self._take())
+                    self.sent_frames += 1
+                await self.ready.wait()
+                self.ready.clear()
+        finally:
+            self.link = None
+            link.abort()
+
+    async def _open_link(self) -> frames.Link:
+        u = urllib.parse.urlsplit(self.url)
+        host, tls = u.hostname or "localhost", u.scheme == "https"
+        port = u.port or (443 if tls else 80)
+        link = frames.Link(frames.handshake(host, port, self.token), self.ready.set)
+        loop = asyncio.get_running_loop()
+        try:
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                await loop.create_connection(
+                    lambda: link, host, port, ssl=(self.ssl_context or True) if tls else None
+                )
+                status = await link.answered
+        except BaseException:
+            link.abort()
+            raise
+        if status == 101:
+            return link
+        link.abort()
+        if status == 404:
+            raise _Unsupported()
+        raise RuntimeError(f"HTTP {status} to the frame stream's handshake")
 
     async def _stream(self) -> None:
         """Open the stream and write frames to it until it fails (raises) or closes."""
@@ -116,7 +196,7 @@ class PeerSender:
             )
         except aiohttp.WSServerHandshakeError as e:
             if e.status == 404:
-                raise _StreamUnsupported() from None
+                raise _Unsupported() from None
             raise
         self._closed = False
         reader = asyncio.get_running_loop().create_task(self._watch(ws))
@@ -163,8 +243,10 @@ class Transport:
         peers: dict[str, str],
         token: str | None,
         ssl_context: ssl.SSLContext | None = None,
+        frames: bool = True,
     ) -> None:
         self.ssl_context = ssl_context
+        self.mode: Mode = "frames" if frames else "stream"
         self.node_id = node_id
         self.peers = peers
         self.token = token
@@ -189,7 +271,7 @@ class Transport:
 
     def _add(self, name: str, url: str) -> PeerSender:
         assert self.session is not None
-        sender = PeerSender(name, url, self.session, self.token)
+        sender = PeerSender(name, url, self.session, self.token, self.ssl_context, self.mode)
         sender.task = asyncio.get_running_loop().create_task(sender.run())
         self.senders[name] = sender
         return sender

@@ -1,0 +1,66 @@
+"""The receiving end of a peer's frame stream (`transport.frames`), once the listener's fast path
+has accepted its handshake (`server/fastpath.py`).
+
+Each frame's messages are stepped into the partitions' drivers in the callback that completes
+the frame, in order: no task wakes between the socket and the driver. A frame that does not
+decode, or is larger than `max_request_bytes`, closes the stream (the sender reconnects and goes
+on with later frames); a message for a partition this node does not have is dropped and logged,
+as on the WebSocket stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import cast
+
+from raftlog.node.core.errors import InvalidMessage
+from raftlog.node.core.messages import Message
+from raftlog.node.server.node import Node
+from raftlog.node.transport.codec import decode_frame
+from raftlog.node.transport.frames import FrameTooLarge, Splitter
+
+log = logging.getLogger("raftlog.transport")
+
+
+class FrameReceiver(asyncio.Protocol):
+    def __init__(self, node: Node, streams: set[asyncio.Transport]) -> None:
+        self.node = node
+        self.streams = streams  # the open frame streams, closed when the node stops
+        self.splitter = Splitter(node.settings.max_request_bytes)
+        self.transport: asyncio.Transport | None = None
+        self.peer = "?"
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = t = cast(asyncio.Transport, transport)
+        self.streams.add(t)
+        peer = t.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.transport is not None:
+            self.streams.discard(self.transport)
+        self.transport = None
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return
+        try:
+            frames = self.splitter.feed(data)
+            for frame in frames:
+                self._step(decode_frame(frame))
+        except (FrameTooLarge, InvalidMessage) as e:
+            reason = f"{e.field}: {e.reason}" if isinstance(e, InvalidMessage) else str(e)
+            log.warning("peer frame stream from %s: bad frame (%s); closed", self.peer, reason)
+            self.transport.close()
+
+    def eof_received(self) -> bool:
+        return False  # the sender is done: close our side too
+
+    def _step(self, items: list[tuple[int, Message]]) -> None:
+        for p, m in items:
+            d = self.node.driver(p)
+            if d is None:
+                log.warning("peer frame stream: a message for unknown partition %d dropped", p)
+                continue
+            d.step(m)

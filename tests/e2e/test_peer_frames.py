@@ -1,0 +1,129 @@
+"""The peer frame stream against real nodes: its handshake wants the cluster's token, a bad frame
+closes it and changes nothing, and a node that does not take frames is still replicated to (over
+the WebSocket stream)."""
+
+from __future__ import annotations
+
+import re
+import socket
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+from tests.frames import open_frame_stream
+
+from raftlog.node.core.messages import HeartbeatRequest
+from raftlog.node.local import LocalCluster
+from raftlog.node.transport.codec import encode_frame
+from raftlog.node.transport.frames import frame
+
+pytestmark = [pytest.mark.e2e]
+
+TOKEN = "frames-token"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    d = tmp_path_factory.mktemp("frames")
+    (d / "token").write_text(TOKEN + "\n")
+    with LocalCluster(d, replicas=1, partitions=1, auth_token_file=d / "token", durable=False) as c:
+        c.wait_ready()
+        yield c
+
+
+def closed_by_peer(s: socket.socket) -> bool:
+    """True once the node closed the stream (EOF or reset) within 5 s."""
+    s.settimeout(5)
+    try:
+        return s.recv(4096) == b""
+    except ConnectionResetError:
+        return True
+
+
+def counted(c: LocalCluster, name: str, status: int) -> float:
+    with urllib.request.urlopen(c.nodes[name].url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    m = re.search(
+        r'raftlog_request_seconds_count\{method="GET",route="/peer/v1/frames",'
+        rf'status="{status}"\}} (\S+)',
+        text,
+    )
+    return float(m.group(1)) if m else 0.0
+
+
+def last_index(c: LocalCluster) -> int:
+    return int(c.status("n1")["partitions"][0]["last_index"])
+
+
+def test_the_handshake_wants_the_token(node):
+    port = node.nodes["n1"].port
+    refused = counted(node, "n1", 401)
+    for token in (None, "wrong"):
+        s, status, head = open_frame_stream("127.0.0.1", port, token)
+        with s:
+            assert status == 401, head
+            assert closed_by_peer(s)
+    assert counted(node, "n1", 401) == refused + 2
+    accepted = counted(node, "n1", 101)
+    s, status, head = open_frame_stream("127.0.0.1", port, TOKEN)
+    with s:
+        assert status == 101
+        assert b"upgrade: raftlog-frames/1" in head.lower()
+    assert counted(node, "n1", 101) == accepted + 1
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        frame(b"\xc1 not msgpack"),
+        frame(b"\x91\x05"),  # MessagePack, but [5] is not a message
+        (1 << 30).to_bytes(4, "big"),  # a length past max_request_bytes: refused before its body
+    ],
+    ids=["not-msgpack", "not-a-message", "too-large"],
+)
+def test_a_bad_frame_closes_the_stream_and_changes_nothing(node, bad):
+    before = last_index(node)
+    s, status, _ = open_frame_stream("127.0.0.1", node.nodes["n1"].port, TOKEN)
+    with s:
+        assert status == 101
+        # Good frames first, in one write with the bad one: an empty frame, and a message for a
+        # partition the node does not have (dropped and logged, the stream stays up).
+        unknown = encode_frame([(7, HeartbeatRequest("nx", "n1", 0, 0))])
+        s.sendall(frame(encode_frame([])) + frame(unknown))
+        s.settimeout(0.5)
+        with pytest.raises(TimeoutError):
+            s.recv(1)  # still open: nothing to read, no EOF
+        s.sendall(bad)
+        assert closed_by_peer(s)
+    assert last_index(node) == before
+    assert node.status("n1")["partitions"][0]["role"] == "leader"
+
+
+def test_a_node_without_frames_is_replicated_to_over_the_websocket(tmp_path):
+    with LocalCluster(tmp_path, replicas=3, partitions=1, durable=False) as c:
+        c.wait_ready()
+        c.kill("n3")
+        c.env["RAFTLOG_PEER_FRAMES"] = "false"  # n3 alone: it neither takes nor sends frames
+        c.start("n3")
+        c.wait_ready()
+        leader = c.leader(0)
+        assert leader is not None and leader != "n3"
+        for i in range(20):
+            code, body = c.request(
+                leader, "POST", "/v1/partitions/0/records", f'{{"value": "v{i}"}}'.encode()
+            )
+            assert code == 200, body
+        last = body["last_index"]
+        deadline = time.monotonic() + 15
+        while c.status("n3")["partitions"][0]["high_water_mark"] < last:
+            assert time.monotonic() < deadline, "n3 never caught up"
+            time.sleep(0.1)
+        code, page = c.get("n3", f"/v1/partitions/0/records?from={last - 19}&limit=20")
+        assert [r["value"] for r in page["records"]] == [f"v{i}" for i in range(20)]
+        # The leader found out at its handshake (n3's listener left it to aiohttp: 404).
+        text = Path(c.nodes[leader].log_path).read_text()
+        assert "peer n3 has no /peer/v1/frames; using a WebSocket" in text
+        # The two that take frames still stream to each other; n3 takes none.
+        assert counted(c, "n1", 101) >= 1 and counted(c, "n2", 101) >= 1
+        assert counted(c, "n3", 101) == 0
