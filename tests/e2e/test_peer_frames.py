@@ -127,3 +127,33 @@ def test_a_node_without_frames_is_replicated_to_over_the_websocket(tmp_path):
         # The two that take frames still stream to each other; n3 takes none.
         assert counted(c, "n1", 101) >= 1 and counted(c, "n2", 101) >= 1
         assert counted(c, "n3", 101) == 0
+
+
+def test_a_restarted_follower_catches_up_on_large_records(tmp_path):
+    """20 records of 900 KB written while a follower is down: the messages queued for it leave in
+    frames of at most half its `max_request_bytes`, and the leader's appends carry at most
+    `max_append_bytes` (1 MiB) of entries, so it takes every frame and catches up. (One queued
+    frame of everything, and appends of up to 64 entries, once made 18 MB to 860 MB frames it
+    refused, forever.) `test_codec` and `test_raft_core` check each bound alone."""
+    with LocalCluster(tmp_path, replicas=3, partitions=1, durable=False) as c:
+        c.wait_ready()
+        leader = c.leader(0)
+        assert leader is not None
+        behind = next(n for n in c.nodes if n != leader)
+        c.kill(behind)
+        body = b'{"value": "%s"}' % (b"x" * 900_000)
+        for _ in range(20):
+            code, reply = c.request(leader, "POST", "/v1/partitions/0/records", body)
+            assert code == 200, reply
+        c.start(behind)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if c.status(behind)["partitions"][0]["last_index"] >= reply["last_index"]:
+                    break
+            except (OSError, RuntimeError):
+                pass  # still starting
+            assert time.monotonic() < deadline, "the follower never caught up"
+            time.sleep(0.2)
+        for name in c.nodes:
+            assert "bad frame" not in Path(c.nodes[name].log_path).read_text(), name

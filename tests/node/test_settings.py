@@ -34,6 +34,11 @@ def test_flags_win_over_environment_over_file(tmp_path, monkeypatch):
         ({"colour": "red"}, "colour"),
         ({"event_loop": "trio"}, "event_loop"),
         ({"port": 7001, "peer_port": 7001}, "peer_port: 7001 is also the client port"),
+        (
+            {"max_request_bytes": 1 << 20, "raft": {"max_append_bytes": 600_000}},
+            "raft.max_append_bytes (600000) must be at most half of max_request_bytes",
+        ),
+        ({"raft": {"max_append_bytes": 1 << 30}}, "must be at most max_message_bytes"),
     ],
 )
 def test_bad_settings_name_the_field(tmp_path, values, field):

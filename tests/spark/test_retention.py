@@ -160,7 +160,7 @@ def test_a_stream_below_the_compaction_floor_fails_or_skips_and_says_so(
     def logged_since() -> str:
         with spark_stderr.open() as f:
             f.seek(logged)
-            return f.read()
+            return str(f.read())
 
     # A Python worker's stderr reaches the log through the JVM's own thread: wait for it.
     wait_until(f"{said!r} in Spark's log", lambda: said in logged_since(), timeout=30)

@@ -3,6 +3,8 @@ their exact fields, and a frame a peer got wrong is refused with a reason, never
 
 from __future__ import annotations
 
+from typing import Any, cast
+
 import msgspec
 import pytest
 
@@ -16,7 +18,8 @@ from raftlog.node.core.messages import (
     VoteRequest,
 )
 from raftlog.node.core.types import Entry, EntryKind, Membership, SnapshotMeta
-from raftlog.node.transport.codec import decode_frame, encode_frame
+from raftlog.node.transport.codec import decode_frame, encode_frame, size_hint
+from raftlog.node.transport.peers import PeerSender
 
 ENTRIES = (
     Entry(7, 3, EntryKind.NORMAL, b"\x00\xffrecord"),
@@ -77,3 +80,24 @@ def test_malformed_entries_are_refused_with_a_reason(entries: list[object]) -> N
     with pytest.raises(InvalidMessage) as e:
         decode_frame(_frame_with_entries(entries))
     assert "AppendRequest" in e.value.reason
+
+
+def test_queued_messages_go_out_in_frames_a_peer_takes_in_order() -> None:
+    """A sender's queue (messages held while its stream was down) leaves in frames of at most
+    its budget, or one message alone, oldest first: a peer refuses a frame over its limit."""
+    sender = PeerSender("b", "http://127.0.0.1:1", cast(Any, None), None, frame_budget=4096)
+    big = tuple(Entry(i, 1, EntryKind.NORMAL, b"x" * 1000) for i in range(1, 4))
+    messages: list[tuple[int, Message]] = [
+        (0, AppendRequest("a", "b", 1, 0, 0, big, 0)),  # 3 x 1,024 + 64 bytes
+        (1, HeartbeatRequest("a", "b", 1, 0)),
+        (0, AppendRequest("a", "b", 1, 3, 1, (Entry(4, 1, EntryKind.NORMAL, b"y" * 9000),), 0)),
+        *[(p, HeartbeatRequest("a", "b", 1, p)) for p in range(70)],
+    ]
+    sender.queue.extend(messages)
+    frames = []
+    while sender.queue:
+        frames.append(decode_frame(sender._take()))
+    assert [item for f in frames for item in f] == messages
+    for f in frames:
+        assert sum(size_hint(m) for _, m in f) <= 4096 or len(f) == 1
+    assert [len(f) for f in frames][:3] == [2, 1, 64]  # the 9,000-byte append alone

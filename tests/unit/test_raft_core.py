@@ -20,7 +20,7 @@ from raftlog.node.core.messages import (
 )
 from raftlog.node.core.progress import ProgressState
 from raftlog.node.core.raft import Raft, Ready, Role
-from raftlog.node.core.types import Entry, EntryKind, Membership
+from raftlog.node.core.types import Entry, EntryKind, HardState, Membership
 from raftlog.node.storage.memory import MemoryStorage
 from tests.unit.helpers import CFG, drain, sent, storage_with
 
@@ -427,3 +427,37 @@ def test_a_leader_that_removes_itself_tells_the_followers_the_removal_committed(
     assert r.role == Role.FOLLOWER and r.commit == index
     told = {m.dst: m.commit for m in rd.messages if isinstance(m, AppendRequest)}
     assert told == {"b": index, "c": index}
+
+
+@pytest.mark.parametrize("threshold", [1_000_000, 0], ids=["live", "backfill"])
+def test_appends_are_bounded_in_bytes_and_a_larger_entry_goes_alone(threshold: int) -> None:
+    """Large records must not make an append its follower refuses (peer frames have a size
+    limit): each append carries at most `max_append_bytes` of entries, or one entry alone."""
+    cfg = CFG.model_copy(update={"max_append_bytes": 2048, "backfill_threshold": threshold})
+    sizes = [500] * 7 + [5000] + [500] * 5 + [10] * 40
+    s = MemoryStorage(Membership.of(["a", "b", "c"]))
+    s.save(
+        HardState(term=1), [Entry(i, 1, EntryKind.NORMAL, b"x" * n) for i, n in enumerate(sizes, 1)]
+    )
+    r = Raft("a", cfg, s)
+    elect(r, s)
+    last = r.log.last_index()  # the new leader's no-op too
+    r.step(AppendResponse("c", "a", r.term, True, last))  # c holds all: everything commits
+    # b holds nothing: it refuses the append after the election (prev = the entry before the
+    # no-op) with a hint that sends the leader back to index 1.
+    r.step(AppendResponse("b", "a", r.term, False, last - 1, hint_index=0, hint_term=0))
+    got: list[Entry] = []
+    for _ in range(100):
+        appends = [m for m in sent(drain(r, s), AppendRequest) if m.dst == "b"]
+        appends = [m for m in appends if m.entries]  # type: ignore[union-attr]
+        if not appends:
+            break
+        for m in appends:
+            assert isinstance(m, AppendRequest) and m.prev_index == len(got)
+            total = sum(e.size for e in m.entries)
+            assert total <= 2048 or len(m.entries) == 1, [e.size for e in m.entries]
+            got += m.entries
+            r.step(AppendResponse("b", "a", r.term, True, m.entries[-1].index))
+    assert [e.index for e in got] == list(range(1, last + 1))
+    assert [len(e.data) for e in got[: len(sizes)]] == sizes
+    assert r.status().followers["b"].match == last

@@ -47,6 +47,13 @@ class RaftConfig(BaseModel):
     max_entries_per_append: int = Field(
         64, ge=1, le=100_000, description="Most entries in one live (pipelined) append."
     )
+    max_append_bytes: int = Field(
+        1024 * 1024,
+        ge=1024,
+        description="Most entry bytes in one append, live or backfill round (a single larger "
+        "entry goes alone): large records must not make a message its receiver refuses. etcd "
+        "bounds its messages at 1 MiB too (MaxSizePerMsg).",
+    )
     max_inflight_appends: int = Field(
         32,
         ge=1,
@@ -106,6 +113,11 @@ class RaftConfig(BaseModel):
             )
         if self.snapshot_retry_max_ticks < self.snapshot_retry_ticks:
             raise ValueError("snapshot_retry_max_ticks must be at least snapshot_retry_ticks")
+        if self.max_append_bytes > self.max_message_bytes:
+            raise ValueError(
+                f"max_append_bytes ({self.max_append_bytes}) must be at most max_message_bytes "
+                f"({self.max_message_bytes}), or followers refuse the appends"
+            )
         return self
 
 

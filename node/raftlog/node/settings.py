@@ -145,6 +145,17 @@ class NodeSettings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _appends_fit_frames(self) -> NodeSettings:
+        # A peer frame holds up to half of max_request_bytes of messages (`transport.peers`),
+        # and the peer refuses a larger one: an append must fit in that.
+        if self.raft.max_append_bytes > self.max_request_bytes // 2:
+            raise ValueError(
+                f"raft.max_append_bytes ({self.raft.max_append_bytes}) must be at most half of "
+                f"max_request_bytes ({self.max_request_bytes}): peers refuse larger frames"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _tls_pair(self) -> NodeSettings:
         if (self.tls_cert_file is None) != (self.tls_key_file is None):
             raise ValueError("tls_cert_file and tls_key_file: give both or neither")

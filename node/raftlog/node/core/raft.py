@@ -52,6 +52,7 @@ from raftlog.node.core.types import (
     ReadState,
     SnapshotMeta,
     SnapshotRequest,
+    within_bytes,
 )
 from raftlog.node.core.validate import validate_message
 from raftlog.node.storage.base import LogStorage
@@ -846,7 +847,9 @@ class Raft:
                 pr.commit_sent = commit
                 self._send(AppendRequest(self.id, node, self.term, prev, prev_term, (), commit))
             return False
-        entries = tuple(self.log.entries(prev + 1, hi + 1))
+        entries = within_bytes(self.log.entries(prev + 1, hi + 1), self.cfg.max_append_bytes)
+        if entries:
+            hi = entries[-1].index
         self._send(
             AppendRequest(self.id, node, self.term, prev, prev_term, entries, commit, backfill)
         )

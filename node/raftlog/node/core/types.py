@@ -32,6 +32,17 @@ class Entry(msgspec.Struct, frozen=True, array_like=True, gc=False, forbid_unkno
         return len(self.data) + 24
 
 
+def within_bytes(entries: list[Entry], budget: int) -> tuple[Entry, ...]:
+    """The longest prefix of `entries` whose sizes total at most `budget`; at least the first
+    entry, which goes alone when it is larger."""
+    total = 0
+    for i, e in enumerate(entries):
+        total += e.size
+        if total > budget and i:
+            return tuple(entries[:i])
+    return tuple(entries)
+
+
 @dataclass(frozen=True, slots=True)
 class Membership:
     """Voters count for commit and elections; learners only receive the log."""

@@ -25,7 +25,12 @@ class Node:
         self.id = settings.node_id
         self.token = settings.token()
         self.transport = Transport(
-            self.id, dict(settings.peers), self.token, settings.client_ssl(), settings.peer_frames
+            self.id,
+            dict(settings.peers),
+            self.token,
+            settings.client_ssl(),
+            settings.peer_frames,
+            settings.max_request_bytes // 2,  # the largest frame: what a peer takes, with room
         )
         self.metrics = NodeMetrics()
         self.sync_gate = SyncGate()  # the partitions' fsyncs: in the loop only one at a time

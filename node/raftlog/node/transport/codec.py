@@ -42,6 +42,11 @@ def encode_frame(items: list[tuple[int, Message]]) -> bytes:
     return _encoder.encode(out)
 
 
+def size_hint(m: Message) -> int:
+    """About how many bytes `m` takes in a frame (its entries, and a message's own fields)."""
+    return 64 + sum(e.size for e in m.entries) if isinstance(m, AppendRequest) else 64
+
+
 def decode_frame(data: bytes) -> list[tuple[int, Message]]:
     try:
         raw = _decoder.decode(data)

@@ -33,7 +33,7 @@ from raftlog.node.core.messages import Message
 from raftlog.node.core.types import SnapshotMeta
 from raftlog.node.storage.snapshots import DEFAULT_CHUNK_BYTES, Chunk, encode_snapshot
 from raftlog.node.transport import frames
-from raftlog.node.transport.codec import encode_frame
+from raftlog.node.transport.codec import encode_frame, size_hint
 
 log = logging.getLogger("raftlog.transport")
 
@@ -41,6 +41,7 @@ MAX_QUEUE = 10_000
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 STREAM_PATH = "/peer/v1/stream"
 SEND_TIMEOUT = 5.0
+FRAME_BUDGET = 4 * 1024 * 1024  # half of a node's default max_request_bytes
 CONNECT_TIMEOUT = 5.0  # TCP, TLS and the frame stream's handshake
 Mode = Literal["frames", "stream", "post"]
 
@@ -62,8 +63,10 @@ class PeerSender:
         token: str | None,
         ssl_context: ssl.SSLContext | None = None,
         mode: Mode = "frames",
+        frame_budget: int = FRAME_BUDGET,
     ):
         self.name = name
+        self.frame_budget = frame_budget
         self.url = url
         self.session = session
         self.token = token
@@ -80,21 +83,30 @@ class PeerSender:
         self.task: asyncio.Task[None] | None = None
 
     def send(self, partition: int, messages: list[Message]) -> None:
+        self.queue.extend((partition, m) for m in messages)
         link = self.link
         if link is not None and link.writable:
-            if self.queue:  # never ahead of what waits
-                self.queue.extend((partition, m) for m in messages)
-                link.write(self._take())
-            else:
-                link.write(encode_frame([(partition, m) for m in messages]))
+            self._flush(link)
+        else:
+            self.ready.set()
+
+    def _flush(self, link: frames.Link) -> None:
+        while self.queue:
+            link.write(self._take())
             self.sent_frames += 1
-            return
-        self.queue.extend((partition, m) for m in messages)
-        self.ready.set()
 
     def _take(self) -> bytes:
-        items = list(self.queue)
-        self.queue.clear()
+        """The oldest queued messages, up to `frame_budget` bytes (at least one): a frame the
+        peer takes (it refuses one over its `max_request_bytes`)."""
+        items: list[tuple[int, Message]] = []
+        total = 0
+        queue = self.queue
+        while queue:
+            size = size_hint(queue[0][1])
+            if items and total + size > self.frame_budget:
+                break
+            items.append(queue.popleft())
+            total += size
         return encode_frame(items)
 
     async def run(self) -> None:
@@ -112,6 +124,8 @@ class PeerSender:
                 else:
                     self.ready.clear()
                     await self._post(self._take())
+                    if self.queue:  # more than one frame's worth waited
+                        self.ready.set()
                 backoff = BACKOFF_MIN
             except _Unsupported:
                 if self.mode == "frames":
@@ -151,9 +165,7 @@ class PeerSender:
                             await self.ready.wait()
                             self.ready.clear()
                     continue
-                if self.queue:
-                    link.write(self._take())
-                    self.sent_frames += 1
+                self._flush(link)
                 await self.ready.wait()
                 self.ready.clear()
         finally:
@@ -213,6 +225,8 @@ class PeerSender:
                 async with asyncio.timeout(SEND_TIMEOUT):
                     await ws.send_bytes(frame)
                 self.sent_frames += 1
+                if self.queue:  # more than one frame's worth waited
+                    self.ready.set()
         finally:
             reader.cancel()
             await ws.close()
@@ -244,8 +258,10 @@ class Transport:
         token: str | None,
         ssl_context: ssl.SSLContext | None = None,
         frames: bool = True,
+        frame_budget: int = FRAME_BUDGET,
     ) -> None:
         self.ssl_context = ssl_context
+        self.frame_budget = frame_budget
         self.mode: Mode = "frames" if frames else "stream"
         self.node_id = node_id
         self.peers = peers
@@ -271,7 +287,9 @@ class Transport:
 
     def _add(self, name: str, url: str) -> PeerSender:
         assert self.session is not None
-        sender = PeerSender(name, url, self.session, self.token, self.ssl_context, self.mode)
+        sender = PeerSender(
+            name, url, self.session, self.token, self.ssl_context, self.mode, self.frame_budget
+        )
         sender.task = asyncio.get_running_loop().create_task(sender.run())
         self.senders[name] = sender
         return sender
