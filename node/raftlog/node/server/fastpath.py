@@ -3,7 +3,7 @@
 aiohttp costs about 0.08 ms of CPU per request here (a null aiohttp server under 64 clients),
 most of what a leader spends per append under load; a bare asyncio protocol answering the same
 request costs about 0.01 ms. So each connection to the client listener starts on
-`FastAppendProtocol`. A request it recognises exactly, `POST /v1/partitions/<n>/records` over
+`FastPathProtocol`. A request it recognises exactly, `POST /v1/partitions/<n>/records` over
 HTTP/1.1 with one `Content-Length` and no header that changes how the body is framed or read,
 is answered here by the same code as the aiohttp route (`app.append_body`), with the same
 statuses, JSON bodies and `raftlog_request_seconds` observations. At the first request it does

@@ -387,14 +387,15 @@ class PartitionDriver:
                 m for m in messages if isinstance(m, AppendRequest | HeartbeatRequest)
             ]
             if early:
-                self.node.transport.send(self.p, early)
+                written = self.node.transport.send(self.p, early)
                 messages = [
                     m for m in messages if not isinstance(m, AppendRequest | HeartbeatRequest)
                 ]
-                if self.group.inline_now():
-                    # One turn of the loop for the peer senders to write them: a fast disk's
-                    # sync runs in the loop (`GroupCommit.inline_below`) and would hold them
-                    # back. A sync in the fsync thread gives them that turn anyway.
+                if not written and self.group.inline_now():
+                    # One turn of the loop for the peer senders to write what a frame stream
+                    # did not take at once: a fast disk's sync runs in the loop
+                    # (`GroupCommit.inline_below`) and would hold them back. A sync in the
+                    # fsync thread gives them that turn anyway.
                     await asyncio.sleep(0)
             await self.group.durable(self.group.wrote())
         if messages:

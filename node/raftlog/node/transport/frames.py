@@ -37,6 +37,8 @@ _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: .*)?")
 
 def handshake(host: str, port: int, token: str | None) -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    if ":" in host:
+        host = f"[{host}]"  # an IPv6 address
     return (
         f"GET {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
         "Connection: Upgrade\r\nUpgrade: raftlog-frames/1\r\n\r\n"
@@ -149,9 +151,13 @@ class Link(asyncio.Protocol):
             if len(self.head) > MAX_HEAD:
                 self.answered.set_exception(ConnectionError("the peer's answer has no end"))
             return
-        status = parse_status(bytes(self.head[:end]))
+        head = bytes(self.head[:end])
+        status = parse_status(head)
         if status is None:
             self.answered.set_exception(ConnectionError("the peer did not answer in HTTP"))
+            return
+        if status == 101 and b"\r\nupgrade: " + UPGRADE not in head.lower():
+            self.answered.set_exception(ConnectionError("101 to another protocol than frames"))
             return
         self.switched = status == 101
         self.answered.set_result(status)

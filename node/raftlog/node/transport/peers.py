@@ -44,6 +44,9 @@ SEND_TIMEOUT = 5.0
 FRAME_BUDGET = 4 * 1024 * 1024  # half of a node's default max_request_bytes
 CONNECT_TIMEOUT = 5.0  # TCP, TLS and the frame stream's handshake
 Mode = Literal["frames", "stream", "post"]
+# A peer (or a proxy before it) that does not know a stream's kind answers its handshake so.
+NOT_UNDERSTOOD = frozenset({400, 404, 426, 501})
+RETRY_FRAMES_S = 30.0  # a peer that did not take frames is asked again at a reconnect after this
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
@@ -77,21 +80,28 @@ class PeerSender:
         self.sent_frames = 0
         self.failures = 0
         self.connected = False
+        self.preferred: Mode = mode
         self.mode: Mode = mode  # steps down to "stream", then "post", on a peer's 404
+        self.fell_back_at = 0.0  # loop time of the last step down; retried RETRY_FRAMES_S later
         self.link: frames.Link | None = None  # the frame stream, while it is up
         self._closed = False  # the open WebSocket was closed by the peer or failed while reading
         self.task: asyncio.Task[None] | None = None
 
-    def send(self, partition: int, messages: list[Message]) -> None:
+    def send(self, partition: int, messages: list[Message]) -> bool:
+        """Queue `messages`; True when they went straight to the frame stream's socket."""
         self.queue.extend((partition, m) for m in messages)
         link = self.link
         if link is not None and link.writable:
             self._flush(link)
-        else:
-            self.ready.set()
+            if not self.queue:
+                return True
+        self.ready.set()
+        return False
 
     def _flush(self, link: frames.Link) -> None:
-        while self.queue:
+        """Write the queue, frame by frame, until it is empty or the link's buffer is full
+        (the rest waits for `resume_writing`)."""
+        while self.queue and not link.paused:
             link.write(self._take())
             self.sent_frames += 1
 
@@ -111,11 +121,14 @@ class PeerSender:
 
     async def run(self) -> None:
         backoff = BACKOFF_MIN
+        loop = asyncio.get_running_loop()
         while True:
             await self.ready.wait()
             if not self.queue:
                 self.ready.clear()
                 continue
+            if self.mode != self.preferred and loop.time() - self.fell_back_at > RETRY_FRAMES_S:
+                self.mode = self.preferred  # the peer may have been upgraded since
             try:
                 if self.mode == "frames":
                     await self._frames()
@@ -128,6 +141,7 @@ class PeerSender:
                         self.ready.set()
                 backoff = BACKOFF_MIN
             except _Unsupported:
+                self.fell_back_at = loop.time()
                 if self.mode == "frames":
                     log.info("peer %s has no %s; using a WebSocket", self.name, frames.PATH)
                     self.mode = "stream"
@@ -136,8 +150,9 @@ class PeerSender:
                     self.mode = "post"
             except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as e:
                 self.failures += 1
-                if self.connected:
+                if self.connected:  # it worked until now: reconnect soon, not after a long wait
                     log.warning("peer %s unreachable: %s", self.name, e)
+                    backoff = BACKOFF_MIN
                 self.connected = False
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX)
@@ -190,7 +205,7 @@ class PeerSender:
         if status == 101:
             return link
         link.abort()
-        if status == 404:
+        if status in NOT_UNDERSTOOD:
             raise _Unsupported()
         raise RuntimeError(f"HTTP {status} to the frame stream's handshake")
 
@@ -207,7 +222,7 @@ class PeerSender:
                 timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=1.0),
             )
         except aiohttp.WSServerHandshakeError as e:
-            if e.status == 404:
+            if e.status in NOT_UNDERSTOOD:
                 raise _Unsupported() from None
             raise
         self._closed = False
@@ -301,7 +316,10 @@ class Transport:
         if self.session is not None:
             await self.session.close()
 
-    def send(self, partition: int, messages: list[Message]) -> None:
+    def send(self, partition: int, messages: list[Message]) -> bool:
+        """Send each message to its peer; True when all went straight to sockets (frame
+        streams up and taking writes), False when some wait for a sender task."""
+        written = True
         by_peer: dict[str, list[Message]] = {}
         for m in messages:
             by_peer.setdefault(m.dst, []).append(m)
@@ -313,7 +331,8 @@ class Transport:
                     log.warning("p%d: no address for %s; message dropped", partition, dst)
                     continue
                 sender = self._add(dst, url)
-            sender.send(partition, ms)
+            written = sender.send(partition, ms) and written
+        return written
 
     async def request_snapshot_send(
         self, source: str, partition: int, target: str, leader: str, term: int, required: int

@@ -1,0 +1,136 @@
+"""A peer sender against fake peers on loopback: frames its peer takes, back-off that starts
+over after a link that worked, and frames asked for again after a fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import aiohttp
+import pytest
+
+from raftlog.node.core.messages import AppendRequest, HeartbeatRequest
+from raftlog.node.core.types import Entry
+from raftlog.node.transport import frames, peers
+from raftlog.node.transport.frames import FrameTooLarge, Splitter
+from raftlog.node.transport.peers import PeerSender
+
+LIMIT = 8 * 1024 * 1024  # a receiver's default max_request_bytes
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+Conn = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+async def fake_peer(on_stream: Conn, takes_frames: Callable[[], bool] = lambda: True):
+    """A server answering the frame handshake with 101 (then `on_stream`), or anything else,
+    or the handshake while `takes_frames()` is false, with 404."""
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        head = await r.readuntil(b"\r\n\r\n")
+        if head.startswith(b"GET " + frames.PATH.encode()) and takes_frames():
+            w.write(frames.SWITCHED)
+            await w.drain()
+            await on_stream(r, w)
+        else:
+            w.write(NOT_FOUND)
+        w.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    return server, server.sockets[0].getsockname()[1]
+
+
+def test_backoff_starts_over_after_a_link_that_worked():
+    ups: list[float] = []
+    downs: list[float] = []
+
+    async def for_a_while(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        ups.append(time.monotonic())
+        await asyncio.sleep(0.3)  # the link works, then the peer hangs up
+        downs.append(time.monotonic())
+
+    async def go() -> None:
+        server, port = await fake_peer(for_a_while)
+        async with aiohttp.ClientSession() as s:
+            sender = PeerSender("p", f"http://127.0.0.1:{port}", s, None)
+            task = asyncio.create_task(sender.run())
+            started = time.monotonic()
+            while time.monotonic() - started < 4:
+                sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
+                await asyncio.sleep(0.01)
+            task.cancel()
+        server.close()
+
+    asyncio.run(go())
+    gaps = [round(u - d, 2) for u, d in zip(ups[1:], downs, strict=False)]
+    assert len(gaps) >= 5
+    # Each link worked for 0.3 s: the next starts after BACKOFF_MIN (50 ms), never doubling.
+    assert max(gaps) < 0.2, gaps
+
+
+def test_no_frame_is_larger_than_the_receiver_takes():
+    refused: list[str] = []
+    received: list[int] = []
+
+    async def read_all(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        splitter = Splitter(LIMIT)
+        while data := await r.read(1 << 20):
+            try:
+                received.extend(len(f) for f in splitter.feed(data))
+            except FrameTooLarge as e:
+                refused.append(str(e))
+                return
+
+    async def go() -> None:
+        server, port = await fake_peer(read_all)
+        async with aiohttp.ClientSession() as s:
+            sender = PeerSender("p", f"http://127.0.0.1:{port}", s, None)
+            for i in range(500):  # 10 MB of appends queued before the stream is up
+                e = (Entry(i + 1, 1, data=b"x" * 20_000),)
+                sender.send(0, [AppendRequest("me", "p", 1, i, 1, e, 0)])
+            task = asyncio.create_task(sender.run())
+            deadline = time.monotonic() + 10
+            while sender.queue or sender.link is None:
+                assert time.monotonic() < deadline, "the queue was never sent"
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.3)  # for the fake peer to read the rest
+            task.cancel()
+        server.close()
+
+    asyncio.run(go())
+    assert refused == []
+    assert len(received) >= 3 and sum(received) > 10_000_000
+
+
+def test_a_sender_asks_for_frames_again_some_time_after_falling_back(monkeypatch):
+    monkeypatch.setattr(peers, "RETRY_FRAMES_S", 0.5)
+    upgraded = asyncio.Event()
+    streams: list[float] = []
+
+    async def hold(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        streams.append(time.monotonic())
+        await r.read()  # until the sender goes
+
+    async def go() -> None:
+        server, port = await fake_peer(hold, upgraded.is_set)  # an old build: 404 to all
+        async with aiohttp.ClientSession() as s:
+            sender = PeerSender("p", f"http://127.0.0.1:{port}", s, None)
+            task = asyncio.create_task(sender.run())
+            sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
+            await asyncio.sleep(0.3)
+            assert sender.mode != "frames"  # fell back (404 to the WebSocket and POST too)
+            upgraded.set()  # the peer is upgraded and restarted
+            deadline = time.monotonic() + 10
+            while not streams:
+                assert time.monotonic() < deadline, "frames were never asked for again"
+                sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
+                await asyncio.sleep(0.05)
+            assert str(sender.mode) == "frames"  # (mypy narrowed it at the first assert)
+            task.cancel()
+        server.close()
+
+    asyncio.run(go())
+
+
+@pytest.mark.parametrize(("host", "expected"), [("10.0.0.1", b"10.0.0.1:7"), ("::1", b"[::1]:7")])
+def test_the_handshake_names_the_host_as_http_does(host, expected):
+    assert b"\r\nHost: " + expected + b"\r\n" in frames.handshake(host, 7, None)
