@@ -48,6 +48,13 @@ def test_bad_settings_name_the_field(tmp_path, values, field):
     assert field in describe_validation_error(info.value)
 
 
+def test_appends_follow_a_smaller_request_limit_unless_set(tmp_path):
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path)}
+    assert load_settings(base).raft_config().max_append_bytes == 1 << 20
+    small = load_settings({**base, "max_request_bytes": 65536})
+    assert small.raft_config().max_append_bytes == 32768
+
+
 def test_tls_needs_certificate_and_key_together(tmp_path):
     cert = tmp_path / "c.pem"
     cert.write_text("x")

@@ -147,8 +147,12 @@ class NodeSettings(BaseSettings):
     @model_validator(mode="after")
     def _appends_fit_frames(self) -> NodeSettings:
         # A peer frame holds up to half of max_request_bytes of messages (`transport.peers`),
-        # and the peer refuses a larger one: an append must fit in that.
-        if self.raft.max_append_bytes > self.max_request_bytes // 2:
+        # and the peer refuses a larger one: an append must fit in that. Left unset, the bound
+        # follows max_request_bytes (`raft_config`); set, it must fit.
+        if (
+            "max_append_bytes" in self.raft.model_fields_set
+            and self.raft.max_append_bytes > self.max_request_bytes // 2
+        ):
             raise ValueError(
                 f"raft.max_append_bytes ({self.raft.max_append_bytes}) must be at most half of "
                 f"max_request_bytes ({self.max_request_bytes}): peers refuse larger frames"
@@ -163,6 +167,13 @@ class NodeSettings(BaseSettings):
             if f is not None and not f.is_file():
                 raise ValueError(f"{f} is not a file")
         return self
+
+    def raft_config(self) -> RaftConfig:
+        """The Raft settings in force: appends of at most half of what a peer takes."""
+        limit = self.max_request_bytes // 2
+        if self.raft.max_append_bytes <= limit:
+            return self.raft
+        return self.raft.model_copy(update={"max_append_bytes": limit})
 
     def client_url_of(self, peer_url: str) -> str:
         """A member's client URL: its peer URL, on the client port when the ports are split."""

@@ -19,6 +19,16 @@ from raftlog.node.transport.peers import Transport
 log = logging.getLogger("raftlog.node")
 
 
+def next_tick(last: float, now: float, period: float) -> float:
+    """When the tick after the one due at `last` is due: a period later, or, when the loop was
+    held up past that (a long fsync, a GIL-bound snapshot encode), a period from now. Missed
+    ticks are dropped, as Go's time.Ticker (etcd's clock) drops them: taken in a burst, they
+    would run out a follower's election timeout before it read the heartbeats that arrived
+    during the stall, and it would campaign against a live leader."""
+    due = last + period
+    return due if due > now - period else now + period
+
+
 class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
@@ -36,6 +46,7 @@ class Node:
         self.sync_gate = SyncGate()  # the partitions' fsyncs: in the loop only one at a time
         bootstrap = None if settings.join else Membership(frozenset(settings.peers))
         self.drivers: dict[int, PartitionDriver] = {}
+        config = settings.raft_config()
         for p in range(settings.partitions):
             storage = DurableStorage(
                 os.path.join(settings.data_dir, f"p{p}"),
@@ -45,8 +56,8 @@ class Node:
             )
             for msg in storage.recovery:
                 log.warning("p%d recovery: %s", p, msg)
-            raft = Raft(self.id, settings.raft, storage, seed=random.randrange(1 << 30))
-            self.drivers[p] = PartitionDriver(self, p, raft, storage, settings.raft)
+            raft = Raft(self.id, config, storage, seed=random.randrange(1 << 30))
+            self.drivers[p] = PartitionDriver(self, p, raft, storage, config)
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.attach(self)
 
@@ -58,11 +69,12 @@ class Node:
         self._tasks.append(loop.create_task(self._clock()))
 
     async def _clock(self) -> None:
+        loop = asyncio.get_running_loop()
         period = self.settings.tick_ms / 1000
-        next_at = asyncio.get_running_loop().time()
+        next_at = loop.time()
         while True:
-            next_at += period
-            await asyncio.sleep(max(0.0, next_at - asyncio.get_running_loop().time()))
+            next_at = next_tick(next_at, loop.time(), period)
+            await asyncio.sleep(max(0.0, next_at - loop.time()))
             for d in self.drivers.values():
                 d.tick()
 
