@@ -54,7 +54,8 @@ def auth_headers(token: str | None) -> dict[str, str]:
 
 
 class _Unsupported(Exception):
-    """The peer answered a stream's handshake with 404: it does not know that kind."""
+    """The peer answered a stream's handshake with a NOT_UNDERSTOOD status (404 from an older
+    node): it does not know that kind."""
 
 
 class PeerSender:
@@ -81,7 +82,7 @@ class PeerSender:
         self.failures = 0
         self.connected = False
         self.preferred: Mode = mode
-        self.mode: Mode = mode  # steps down to "stream", then "post", on a peer's 404
+        self.mode: Mode = mode  # steps down to "stream", then "post", when not understood
         self.fell_back_at = 0.0  # loop time of the last step down; retried RETRY_FRAMES_S later
         self.link: frames.Link | None = None  # the frame stream, while it is up
         self._closed = False  # the open WebSocket was closed by the peer or failed while reading
