@@ -19,12 +19,10 @@ to `peer_frames.FrameReceiver`; without it, 401 and the connection closes.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import json
 import logging
 import re
-import socket
 import time
 from collections.abc import Callable
 from email.utils import formatdate
@@ -204,13 +202,7 @@ class FastPathProtocol(asyncio.Protocol):
         if self.conns.draining:
             t.close()
             return
-        sock = t.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                # Answers are small: never held back waiting for an ACK. Keep-alive probes find
-                # peers that vanished, as aiohttp has them on its connections.
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        frames.small_writes_and_keepalive(t)  # answers are small; clients may vanish
         self.conns.open.add(self)
         self.last_data = asyncio.get_running_loop().time()
 

@@ -80,6 +80,16 @@ def frame(payload: bytes) -> bytes:
     return len(payload).to_bytes(LENGTH_BYTES, "big") + payload
 
 
+def small_writes_and_keepalive(transport: asyncio.BaseTransport) -> None:
+    """Small messages are never held back waiting for an ACK (TCP_NODELAY), and keep-alive
+    probes find a far end that vanished, as aiohttp has them on its connections."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+
+
 class FrameTooLarge(Exception):
     pass
 
@@ -135,11 +145,7 @@ class Link(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = t = cast(asyncio.Transport, transport)
-        sock = t.get_extra_info("socket")
-        if sock is not None:
-            with contextlib.suppress(OSError):
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        small_writes_and_keepalive(t)
         t.write(self.handshake)
 
     def data_received(self, data: bytes) -> None:
