@@ -151,7 +151,7 @@ class NodeSettings(BaseSettings):
         # follows max_request_bytes (`raft_config`); set, it must fit.
         if (
             "max_append_bytes" in self.raft.model_fields_set
-            and self.raft.max_append_bytes > self.max_request_bytes // 2
+            and self.raft.max_append_bytes > self.frame_budget
         ):
             raise ValueError(
                 f"raft.max_append_bytes ({self.raft.max_append_bytes}) must be at most half of "
@@ -168,12 +168,17 @@ class NodeSettings(BaseSettings):
                 raise ValueError(f"{f} is not a file")
         return self
 
+    @property
+    def frame_budget(self) -> int:
+        """The most message bytes a peer frame carries: half of what a peer takes
+        (`max_request_bytes`), leaving room for one entry over an append's bound."""
+        return self.max_request_bytes // 2
+
     def raft_config(self) -> RaftConfig:
-        """The Raft settings in force: appends of at most half of what a peer takes."""
-        limit = self.max_request_bytes // 2
-        if self.raft.max_append_bytes <= limit:
+        """The Raft settings in force: appends that fit in a peer frame."""
+        if self.raft.max_append_bytes <= self.frame_budget:
             return self.raft
-        return self.raft.model_copy(update={"max_append_bytes": limit})
+        return self.raft.model_copy(update={"max_append_bytes": self.frame_budget})
 
     def client_url_of(self, peer_url: str) -> str:
         """A member's client URL: its peer URL, on the client port when the ports are split."""

@@ -40,7 +40,7 @@ class Node:
             self.token,
             settings.client_ssl(),
             settings.peer_frames,
-            settings.max_request_bytes // 2,  # the largest frame: what a peer takes, with room
+            settings.frame_budget,
         )
         self.metrics = NodeMetrics()
         self.sync_gate = SyncGate()  # the partitions' fsyncs: in the loop only one at a time
