@@ -7,6 +7,7 @@ import logging
 import os
 import random
 
+from raftlog.node.core.messages import Message
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
 from raftlog.node.server.metrics import NodeMetrics
@@ -90,3 +91,14 @@ class Node:
 
     def driver(self, partition: int) -> PartitionDriver | None:
         return self.drivers.get(partition)
+
+    def step_streamed(self, items: list[tuple[int, Message]], source: str) -> None:
+        """Step a peer stream's messages into their partitions' drivers, in order; one for a
+        partition this node does not have is dropped and logged (`POST /peer/v1/messages`
+        answers it with 404 instead)."""
+        for p, m in items:
+            d = self.drivers.get(p)
+            if d is None:
+                log.warning("%s: a message for unknown partition %d dropped", source, p)
+                continue
+            d.step(m)

@@ -15,7 +15,6 @@ import logging
 from typing import cast
 
 from raftlog.node.core.errors import InvalidMessage
-from raftlog.node.core.messages import Message
 from raftlog.node.server.node import Node
 from raftlog.node.transport.codec import decode_frame
 from raftlog.node.transport.frames import FrameTooLarge, Splitter
@@ -30,12 +29,14 @@ class FrameReceiver(asyncio.Protocol):
         self.splitter = Splitter(node.settings.max_request_bytes)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.source = "peer frame stream"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = t = cast(asyncio.Transport, transport)
         self.streams.add(t)
         peer = t.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.source = f"peer frame stream from {self.peer}"  # named in the log
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.transport is not None:
@@ -48,7 +49,7 @@ class FrameReceiver(asyncio.Protocol):
         try:
             frames = self.splitter.feed(data)
             for frame in frames:
-                self._step(decode_frame(frame))
+                self.node.step_streamed(decode_frame(frame), self.source)
         except (FrameTooLarge, InvalidMessage) as e:
             reason = f"{e.field}: {e.reason}" if isinstance(e, InvalidMessage) else str(e)
             log.warning("peer frame stream from %s: bad frame (%s); closed", self.peer, reason)
@@ -56,11 +57,3 @@ class FrameReceiver(asyncio.Protocol):
 
     def eof_received(self) -> bool:
         return False  # the sender is done: close our side too
-
-    def _step(self, items: list[tuple[int, Message]]) -> None:
-        for p, m in items:
-            d = self.node.driver(p)
-            if d is None:
-                log.warning("peer frame stream: a message for unknown partition %d dropped", p)
-                continue
-            d.step(m)

@@ -48,6 +48,7 @@ async def peer_stream(request: web.Request) -> web.WebSocketResponse:
     )
     await ws.prepare(request)
     streams(request.app).add(ws)
+    source = f"peer stream from {request.remote}"  # named in the log
     async for msg in ws:
         if msg.type != WSMsgType.BINARY:
             await ws.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"binary frames only")
@@ -61,10 +62,5 @@ async def peer_stream(request: web.Request) -> web.WebSocketResponse:
             reason = f"{e.field}: {e.reason}"[:120].encode()
             await ws.close(code=WSCloseCode.INVALID_TEXT, message=reason)
             break
-        for p, m in items:
-            d = node.driver(p)
-            if d is None:
-                log.warning("peer stream: %s sent a message for unknown partition %d", m.src, p)
-                continue
-            d.step(m)
+        node.step_streamed(items, source)
     return ws
