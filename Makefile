@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Two workers: the machine has two cores; the simulation suites dominate the run time.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install jvm demo demo-sim test test-fast lint typecheck bench clean
+.PHONY: install jvm demo demo-sim test test-fast lint typecheck bench clean cluster cluster-down
 
 install: $(STAMP) jvm
 
@@ -50,9 +50,23 @@ typecheck: install
 	$(VENV)/bin/mypy
 
 # Everything: lint, types, and every test of every marker. pytest's exit code 5
-# (nothing collected) fails the run like any other non-zero code.
+# (nothing collected) fails the run like any other non-zero code. The `k8s` suite runs last, on
+# the real cluster: one `make test` started is stopped again (also on failure), one that
+# `make cluster` started stays up.
 test: lint typecheck
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q --durations=15
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q --durations=15 -m "not k8s"
+	@was_up=$$($(PY) -m cluster status >/dev/null 2>&1 && echo yes); \
+	$(PY) -m cluster up || exit 1; rc=0; \
+	$(VENV)/bin/pytest -q --durations=15 -m k8s || rc=$$?; \
+	[ -n "$$was_up" ] || $(PY) -m cluster down; exit $$rc
+
+# A real single-machine Kubernetes (cluster/): builds what is missing (cached by version under
+# ~/.cache/raftlog-cluster), starts it, prints `export KUBECONFIG=...`. Needs root.
+cluster: install
+	$(PY) -m cluster up
+
+cluster-down: install
+	$(PY) -m cluster down
 
 # The quick loop for a developer: everything not marked slow.
 test-fast: install

@@ -1,0 +1,135 @@
+"""The cluster's binaries: Debian packages installed, Go commands built once per version.
+
+Each Go tool is built from a small module of this folder that requires the upstream module at one
+release (its go.mod and go.sum checked in), into `CACHE/<name>-<version>/`, so a second
+`make cluster` (or a fresh clone on the same machine) builds nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cluster import layout
+
+# Debian's container runtime, CNI plugins, netfilter tools and what the images are made with.
+PACKAGES = (
+    "containerd", "runc", "containernetworking-plugins", "iptables", "conntrack",
+    "mmdebstrap", "umoci", "catatonit", "busybox-static", "util-linux",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GoTool:
+    name: str
+    version: str
+    module: str  # folder under cluster/
+    packages: tuple[str, ...]  # main packages; each binary is named after its last element
+    binaries: tuple[str, ...]
+    ldflags: str = "-s -w"
+
+
+def _k8s_ldflags(v: str) -> str:
+    major, minor = v.lstrip("v").split(".")[:2]
+    return " ".join(
+        ["-s", "-w"]
+        + [f"-X k8s.io/component-base/version.{k}" for k in (
+            f"gitVersion={v}", f"gitMajor={major}", f"gitMinor={minor}", "gitTreeState=clean",
+        )]
+        + [f"-X k8s.io/client-go/pkg/version.gitVersion={v}"]
+    )  # fmt: skip
+
+
+K8S_COMMANDS = ("kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubelet",
+                "kube-proxy")  # fmt: skip
+TOOLS = (
+    GoTool(
+        "kubernetes", layout.KUBERNETES, "kube",
+        tuple(f"k8s.io/kubernetes/cmd/{c}" for c in K8S_COMMANDS), K8S_COMMANDS,
+        _k8s_ldflags(layout.KUBERNETES),
+    ),
+    GoTool("etcd", layout.ETCD, "kube", ("go.etcd.io/etcd/server/v3",), ("etcd",)),
+    GoTool("helm", layout.HELM, "helm", ("helm.sh/helm/v3/cmd/helm",), ("helm",),
+           f"-s -w -X helm.sh/helm/v3/internal/version.version={layout.HELM}"),
+    GoTool("coredns", layout.COREDNS, "coredns", ("github.com/coredns/coredns",), ("coredns",)),
+    GoTool(
+        "local-path", layout.LOCAL_PATH, "local-path",
+        ("github.com/rancher/local-path-provisioner",), ("local-path-provisioner",),
+    ),
+)  # fmt: skip
+
+
+def say(msg: str) -> None:
+    print(f"cluster: {msg}", file=sys.stderr, flush=True)
+
+
+def ensure_packages() -> None:
+    missing = [
+        p
+        for p in PACKAGES
+        if subprocess.run(
+            ["dpkg-query", "-W", "-f=${Status}", p], capture_output=True, text=True
+        ).stdout
+        != "install ok installed"
+    ]
+    if not missing:
+        return
+    say(f"apt-get install {' '.join(missing)}")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    subprocess.run([*sudo, "apt-get", "-qq", "update"], check=True, env=env, timeout=600)
+    subprocess.run(
+        [*sudo, "apt-get", "-y", "-qq", "install", *missing], check=True, env=env, timeout=1200
+    )
+
+
+def tool_dir(tool: GoTool) -> Path:
+    return layout.CACHE / f"{tool.name}-{tool.version}"
+
+
+def build(tool: GoTool) -> Path:
+    """The folder holding `tool`'s binaries, built unless the cache has them."""
+    out = tool_dir(tool)
+    if all((out / b).exists() for b in tool.binaries):
+        return out
+    if shutil.which("go") is None:
+        raise RuntimeError("cluster: `go` is not on the PATH (Go 1.24 or newer builds the cluster)")
+    tmp = out.with_name(out.name + ".partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    say(f"go build {tool.name} {tool.version} ({len(tool.binaries)} commands; the first build "
+        "of Kubernetes takes many minutes on 2 cores)")  # fmt: skip
+    started = time.monotonic()
+    env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    subprocess.run(
+        ["go", "build", "-trimpath", "-ldflags", tool.ldflags, "-o", f"{tmp}/", *tool.packages],
+        cwd=layout.SRC / tool.module, env=env, check=True, timeout=5400,
+    )  # fmt: skip
+    if tmp.exists() and out.exists():
+        for b in tmp.iterdir():
+            b.rename(out / b.name)
+        tmp.rmdir()
+    else:
+        tmp.rename(out)
+    say(f"built {tool.name} in {time.monotonic() - started:.0f} s -> {out}")
+    return out
+
+
+def ensure_binaries() -> dict[str, Path]:
+    """Every command by name, linked into `.cluster/bin` (so `.cluster/bin/helm` works)."""
+    layout.BIN.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for tool in TOOLS:
+        d = build(tool)
+        for b in tool.binaries:
+            link = layout.BIN / b
+            if link.is_symlink() or link.exists():
+                link.unlink()
+            link.symlink_to(d / b)
+            paths[b] = link
+    return paths

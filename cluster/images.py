@@ -1,0 +1,397 @@
+"""The cluster's container images, built without Docker or a registry, and imported into containerd.
+
+Each image starts as a root filesystem tarball (Debian's own static binaries, or an `mmdebstrap`
+of bookworm with raftlog's wheels installed), which `umoci` turns into an OCI image layout whose
+only tag is the image's full reference: `ctr images import` names the image after that
+`org.opencontainers.image.ref.name` annotation. Every image is cached in CACHE/images under a key
+that hashes everything that goes into it, so a second build is instant.
+
+    python -m cluster.images build             # every image, into CACHE/images
+    python -m cluster.images import ADDRESS    # ... and into the containerd at ADDRESS
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import NamedTuple
+
+from cluster import layout
+
+IMAGES = layout.CACHE / "images"
+RAFTLOG_REF = "ghcr.io/raftlog/raftlog:0.1.0"
+PAUSE_REF = "localhost/raftlog/pause:catatonit"
+COREDNS_REF = f"localhost/raftlog/coredns:{layout.COREDNS}"
+LOCAL_PATH_REF = f"localhost/raftlog/local-path-provisioner:{layout.LOCAL_PATH}"
+
+# The host's apt sources (/etc/apt/sources.list.d/debian.sources): the only mirror reachable.
+MIRRORS = [
+    "deb http://deb.debian.org/debian bookworm main",
+    "deb http://deb.debian.org/debian bookworm-updates main",
+    "deb http://deb.debian.org/debian-security bookworm-security main",
+]
+PACKAGES = ["python3", "python3-venv", "ca-certificates"]
+# Documentation is dead weight in an image; the licences stay.
+DPKG_OPTS = [
+    *(f"path-exclude=/usr/share/{d}/*" for d in ("man", "doc", "info", "locale")),
+    "path-include=/usr/share/doc/*/copyright",
+]
+# What the wheels, the Dockerfile and the cache key are made from.
+SOURCES = ["node", "operator", "spark", "pyproject.toml", "README.md"]
+
+# Runs inside the bookworm chroot (mmdebstrap's customize hook), the wheels in /tmp/wheels.
+# The venv gets no pip: Debian's bundled pip wheel installs into it from outside.
+RAFTLOG_SCRIPT = """\
+set -eu
+export PATH=/opt/raftlog/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
+export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+groupadd --system --gid 10001 raftlog
+useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \\
+    --shell /usr/sbin/nologin raftlog
+install -d -o 10001 -g 10001 -m 0750 /var/lib/raftlog
+python3 -m venv --without-pip /opt/raftlog
+pip_wheel=$(echo /usr/share/python-wheels/pip-*.whl)
+/opt/raftlog/bin/python "$pip_wheel/pip" install --quiet \\
+    --no-index --find-links /tmp/wheels raftlog
+raftlog-node --help >/dev/null
+raftlog-operator --help >/dev/null
+rm -rf /tmp/wheels /tmp/build.sh /var/lib/apt/lists/* /var/cache/apt/* /var/log/*.log
+"""
+RAFTLOG_ENV = {
+    "PATH": "/opt/raftlog/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "PYTHONUNBUFFERED": "1",
+    "HOME": "/tmp",
+}
+PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
+GROUP = b"root:x:0:\nnobody:x:65534:\n"
+
+
+class Image(NamedTuple):
+    tar: Path  # an OCI image layout tarball, for `ctr images import`
+    ref: str
+
+
+def _log(message: str) -> None:
+    print(f"images: {message}", file=sys.stderr, flush=True)
+
+
+def _run(
+    *args: str | Path, timeout: float = 600, capture: bool = False, cwd: Path | None = None
+) -> str:
+    """Run a command (check=True); on a timeout or an interrupt, kill its whole process group, so
+    that no apt or dpkg outlives a killed mmdebstrap."""
+    argv = [str(a) for a in args]
+    stdout = subprocess.PIPE if capture else None
+    with subprocess.Popen(argv, stdout=stdout, text=True, cwd=cwd, start_new_session=True) as proc:
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+        except BaseException:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    if proc.returncode:
+        raise subprocess.CalledProcessError(proc.returncode, argv, out)
+    return out or ""
+
+
+def _key(*parts: str | bytes) -> str:
+    """A short hash of everything that goes into an image, this recipe included."""
+    h = hashlib.sha256(Path(__file__).read_bytes())
+    for part in parts:
+        data = part.encode() if isinstance(part, str) else part
+        h.update(len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()[:12]
+
+
+def _deb_version(package: str) -> str:
+    return _run("dpkg-query", "-W", "-f=${Version}", package, capture=True, timeout=30)
+
+
+def _mb(path: Path) -> str:
+    return f"{path.stat().st_size / 1e6:.1f} MB"
+
+
+def oci_from_rootfs(
+    rootfs_tar: Path,
+    out: Path,
+    ref: str,
+    *,
+    entrypoint: list[str] | None,
+    cmd: list[str] | None,
+    user: str | None,
+    workdir: str | None,
+    env: dict[str, str],
+) -> Path:
+    """Make `out`, an OCI image layout tarball of one layer (rootfs_tar) tagged `ref`."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=out.parent, prefix=".oci-") as tmp:
+        oci, bundle, tar = Path(tmp) / "oci", Path(tmp) / "bundle", Path(tmp) / "image.tar"
+        # The tag is the full reference: umoci writes it as the manifest's ref.name annotation,
+        # which ctr keeps as the image name (a bare tag would become "import-<date>:<tag>").
+        image = f"{oci}:{ref}"
+        _run("umoci", "init", "--layout", oci)
+        _run("umoci", "new", "--image", image)
+        _run("umoci", "unpack", "--image", image, bundle)
+        # The runtime mounts its own /dev; mmdebstrap's device nodes stay out of the layer.
+        skip_dev = "--exclude=./dev/*"
+        _run("tar", "--numeric-owner", skip_dev, "-xpf", rootfs_tar, "-C", bundle / "rootfs")
+        _run("umoci", "repack", "--image", image, bundle, timeout=1200)
+        config: list[str] = []
+        for flag, values in (("entrypoint", entrypoint), ("cmd", cmd)):
+            for value in values or []:
+                config += [f"--config.{flag}", value]
+        config += [f"--config.env={k}={v}" for k, v in env.items()]
+        config += [f"--config.user={user}"] if user else []
+        config += [f"--config.workingdir={workdir}"] if workdir else []
+        if config:
+            _run("umoci", "config", "--image", image, *config)
+        _run("umoci", "gc", "--layout", oci)
+        _run("tar", "--numeric-owner", "-C", oci, "-cf", tar, "oci-layout", "index.json", "blobs")
+        tar.replace(out)  # atomically: the cache never holds half an image
+    return out
+
+
+class _Rootfs:
+    """A root filesystem tarball written entry by entry, everything owned by root."""
+
+    def __init__(self, tar: tarfile.TarFile) -> None:
+        self.tar = tar
+
+    def _add(self, name: str, kind: bytes, mode: int, data: bytes = b"", link: str = "") -> None:
+        info = tarfile.TarInfo(name)
+        info.type, info.mode, info.size, info.linkname = kind, mode, len(data), link
+        self.tar.addfile(info, io.BytesIO(data) if data else None)
+
+    def dir(self, name: str, mode: int = 0o755) -> None:
+        self._add(name, tarfile.DIRTYPE, mode)
+
+    def file(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        self._add(name, tarfile.REGTYPE, mode, data)
+
+    def symlink(self, name: str, target: str) -> None:
+        self._add(name, tarfile.SYMTYPE, 0o777, link=target)
+
+    def etc(self) -> None:
+        """/etc/passwd and /etc/group (root and nobody), and a world-writable /tmp."""
+        self.dir("etc")
+        self.file("etc/passwd", PASSWD)
+        self.file("etc/group", GROUP)
+        self.dir("tmp", 0o1777)
+
+
+@contextmanager
+def _rootfs(path: Path) -> Iterator[_Rootfs]:
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT) as tar:
+        yield _Rootfs(tar)
+
+
+def _prune(name: str, keep: Path) -> None:
+    """Drop this image's builds under older keys: each source edit would otherwise leave one."""
+    for old in IMAGES.glob(f"{name}-{'?' * 12}.tar"):
+        if old != keep:
+            old.unlink()
+
+
+def _cached(name: str, key: str) -> tuple[Path, bool]:
+    IMAGES.mkdir(parents=True, exist_ok=True)
+    out = IMAGES / f"{name}-{key}.tar"
+    if out.exists():
+        _log(f"{name}: cached {out} ({_mb(out)})")
+    return out, out.exists()
+
+
+def _small_image(
+    name: str,
+    ref: str,
+    key: str,
+    fill: Callable[[_Rootfs], None],
+    entrypoint: list[str],
+    env: dict[str, str],
+) -> Image:
+    """An image of a few host files (static binaries), written by `fill`."""
+    out, done = _cached(name, key)
+    if not done:
+        _log(f"{name}: building {ref}")
+        with tempfile.TemporaryDirectory(dir=IMAGES, prefix=f".{name}-") as tmp:
+            rootfs = Path(tmp) / "rootfs.tar"
+            with _rootfs(rootfs) as fs:
+                fill(fs)
+            oci_from_rootfs(
+                rootfs, out, ref, entrypoint=entrypoint, cmd=None, user=None, workdir=None, env=env
+            )
+        _log(f"{name}: built {out} ({_mb(out)})")
+        _prune(name, out)
+    return Image(out, ref)
+
+
+def pause_image() -> Image:
+    """The pod sandbox: Debian's static catatonit in pause mode (it only reaps and waits)."""
+    catatonit = Path("/usr/bin/catatonit")
+    data = catatonit.read_bytes()
+    key = _key(PAUSE_REF, _deb_version("catatonit"), data)
+
+    def fill(fs: _Rootfs) -> None:
+        fs.file("catatonit", data, 0o755)
+
+    return _small_image("pause", PAUSE_REF, key, fill, ["/catatonit", "-P"], {})
+
+
+def busybox_ref() -> str:
+    """Named after Debian's busybox-static version: 1:1.35.0-4+deb12u1+b1 -> 1.35.0."""
+    version = _deb_version("busybox-static")
+    return f"localhost/raftlog/busybox:{version.split(':')[-1].split('-')[0]}"
+
+
+def busybox_image() -> Image:
+    """Debian's static busybox with a /bin symlink per applet: the local-path provisioner's
+    helper pod runs `sh -c` scripts of mkdir, chmod and rm in it."""
+    busybox = Path("/bin/busybox")
+    data = busybox.read_bytes()
+    ref = busybox_ref()
+    applets = sorted(set(_run(busybox, "--list", capture=True, timeout=30).split()) - {"busybox"})
+
+    def fill(fs: _Rootfs) -> None:
+        fs.dir("bin")
+        fs.file("bin/busybox", data, 0o755)
+        for applet in applets:
+            fs.symlink(f"bin/{applet}", "busybox")
+        fs.etc()
+
+    key = _key(ref, data)
+    env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
+    return _small_image("busybox", ref, key, fill, ["/bin/sh"], env)
+
+
+def binary_image(binary: Path, ref: str, entrypoint: list[str]) -> Image:
+    """One static binary at /<name>, with /etc/passwd, /etc/group and /tmp (CoreDNS, the
+    local-path provisioner)."""
+    data = binary.read_bytes()
+    key = _key(ref, *entrypoint, data)
+
+    def fill(fs: _Rootfs) -> None:
+        fs.file(binary.name, data, 0o755)
+        fs.etc()
+
+    return _small_image(binary.name, ref, key, fill, entrypoint, {})
+
+
+def _source_hash() -> str:
+    """Every file the wheels are built from (tracked or not, committed or not), by content."""
+    ls_files = ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "--"]
+    listed = _run(*ls_files, *SOURCES, cwd=layout.ROOT, capture=True, timeout=60)
+    h = hashlib.sha256()
+    for name in sorted(set(filter(None, listed.split("\0")))):
+        path = layout.ROOT / name
+        h.update(name.encode() + b"\0" + (path.read_bytes() if path.is_file() else b"-") + b"\0")
+    return h.hexdigest()
+
+
+def raftlog_image(ref: str = RAFTLOG_REF) -> Image:
+    """The project's image: bookworm's python3 with raftlog in a venv at /opt/raftlog, as the
+    Dockerfile builds it, run as 10001:10001 in /var/lib/raftlog."""
+    python = layout.ROOT / ".venv" / "bin" / "python"
+    # The versions the dev venv was tested with pin the image's dependencies (and key it).
+    pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check"]
+    pins = _run(*pip, "list", "--format=freeze", "--exclude-editable", capture=True)
+    key = _key(ref, *MIRRORS, *PACKAGES, *DPKG_OPTS, RAFTLOG_SCRIPT, pins, _source_hash())
+    out, done = _cached("raftlog", key)
+    if done:
+        return Image(out, ref)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(dir=IMAGES, prefix=".raftlog-") as tmp_name:
+        tmp = Path(tmp_name)
+        wheels, script, rootfs = tmp / "wheels", tmp / "build.sh", tmp / "rootfs.tar"
+        constraints = tmp / "constraints.txt"
+        constraints.write_text(pins)
+        script.write_text(RAFTLOG_SCRIPT)
+        _log("raftlog: pip wheel (raftlog and its runtime dependencies)")
+        _run(*pip, "wheel", "-q", "-w", wheels, "-c", constraints, layout.ROOT, timeout=1200)
+        _log(f"raftlog: mmdebstrap bookworm minbase + {' '.join(PACKAGES)}, venv, wheels")
+        # unshare mode as root: a private mount namespace, so a killed build leaves no mounts.
+        # (TMPDIR: mmdebstrap's scratch space, next to the rest, removed with it.)
+        mmdebstrap = ["env", f"TMPDIR={tmp}", "mmdebstrap", "--quiet", "--mode=unshare"]
+        options = [f"--dpkgopt={o}" for o in DPKG_OPTS] + [
+            "--variant=minbase",
+            f"--include={','.join(PACKAGES)}",
+            f"--customize-hook=copy-in {wheels} {script} /tmp",
+            # A clean environment: the host's PIP_* and PYTHON* settings stay out.
+            '--customize-hook=chroot "$1" env -i sh /tmp/build.sh',
+        ]
+        _run(*mmdebstrap, *options, "bookworm", rootfs, *MIRRORS, timeout=1800)
+        size = _mb(rootfs)
+        _log(f"raftlog: umoci, rootfs {size}")
+        oci_from_rootfs(
+            rootfs,
+            out,
+            ref,
+            entrypoint=None,
+            cmd=["raftlog-node", "--help"],
+            user="10001:10001",
+            workdir="/var/lib/raftlog",
+            env=RAFTLOG_ENV,
+        )
+    elapsed = time.monotonic() - started
+    _log(f"raftlog: built {out} ({_mb(out)}, rootfs {size}) in {elapsed:.0f} s")
+    _prune("raftlog", out)
+    return Image(out, ref)
+
+
+def digest(tar: Path) -> str:
+    """The manifest digest of an image tarball (what `ctr images ls` shows once imported)."""
+    with tarfile.open(tar) as t:
+        member = t.extractfile("index.json")
+        assert member is not None
+        return str(json.load(member)["manifests"][0]["digest"])
+
+
+def import_image(tar: Path, ref: str, address: str) -> None:
+    """Import into containerd's k8s.io namespace (the kubelet's), where the name is `ref`."""
+    ctr = ["ctr", "--address", address, "-n", "k8s.io"]
+    _log(f"import {ref} into {address}")
+    _run(*ctr, "images", "import", tar, timeout=600)
+    if ref not in _run(*ctr, "images", "ls", "-q", capture=True, timeout=60).split():
+        raise RuntimeError(f"{tar} imported into {address}, but {ref} is not listed")
+
+
+def build() -> list[Image]:
+    return [raftlog_image(), pause_image(), busybox_image()]
+
+
+def ensure_all(bins: dict[str, Path]) -> list[Image]:
+    """Every image the cluster runs: raftlog's, the sandbox's, and the add-ons' (from `bins`)."""
+    return [
+        *build(),
+        binary_image(bins["coredns"].resolve(), COREDNS_REF, ["/coredns"]),
+        binary_image(
+            bins["local-path-provisioner"].resolve(), LOCAL_PATH_REF, ["/local-path-provisioner"]
+        ),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m cluster.images", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    commands.add_parser("build", help="build every image into the cache")
+    load = commands.add_parser("import", help="build, then import into a containerd")
+    load.add_argument("address", help="containerd's socket")
+    args = parser.parse_args()
+    for image in build():
+        if args.command == "import":
+            import_image(image.tar, image.ref, args.address)
+        print(image.ref, image.tar)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,91 @@
+"""The real cluster of `make cluster`, driven the way a user drives one: `kubectl` and `helm`.
+
+Every call has a timeout; every wait polls with a bound and fails naming what it waited for and
+the last thing it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBECONFIG = ROOT / ".cluster" / "kubeconfig"
+HELM = ROOT / ".cluster" / "bin" / "helm"
+CHART = ROOT / "charts" / "raftlog-operator"
+T = TypeVar("T")
+
+
+def env() -> dict[str, str]:
+    return {**os.environ, "KUBECONFIG": str(KUBECONFIG), "HELM_CACHE_HOME": "/tmp/helm-cache",
+            "HELM_CONFIG_HOME": "/tmp/helm-config", "HELM_DATA_HOME": "/tmp/helm-data"}  # fmt: skip
+
+
+def run(
+    argv: list[str], stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, input=stdin, capture_output=True, text=True, timeout=timeout, env=env(), cwd=ROOT
+    )
+
+
+def kubectl(*args: str, stdin: str | None = None, check: bool = True, timeout: float = 120) -> str:
+    done = run(["kubectl", *args], stdin, timeout)
+    if check and done.returncode != 0:
+        raise AssertionError(f"kubectl {' '.join(args)} -> {done.returncode}: {done.stderr}")
+    return done.stdout
+
+
+def kubectl_fails(*args: str, stdin: str | None = None) -> str:
+    """The error of a kubectl call that must fail (its stderr)."""
+    done = run(["kubectl", *args], stdin)
+    assert done.returncode != 0, f"kubectl {' '.join(args)} succeeded: {done.stdout}"
+    return done.stderr
+
+
+def get(kind: str, name: str, ns: str | None = None) -> dict[str, Any]:
+    args = ["get", kind, name, "-o", "json"] + (["-n", ns] if ns else [])
+    return dict(json.loads(kubectl(*args)))
+
+
+def items(kind: str, ns: str | None = None, selector: str | None = None) -> list[dict[str, Any]]:
+    args = ["get", kind, "-o", "json"] + (["-n", ns] if ns else ["-A"])
+    if selector:
+        args += ["-l", selector]
+    return list(json.loads(kubectl(*args))["items"])
+
+
+def helm(*args: str, timeout: float = 300) -> str:
+    done = run([str(HELM), *args], timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(f"helm {' '.join(args)} -> {done.returncode}: {done.stderr}")
+    return done.stdout
+
+
+def until(what: str, fn: Callable[[], T | None], timeout: float, every: float = 1.0) -> T:
+    """`fn()`'s first truthy value; fails after `timeout` with the last value or error seen."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            value = fn()
+            if value:
+                return value
+            last = value
+        except (AssertionError, subprocess.TimeoutExpired, KeyError, ValueError) as e:
+            last = e
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: not within {timeout:.0f} s; last: {last!r}")
+        time.sleep(every)
+
+
+def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
+    for c in (obj.get("status") or {}).get("conditions") or []:
+        if c.get("type") == kind:
+            return dict(c)
+    return None
