@@ -5,34 +5,34 @@
 #   docker build -t ghcr.io/raftlog/raftlog:0.1.0 .
 #   docker push ghcr.io/raftlog/raftlog:0.1.0
 #
-# The base is pinned to an exact Python release; pin it by digest as well in your registry's
-# mirror (`python:3.11.11-slim-bookworm@sha256:...`) for reproducible builds.
-ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
+# The same image as `make cluster` builds without Docker (cluster/images.py): Debian bookworm's
+# python3 (3.11), raftlog in a venv at /opt/raftlog installed by image/install-raftlog.sh from
+# wheels only, run as 10001:10001. Pin the base by digest in your registry's mirror
+# (`debian:bookworm-slim@sha256:...`) for reproducible builds.
+ARG DEBIAN_IMAGE=debian:bookworm-slim
 
 # ---------------------------------------------------------------- build: wheels, no toolchain left
-FROM ${PYTHON_IMAGE} AS build
+FROM ${DEBIAN_IMAGE} AS build
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv python3-pip
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY node/ node/
 COPY operator/ operator/
 COPY spark/ spark/
 # raftlog and every runtime dependency as wheels (the `spark` and `dev` extras stay out).
-RUN python -m pip wheel --wheel-dir /wheels .
+RUN python3 -m pip wheel --break-system-packages --wheel-dir /wheels .
 
 # ---------------------------------------------------------------- runtime
-FROM ${PYTHON_IMAGE}
-ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 \
+FROM ${DEBIAN_IMAGE}
+ENV PATH=/opt/raftlog/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     PYTHONDONTWRITEBYTECODE=1 PYTHONUNBUFFERED=1 \
     HOME=/tmp
-# The user the pods run as (runAsUser/runAsGroup 10001), with no login and no home.
-RUN groupadd --system --gid 10001 raftlog \
- && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \
-        --shell /usr/sbin/nologin raftlog \
- && install -d -o 10001 -g 10001 -m 0750 /var/lib/raftlog
-RUN --mount=type=bind,from=build,source=/wheels,target=/wheels \
-    python -m pip install --no-index --find-links /wheels raftlog \
- && raftlog-node --help >/dev/null && raftlog-operator --help >/dev/null
+RUN apt-get update && apt-get install -y --no-install-recommends python3 python3-venv ca-certificates
+# The user the pods run as (runAsUser/runAsGroup 10001), the venv, both commands checked.
+RUN --mount=type=bind,from=build,source=/wheels,target=/tmp/wheels \
+    --mount=type=bind,source=image/install-raftlog.sh,target=/tmp/install-raftlog.sh \
+    sh /tmp/install-raftlog.sh /tmp/wheels
 USER 10001:10001
 WORKDIR /var/lib/raftlog
 # 7001: a member's client API; 7002: its peers and admin API; 8080: the operator's liveness;

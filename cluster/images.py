@@ -49,26 +49,10 @@ DPKG_OPTS = [
     "path-include=/usr/share/doc/*/copyright",
 ]
 # What the wheels, the Dockerfile and the cache key are made from.
-SOURCES = ["node", "operator", "spark", "pyproject.toml", "README.md"]
+SOURCES = ["node", "operator", "spark", "pyproject.toml", "README.md", "image"]
 
-# Runs inside the bookworm chroot (mmdebstrap's customize hook), the wheels in /tmp/wheels.
-# The venv gets no pip: Debian's bundled pip wheel installs into it from outside.
-RAFTLOG_SCRIPT = """\
-set -eu
-export PATH=/opt/raftlog/bin:/usr/sbin:/usr/bin:/sbin:/bin HOME=/root
-export PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
-groupadd --system --gid 10001 raftlog
-useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent \\
-    --shell /usr/sbin/nologin raftlog
-install -d -o 10001 -g 10001 -m 0750 /var/lib/raftlog
-python3 -m venv --without-pip /opt/raftlog
-pip_wheel=$(echo /usr/share/python-wheels/pip-*.whl)
-/opt/raftlog/bin/python "$pip_wheel/pip" install --quiet \\
-    --no-index --find-links /tmp/wheels raftlog
-raftlog-node --help >/dev/null
-raftlog-operator --help >/dev/null
-rm -rf /tmp/wheels /tmp/build.sh /var/lib/apt/lists/* /var/cache/apt/* /var/log/*.log
-"""
+# The image's one recipe, shared with the Dockerfile; run in the bookworm chroot.
+INSTALL = layout.ROOT / "image" / "install-raftlog.sh"
 RAFTLOG_ENV = {
     "PATH": "/opt/raftlog/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
     "PYTHONDONTWRITEBYTECODE": "1",
@@ -305,17 +289,18 @@ def raftlog_image(ref: str = RAFTLOG_REF) -> Image:
     # The versions the dev venv was tested with pin the image's dependencies (and key it).
     pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check"]
     pins = _run(*pip, "list", "--format=freeze", "--exclude-editable", capture=True)
-    key = _key(ref, *MIRRORS, *PACKAGES, *DPKG_OPTS, RAFTLOG_SCRIPT, pins, _source_hash())
+    recipe = INSTALL.read_text()
+    key = _key(ref, *MIRRORS, *PACKAGES, *DPKG_OPTS, recipe, pins, _source_hash())
     out, done = _cached("raftlog", key)
     if done:
         return Image(out, ref)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(dir=IMAGES, prefix=".raftlog-") as tmp_name:
         tmp = Path(tmp_name)
-        wheels, script, rootfs = tmp / "wheels", tmp / "build.sh", tmp / "rootfs.tar"
+        wheels, script, rootfs = tmp / "wheels", tmp / INSTALL.name, tmp / "rootfs.tar"
         constraints = tmp / "constraints.txt"
         constraints.write_text(pins)
-        script.write_text(RAFTLOG_SCRIPT)
+        script.write_text(recipe)
         _log("raftlog: pip wheel (raftlog and its runtime dependencies)")
         _run(*pip, "wheel", "-q", "-w", wheels, "-c", constraints, layout.ROOT, timeout=1200)
         _log(f"raftlog: mmdebstrap bookworm minbase + {' '.join(PACKAGES)}, venv, wheels")
@@ -327,7 +312,8 @@ def raftlog_image(ref: str = RAFTLOG_REF) -> Image:
             f"--include={','.join(PACKAGES)}",
             f"--customize-hook=copy-in {wheels} {script} /tmp",
             # A clean environment: the host's PIP_* and PYTHON* settings stay out.
-            '--customize-hook=chroot "$1" env -i sh /tmp/build.sh',
+            f'--customize-hook=chroot "$1" env -i sh /tmp/{INSTALL.name} /tmp/wheels',
+            f'--customize-hook=rm -rf "$1/tmp/wheels" "$1/tmp/{INSTALL.name}"',
         ]
         _run(*mmdebstrap, *options, "bookworm", rootfs, *MIRRORS, timeout=1800)
         size = _mb(rootfs)

@@ -1,19 +1,41 @@
-"""Fixtures of the `k8s` suite: the running cluster of `make cluster`, and a namespace per test."""
+"""Fixtures of the `k8s` suite: the running cluster of `make cluster`, and a namespace per test.
+
+The cluster is one node of this machine's 2 cores: a test's namespace is gone, with its pods and
+their CPU requests, before the next test starts. A failed test prints what its namespace held.
+"""
 
 from __future__ import annotations
 
+import sys
 import uuid
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
+from raftlog.operator.crd import CRD_PATH
+from raftlog.operator.models import GROUP, PLURAL
 from tests.k8s import kube
+
+CRD_NAME = f"{PLURAL}.{GROUP}"
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/k8s/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.k8s)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    item.stash.setdefault(FAILED, False)
+    if report.when == "call" and report.failed:
+        item.stash[FAILED] = True
+    return report
+
+
+FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture(scope="session")
@@ -24,13 +46,27 @@ def cluster() -> None:
     nodes = kube.items("nodes")
     ready = [n for n in nodes if (kube.condition(n, "Ready") or {}).get("status") == "True"]
     assert ready, f"no Ready node: {[n['metadata']['name'] for n in nodes]}"
+    # The CRD in the cluster is the repository's (helm installs a chart's CRDs only once).
+    kube.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(kube.ROOT / CRD_PATH))
+
+    def established() -> bool:
+        cond = kube.condition(kube.get("crd", CRD_NAME), "Established")
+        return cond is not None and cond.get("status") == "True"
+
+    kube.until(f"CRD {CRD_NAME} Established", established, timeout=60)
 
 
 @pytest.fixture
-def namespace(cluster: None) -> Iterator[str]:
+def namespace(cluster: None, request: pytest.FixtureRequest) -> Iterator[str]:
     ns = f"t-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", ns)
     try:
         yield ns
     finally:
-        kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+        if request.node.stash.get(FAILED, False):
+            print(f"\n--- what {ns} held when the test failed ---", file=sys.stderr)
+            for args in (["get", "raft,pods,pvc,svc,pdb", "-o", "wide"],
+                         ["get", "events", "--sort-by=.lastTimestamp"],
+                         ["logs", "deploy/raftlog-operator", "--tail=60"]):  # fmt: skip
+                print(kube.run(["kubectl", "-n", ns, *args]).stdout, file=sys.stderr)
+        kube.kubectl("delete", "namespace", ns, "--timeout=180s", check=False, timeout=200)

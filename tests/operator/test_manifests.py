@@ -58,7 +58,7 @@ def objects(spec: RaftClusterSpec) -> list[dict[str, Any]]:
         pod,
         manifests.pvc(spec, "c", "ns", "c-1"),
         *manifests.services("c", "ns"),
-        manifests.pdb("c", "ns"),
+        manifests.pdb("c", "ns", spec.replicas),
         manifests.secret("c", "ns", spec, "s3cret"),
     ]
 
@@ -120,12 +120,27 @@ def test_the_pod_carries_the_spec_to_the_node():
     assert vols["data"]["persistentVolumeClaim"]["claimName"] == "data-c-1"
 
 
-def test_the_budget_allows_one_member_down_and_the_peer_service_publishes_unready_members():
+@pytest.mark.parametrize(("replicas", "min_available"), [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3)])
+def test_the_budget_keeps_a_majority_of_voters(replicas, min_available):
+    budget = manifests.pdb("c", "ns", replicas)["spec"]
+    assert budget == {
+        "minAvailable": min_available,
+        "selector": {"matchLabels": manifests.selector("c")},
+    }
+    # Evictions allowed with every member up never cost the quorum.
+    assert replicas - (replicas - budget["minAvailable"]) > replicas // 2
+
+
+def test_member_pods_mount_no_service_account_token():
+    pod = manifests.pod(RaftClusterSpec(), "c", "ns", "c-0", {}, join=False, config_hash="h")
+    assert pod["spec"]["automountServiceAccountToken"] is False
+
+
+def test_the_peer_service_publishes_unready_members():
     svc, client_svc = manifests.services("c", "ns")
     assert svc["spec"]["clusterIP"] == "None" and svc["spec"]["publishNotReadyAddresses"]
     assert [p["port"] for p in svc["spec"]["ports"]] == [7001, 7002]
     assert [p["port"] for p in client_svc["spec"]["ports"]] == [7001]  # never the peer port
-    assert manifests.pdb("c", "ns")["spec"]["maxUnavailable"] == 1
 
 
 def test_members_are_reached_over_https_when_the_cluster_has_tls():

@@ -34,6 +34,8 @@ CHART_CRD_PATH = Path("charts") / "raftlog-operator" / CRD_PATH
 _KEEP = {
     "type", "description", "default", "enum", "pattern", "minimum", "maximum", "minLength",
     "maxLength", "minItems", "maxItems", "format",
+    # CEL rules of a field (models.py `_rules`), e.g. the transition rules of what is fixed.
+    "x-kubernetes-validations",
 }  # fmt: skip
 
 

@@ -97,7 +97,7 @@ class KubeRuntime:
         for svc in manifests.services(self.cluster, self.namespace):
             self.adopt(svc)
             await self._create(self.core.create_namespaced_service, svc)
-        budget = manifests.pdb(self.cluster, self.namespace)
+        budget = manifests.pdb(self.cluster, self.namespace, spec.replicas)
         self.adopt(budget)
         await self._create(self.policy.create_namespaced_pod_disruption_budget, budget)
         return await self._token(spec)

@@ -116,6 +116,8 @@ def pod(
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
+        # A node never calls the API server: no ServiceAccount token in its pod.
+        "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
             "runAsUser": 10001,
@@ -230,12 +232,22 @@ def services(cluster: str, namespace: str) -> list[dict[str, Any]]:
     return [headless, client]
 
 
-def pdb(cluster: str, namespace: str) -> dict[str, Any]:
+def quorum(replicas: int) -> int:
+    """A majority of `replicas` voters: what must stay up for every partition to commit."""
+    return replicas // 2 + 1
+
+
+def pdb(cluster: str, namespace: str, replicas: int) -> dict[str, Any]:
+    """Voluntary evictions never take the cluster below a majority of its voters (with 1 or 2
+    members: none at all, as losing one would cost the quorum)."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": cluster, "namespace": namespace, "labels": labels(cluster)},
-        "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector(cluster)}},
+        "spec": {
+            "minAvailable": quorum(replicas),
+            "selector": {"matchLabels": selector(cluster)},
+        },
     }
 
 

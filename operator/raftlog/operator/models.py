@@ -39,6 +39,21 @@ def _default(name: str) -> Any:
     return RaftConfig.model_fields[name].default
 
 
+def _rules(*rules: dict[str, str]) -> dict[str, Any]:
+    """CEL rules the API server checks on the field (the CRD's `x-kubernetes-validations`).
+
+    A rule that names `oldSelf` is a transition rule: it runs on every update of a stored
+    object (never on its creation), so it is how a field is fixed after creation. pydantic
+    ignores them (the models never see the old object); `crd.py` copies them into the CRD.
+    """
+    return {"x-kubernetes-validations": list(rules)}
+
+
+def _fixed(field: str, why: str) -> dict[str, str]:
+    """The transition rule of a field that must keep its value for the resource's lifetime."""
+    return {"rule": "self == oldSelf", "message": f"{field} cannot change after creation: {why}"}
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
@@ -47,6 +62,23 @@ class _Model(BaseModel):
 
 class RaftSettings(_Model):
     """The node's Raft settings a cluster may set (the rest keep the node's defaults)."""
+
+    # `_coherent` below, enforced by the API server too: refused at admission, not by the
+    # operator's next pass. The has() guards are for the CRD's own `default: {}` of `raft`,
+    # which the API server checks against the rule without filling in the fields' defaults;
+    # an object's `raft` always has both (defaulted before validation).
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            {
+                "rule": "!has(self.heartbeatTicks) || !has(self.electionTicks)"
+                " || self.heartbeatTicks < self.electionTicks",
+                "fieldPath": ".heartbeatTicks",
+                # Not a messageExpression with both values: string(int) has no size bound, so
+                # the API server's cost estimate refuses it.
+                "message": "heartbeatTicks must be below electionTicks",
+            }
+        )
+    )
 
     backfill_threshold: int = Field(
         _default("backfill_threshold"),
@@ -135,7 +167,9 @@ class Storage(_Model):
         "1Gi", pattern=QUANTITY, description="Size of each member's volume (a quantity)."
     )
     storage_class_name: str | None = Field(
-        None, description="Storage class of the members' volumes (the cluster default if unset)."
+        None,
+        description="Storage class of the members' volumes (the cluster default if unset); "
+        "fixed after creation.",
     )
     segment_bytes: int = Field(
         64 * 1024 * 1024,
@@ -148,7 +182,20 @@ class Storage(_Model):
     reclaim_policy: Literal["Delete", "Retain"] = Field(
         "Delete",
         description="What happens to a member's volume when the member is removed or the "
-        "cluster deleted: Delete removes it, Retain keeps it.",
+        "cluster deleted: Delete removes it, Retain keeps it. Retain may become Delete after "
+        "creation, Delete may not become Retain.",
+        # Under Delete the operator makes the RaftCluster own each volume it creates (owner
+        # references), so the garbage collector deletes them with it whatever the policy says by
+        # then: a later Retain would not keep them. Retain to Delete is safe (the operator then
+        # deletes the unowned volumes by name).
+        json_schema_extra=_rules(
+            {
+                "rule": "self == oldSelf || self == 'Delete'",
+                "message": "reclaimPolicy cannot change from Delete to Retain after creation: "
+                "the volumes already created are owned by the RaftCluster and would still be "
+                "deleted with it",
+            }
+        ),
     )
 
 
@@ -169,7 +216,16 @@ class PodTemplate(_Model):
 class RaftClusterSpec(_Model):
     replicas: int = Field(3, ge=1, le=15, description="Voting members of every partition.")
     partitions: int = Field(
-        1, ge=1, le=1024, description="Partitions (independent Raft groups); fixed after creation."
+        1,
+        ge=1,
+        le=1024,
+        description="Partitions (independent Raft groups); fixed after creation.",
+        # Every member is launched with `--partitions` and keeps one Raft group (its WAL,
+        # snapshots and membership) per partition on its volume: a restart with another count
+        # would drop groups or start empty ones; the operator neither splits nor merges them.
+        json_schema_extra=_rules(
+            _fixed("partitions", "each member keeps one Raft group per partition on its volume")
+        ),
     )
     image: str | None = Field(
         None,
@@ -181,7 +237,24 @@ class RaftClusterSpec(_Model):
         "IfNotPresent", description="Pull policy of the node image."
     )
     resources: Resources = Field(default_factory=Resources, description="Container resources.")
-    storage: Storage = Field(default_factory=Storage, description="Each member's volume.")
+    storage: Storage = Field(
+        default_factory=Storage,
+        description="Each member's volume.",
+        # On the object, not on storageClassName: a transition rule on an optional field runs
+        # only when both versions have it, and unset -> set must be refused too. A PVC's class
+        # is immutable and the operator never moves a member's data to another volume, so a new
+        # class would only reach members created later.
+        json_schema_extra=_rules(
+            {
+                "rule": "has(self.storageClassName) == has(oldSelf.storageClassName)"
+                " && (!has(self.storageClassName)"
+                " || self.storageClassName == oldSelf.storageClassName)",
+                "fieldPath": ".storageClassName",
+                "message": "storageClassName cannot change after creation: the members' volumes "
+                "keep the class they were created with",
+            }
+        ),
+    )
     raft: RaftSettings = Field(default_factory=RaftSettings, description="Raft settings.")
     snapshot_source: Literal["follower-first", "leader"] = Field(
         "follower-first",

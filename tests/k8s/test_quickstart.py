@@ -1,0 +1,143 @@
+"""The README's Kubernetes quick start, as a user types it, on the real cluster.
+
+`helm install` of the chart (the operator in its pod, under the chart's ServiceAccount, so the
+API server enforces its RBAC), `kubectl apply -f examples/raftcluster.yaml`, `kubectl get raft`
+with the printer columns, `kubectl scale` through the scale subresource to 5 voters (learners
+promoted only after the stable window) and back to 3, and `kubectl describe` with the events.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.k8s import kube
+
+IMAGE = "ghcr.io/raftlog/raftlog:0.1.0"  # the chart's default, built and imported locally
+WINDOW_S = 3.0  # examples/raftcluster.yaml: learnerPromotionStableWindow
+
+
+def say(msg: str) -> None:
+    print(f"[quickstart] {msg}", file=sys.stderr, flush=True)
+
+
+@pytest.fixture
+def operator(namespace: str) -> Iterator[str]:
+    """The chart installed in `namespace` (its default: watch the release's namespace)."""
+    started = time.monotonic()
+    kube.helm("install", "raftlog-operator", str(kube.CHART), "-n", namespace,
+              "--wait", "--timeout", "180s")  # fmt: skip
+    say(f"helm install --wait: {time.monotonic() - started:.1f} s")
+    try:
+        yield namespace
+    finally:
+        # The finalizer is the operator's: clusters go before it does.
+        kube.kubectl("delete", "raft", "--all", "-n", namespace, "--timeout=120s", check=False)
+        kube.helm("uninstall", "raftlog-operator", "-n", namespace, "--wait", "--timeout", "120s")
+
+
+def raft(ns: str, name: str = "orders") -> dict[str, Any]:
+    return kube.get("raftcluster", name, ns)
+
+
+def roles(obj: dict[str, Any]) -> dict[str, str]:
+    return {m["name"]: m["role"] for m in (obj.get("status") or {}).get("members") or []}
+
+
+def settled(obj: dict[str, Any], replicas: int) -> bool:
+    st = obj.get("status") or {}
+    return bool(st.get("readyReplicas") == replicas and st.get("phase") == "Running")
+
+
+def available(obj: dict[str, Any]) -> bool:
+    return (kube.condition(obj, "Available") or {}).get("status") == "True"
+
+
+def test_quickstart_apply_get_scale_up_and_down(operator: str) -> None:
+    ns = operator
+    started = time.monotonic()
+    kube.kubectl("apply", "-n", ns, "-f", "examples/raftcluster.yaml")
+    kube.until("orders Available", lambda: available(raft(ns)), 240)
+    say(f"kubectl apply -> Available: {time.monotonic() - started:.1f} s")
+    kube.until("3 members ready", lambda: settled(raft(ns), 3), 120)
+
+    # Printer columns, through the short name, as the API server's Table output renders them.
+    table = kube.kubectl("get", "raft", "-n", ns).splitlines()
+    assert table[0].split() == [
+        "NAME", "REPLICAS", "READY", "PARTITIONS", "LEADERS", "PHASE", "AVAILABLE", "AGE"
+    ]  # fmt: skip
+    row = table[1].split()
+    assert row[:4] == ["orders", "3", "3", "2"] and row[6] == "True", table
+    assert len(row[4].split(",")) == 2, f"one leader per partition: {table}"
+
+    # Members run the locally built image (the node cannot pull: there is no registry).
+    pods = kube.items("pods", ns, "raftlog.dev/cluster=orders")
+    assert sorted(p["metadata"]["name"] for p in pods) == ["orders-0", "orders-1", "orders-2"]
+    for p in pods:
+        [c] = p["spec"]["containers"]
+        assert c["image"] == IMAGE and c["imagePullPolicy"] == "IfNotPresent"
+        assert p["status"]["phase"] == "Running"
+    claims = kube.items("pvc", ns, "raftlog.dev/cluster=orders")
+    assert {c["status"]["phase"] for c in claims} == {"Bound"}, claims
+
+    # Scale up through the scale subresource; watch every member's role as it goes.
+    started = time.monotonic()
+    out = kube.kubectl("scale", "raft/orders", "-n", ns, "--replicas", "5")
+    assert "scaled" in out
+    scale = f"/apis/raftlog.dev/v1alpha1/namespaces/{ns}/raftclusters/orders/scale"
+    assert json.loads(kube.kubectl("get", "--raw", scale))["spec"]["replicas"] == 5
+    learner_at: dict[str, float] = {}
+    voter_at: dict[str, float] = {}
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        obj = raft(ns)
+        now = time.monotonic()
+        for name, role in roles(obj).items():
+            if role == "learner":
+                learner_at.setdefault(name, now)
+            elif role == "voter" and name in learner_at:
+                voter_at.setdefault(name, now)
+        r = roles(obj)
+        if len(r) == 5 and set(r.values()) == {"voter"} and available(obj):
+            break
+        time.sleep(0.5)
+    else:
+        raise AssertionError(f"5 voters: not within 300 s; roles {roles(raft(ns))}")
+    say(f"kubectl scale 3 -> 5 voters: {time.monotonic() - started:.1f} s")
+    assert sorted(voter_at) == ["orders-3", "orders-4"], (learner_at, voter_at)
+    for name in voter_at:  # promoted only after the window (polled every 0.5 s)
+        assert voter_at[name] - learner_at[name] >= WINDOW_S - 1.0, (name, learner_at, voter_at)
+
+    events = json.loads(kube.kubectl(
+        "get", "events", "-n", ns, "--field-selector",
+        "involvedObject.kind=RaftCluster,involvedObject.name=orders", "-o", "json",
+    ))["items"]  # fmt: skip
+    reasons = [e["reason"] for e in events]
+    assert reasons.count("LearnerAdded") >= 2 and reasons.count("Promoted") >= 2, reasons
+    described = kube.kubectl("describe", "raft", "orders", "-n", ns)
+    assert "Promoted" in described and "orders-4 is a voter of every partition" in described
+
+    # And back to 3: the highest ordinals leave, the cluster stays available.
+    started = time.monotonic()
+    kube.kubectl("scale", "raft/orders", "-n", ns, "--replicas", "3")
+
+    def three() -> bool:
+        obj = raft(ns)
+        names = sorted(
+            p["metadata"]["name"] for p in kube.items("pods", ns, "raftlog.dev/cluster=orders")
+        )
+        return (sorted(roles(obj)) == ["orders-0", "orders-1", "orders-2"]
+                and names == ["orders-0", "orders-1", "orders-2"] and available(obj))  # fmt: skip
+
+    kube.until("back to 3 members", three, 300)
+    say(f"kubectl scale 5 -> 3: {time.monotonic() - started:.1f} s")
+    assert set(roles(raft(ns)).values()) == {"voter"}
+    reasons = [e["reason"] for e in json.loads(kube.kubectl(
+        "get", "events", "-n", ns, "--field-selector", "involvedObject.name=orders", "-o", "json"
+    ))["items"]]  # fmt: skip
+    assert reasons.count("MemberRemoved") >= 2, reasons
