@@ -26,8 +26,12 @@ def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
     """Starts `argv` in the cluster's namespace, logging to `.cluster/logs/<name>.log`."""
     PIDS.mkdir(parents=True, exist_ok=True)
     LOGS.mkdir(parents=True, exist_ok=True)
+    recorded = PIDS / f"{name}.args"
+    wanted = "\0".join(argv)
     if alive(name):
-        return pid_of(name) or 0
+        if recorded.exists() and recorded.read_text() == wanted:
+            return pid_of(name) or 0
+        stop(name)  # started with other flags (an older checkout of this file): again
     with (LOGS / f"{name}.log").open("ab") as log:
         proc = subprocess.Popen(
             ["nsenter", f"--net={NETNS_PATH}", "--", *argv],
@@ -35,6 +39,7 @@ def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> int:
             start_new_session=True, env={**os.environ, **(env or {})}, cwd=layout.STATE,
         )  # fmt: skip
     (PIDS / f"{name}.pid").write_text(str(proc.pid))
+    recorded.write_text(wanted)
     return proc.pid
 
 
@@ -58,6 +63,12 @@ def alive(name: str) -> bool:
         return os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(NETNS_PATH).st_ino
     except FileNotFoundError:
         return False
+
+
+def running(name: str) -> bool:
+    """Its process exists (whatever its namespace: nsenter joins it only just before exec)."""
+    pid = pid_of(name)
+    return pid is not None and Path(f"/proc/{pid}").exists() and not _zombie(pid)
 
 
 def stop(name: str, timeout: float = 15.0) -> None:
@@ -96,12 +107,12 @@ def wait_for(what: str, check: Callable[[], bool], timeout: float, log: str | No
                 return
         except Exception:  # not up yet: connection refused, 503, ...
             pass
-        if log is not None and pid_of(log) is not None and not alive(log):
+        if log is not None and not running(log):
             break
         time.sleep(0.5)
     tail = ""
     if log is not None and (LOGS / f"{log}.log").exists():
         lines = (LOGS / f"{log}.log").read_text(errors="replace").splitlines()[-25:]
         tail = "\n  " + "\n  ".join(lines)
-    state = "exited" if log is not None and not alive(log) else f"not within {timeout:.0f} s"
+    state = "exited" if log is not None and not running(log) else f"not within {timeout:.0f} s"
     raise RuntimeError(f"cluster: {what}: {state}; {LOGS / f'{log}.log'}:{tail}")

@@ -7,6 +7,7 @@ their CPU requests, before the next test starts. A failed test prints what its n
 from __future__ import annotations
 
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -60,6 +61,9 @@ def cluster() -> None:
 def namespace(cluster: None, request: pytest.FixtureRequest) -> Iterator[str]:
     ns = f"t-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", ns)
+    # The API server enforces Pod Security "restricted" on every pod of the test: the
+    # operator's (the chart's) and the members' (the operator's).
+    kube.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
     try:
         yield ns
     finally:
@@ -70,3 +74,18 @@ def namespace(cluster: None, request: pytest.FixtureRequest) -> Iterator[str]:
                          ["logs", "deploy/raftlog-operator", "--tail=60"]):  # fmt: skip
                 print(kube.run(["kubectl", "-n", ns, *args]).stdout, file=sys.stderr)
         kube.kubectl("delete", "namespace", ns, "--timeout=180s", check=False, timeout=200)
+
+
+@pytest.fixture
+def operator(namespace: str) -> Iterator[str]:
+    """The chart installed in `namespace` (its default: watch the release's namespace); the
+    namespace's RaftClusters are deleted before the operator goes (the finalizer is its)."""
+    started = time.monotonic()
+    kube.helm("install", "raftlog-operator", str(kube.CHART), "-n", namespace,
+              "--wait", "--timeout", "180s")  # fmt: skip
+    kube.say(f"helm install --wait: {time.monotonic() - started:.1f} s")
+    try:
+        yield namespace
+    finally:
+        kube.kubectl("delete", "raft", "--all", "-n", namespace, "--timeout=180s", check=False)
+        kube.helm("uninstall", "raftlog-operator", "-n", namespace, "--wait", "--timeout", "120s")

@@ -6,9 +6,11 @@ the last thing it saw.
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -82,6 +84,23 @@ def until(what: str, fn: Callable[[], T | None], timeout: float, every: float = 
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {timeout:.0f} s; last: {last!r}")
         time.sleep(every)
+
+
+def parse_time(stamp: str) -> float:
+    """An API server timestamp (RFC 3339, `Z`) as seconds since the epoch."""
+    return datetime.datetime.fromisoformat(stamp).timestamp()
+
+
+def say(msg: str) -> None:
+    """A measured figure, on stderr (`pytest -s` shows it; the closing notes quote it)."""
+    print(f"[k8s] {msg}", file=sys.stderr, flush=True)
+
+
+def container_pid(pod: dict[str, Any]) -> int:
+    """The host pid of a pod's (first) container: what a node-level fault is sent to."""
+    cid = pod["status"]["containerStatuses"][0]["containerID"].split("://", 1)[1]
+    task = ROOT / ".cluster/containerd/state/io.containerd.runtime.v2.task/k8s.io" / cid
+    return int((task / "init.pid").read_text())
 
 
 def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:

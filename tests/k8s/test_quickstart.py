@@ -9,36 +9,13 @@ promoted only after the stable window) and back to 3, and `kubectl describe` wit
 from __future__ import annotations
 
 import json
-import sys
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.k8s import kube
 
 IMAGE = "ghcr.io/raftlog/raftlog:0.1.0"  # the chart's default, built and imported locally
 WINDOW_S = 3.0  # examples/raftcluster.yaml: learnerPromotionStableWindow
-
-
-def say(msg: str) -> None:
-    print(f"[quickstart] {msg}", file=sys.stderr, flush=True)
-
-
-@pytest.fixture
-def operator(namespace: str) -> Iterator[str]:
-    """The chart installed in `namespace` (its default: watch the release's namespace)."""
-    started = time.monotonic()
-    kube.helm("install", "raftlog-operator", str(kube.CHART), "-n", namespace,
-              "--wait", "--timeout", "180s")  # fmt: skip
-    say(f"helm install --wait: {time.monotonic() - started:.1f} s")
-    try:
-        yield namespace
-    finally:
-        # The finalizer is the operator's: clusters go before it does.
-        kube.kubectl("delete", "raft", "--all", "-n", namespace, "--timeout=120s", check=False)
-        kube.helm("uninstall", "raftlog-operator", "-n", namespace, "--wait", "--timeout", "120s")
 
 
 def raft(ns: str, name: str = "orders") -> dict[str, Any]:
@@ -63,7 +40,7 @@ def test_quickstart_apply_get_scale_up_and_down(operator: str) -> None:
     started = time.monotonic()
     kube.kubectl("apply", "-n", ns, "-f", "examples/raftcluster.yaml")
     kube.until("orders Available", lambda: available(raft(ns)), 240)
-    say(f"kubectl apply -> Available: {time.monotonic() - started:.1f} s")
+    kube.say(f"kubectl apply -> Available: {time.monotonic() - started:.1f} s")
     kube.until("3 members ready", lambda: settled(raft(ns), 3), 120)
 
     # Printer columns, through the short name, as the API server's Table output renders them.
@@ -108,7 +85,7 @@ def test_quickstart_apply_get_scale_up_and_down(operator: str) -> None:
         time.sleep(0.5)
     else:
         raise AssertionError(f"5 voters: not within 300 s; roles {roles(raft(ns))}")
-    say(f"kubectl scale 3 -> 5 voters: {time.monotonic() - started:.1f} s")
+    kube.say(f"kubectl scale 3 -> 5 voters: {time.monotonic() - started:.1f} s")
     assert sorted(voter_at) == ["orders-3", "orders-4"], (learner_at, voter_at)
     for name in voter_at:  # promoted only after the window (polled every 0.5 s)
         assert voter_at[name] - learner_at[name] >= WINDOW_S - 1.0, (name, learner_at, voter_at)
@@ -135,7 +112,7 @@ def test_quickstart_apply_get_scale_up_and_down(operator: str) -> None:
                 and names == ["orders-0", "orders-1", "orders-2"] and available(obj))  # fmt: skip
 
     kube.until("back to 3 members", three, 300)
-    say(f"kubectl scale 5 -> 3: {time.monotonic() - started:.1f} s")
+    kube.say(f"kubectl scale 5 -> 3: {time.monotonic() - started:.1f} s")
     assert set(roles(raft(ns)).values()) == {"voter"}
     reasons = [e["reason"] for e in json.loads(kube.kubectl(
         "get", "events", "-n", ns, "--field-selector", "involvedObject.name=orders", "-o", "json"

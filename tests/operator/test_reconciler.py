@@ -306,7 +306,8 @@ def test_a_promotion_the_leader_refuses_restarts_the_window():
     st2, events = record_outcome(plan.status, plan.action, Outcome(False, "HTTP 409: lags"), T0)
     pr = st2.member("c-3").promotion  # type: ignore[union-attr]
     assert pr is not None and pr.window_started_at is None and pr.restarts == 1
-    assert [e.reason for e in events] == ["StepFailed"]
+    assert [e.reason for e in events] == ["StepFailed", "PromotionWindowRestarted"]
+    assert "HTTP 409: lags" in events[1].message
 
 
 def test_one_new_member_at_a_time():

@@ -69,14 +69,15 @@ app.kubernetes.io/part-of: raftlog
 
 {{/*
 What the operator does in a namespace where RaftClusters live. Derived from the operator's code
-and checked against its recorded API traffic by tests/chart/test_rbac.py: add nothing here that
+and checked against its API traffic on the real cluster's audit log by tests/k8s/test_rbac.py: add nothing here that
 the operator does not call.
 */}}
 {{- define "raftlog-operator.namespacedRules" -}}
-# kopf: watches RaftClusters, patches them (finalizer, its own progress) and their status.
+# kopf: watches RaftClusters, patches them (finalizer, its own progress) and their status; the
+# operator reads one again when its status write meets a newer resourceVersion (409).
 - apiGroups: ["raftlog.dev"]
   resources: ["raftclusters"]
-  verbs: ["list", "watch", "patch"]
+  verbs: ["get", "list", "watch", "patch"]
 - apiGroups: ["raftlog.dev"]
   resources: ["raftclusters/status"]
   verbs: ["patch"]
@@ -89,16 +90,17 @@ the operator does not call.
 - apiGroups: [""]
   resources: ["pods", "persistentvolumeclaims"]
   verbs: ["list", "create", "delete"]
-# Per cluster: the headless and client Services, the generated auth Secret, the PDB.
+# Per cluster: the headless and client Services and the PDB, server-side applied on every
+# pass (an apply that creates the object is also authorized as a create); the auth Secret.
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get", "create"]
 - apiGroups: ["policy"]
   resources: ["poddisruptionbudgets"]
-  verbs: ["create"]
+  verbs: ["create", "patch"]
 # kopf posts the reconciler's events on the RaftCluster.
 - apiGroups: [""]
   resources: ["events"]

@@ -7,6 +7,7 @@ so a restarted operator resumes where it stopped.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import tempfile
 import time
@@ -15,6 +16,7 @@ from typing import Any
 
 import kopf
 from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from raftlog.operator import metrics
@@ -64,14 +66,40 @@ def _runtime(name: str, namespace: str, body: kopf.Body) -> KubeRuntime:
     )  # fmt: skip
 
 
-async def _save_status(name: str, namespace: str, status: RaftClusterStatus) -> None:
-    patch = {"status": status.model_dump(mode="json", by_alias=True)}
+class StaleStatus(Exception):
+    """The resource changed since the status this operator holds was read (HTTP 409)."""
+
+
+async def _save_status(
+    name: str, namespace: str, status: RaftClusterStatus, resource_version: str | None
+) -> str:
+    """Writes the status if the resource is still at `resource_version` (optimistic
+    concurrency: a second operator, or anyone, who wrote since makes it a 409); returns the new
+    resourceVersion."""
+    patch: dict[str, Any] = {"status": status.model_dump(mode="json", by_alias=True)}
+    if resource_version is not None:
+        patch["metadata"] = {"resourceVersion": resource_version}
     custom = k8s.CustomObjectsApi(api())
-    await asyncio.to_thread(
-        custom.patch_namespaced_custom_object_status,
-        GROUP, VERSION, namespace, PLURAL, name, patch,
-        _content_type="application/merge-patch+json",
+    try:
+        resp: Any = await asyncio.to_thread(
+            custom.patch_namespaced_custom_object_status,
+            GROUP, VERSION, namespace, PLURAL, name, patch,
+            _content_type="application/merge-patch+json", _preload_content=False,
+        )  # fmt: skip
+    except ApiException as e:
+        if e.status == 409:
+            raise StaleStatus(f"{namespace}/{name}: {e.reason}") from None
+        raise
+    return str(json.loads(resp.data)["metadata"]["resourceVersion"])
+
+
+async def _read(name: str, namespace: str) -> dict[str, Any]:
+    custom = k8s.CustomObjectsApi(api())
+    resp: Any = await asyncio.to_thread(
+        custom.get_namespaced_custom_object, GROUP, VERSION, namespace, PLURAL, name,
+        _preload_content=False,
     )  # fmt: skip
+    return dict(json.loads(resp.data))
 
 
 @kopf.daemon(GROUP, VERSION, PLURAL, cancellation_timeout=10.0)
@@ -94,12 +122,13 @@ async def reconcile(
     node_api_for: tuple[str, str | None] | None = None
 
     saved: list[RaftClusterStatus] = []
+    version: list[str | None] = [meta.get("resourceVersion")]
 
     async def save(st: RaftClusterStatus) -> None:
         # An unchanged status is not written: every write is a watch event for every watcher.
         if saved and saved[-1] == st:
             return
-        await _save_status(name, namespace, st)
+        version[0] = await _save_status(name, namespace, st, version[0])
         saved[:] = [st.model_copy(deep=True)]
 
     try:
@@ -111,7 +140,7 @@ async def reconcile(
                 )  # the live spec
             except ValidationError as e:
                 kopf.warn(body, reason="InvalidSpec", message=str(e).replace("\n", " "))
-                await asyncio.sleep(operator_settings().interval_s * 10)
+                await stopped.wait(operator_settings().interval_s * 10)
                 continue
             try:
                 token = await runtime.ensure_shared(desired)
@@ -123,11 +152,20 @@ async def reconcile(
                 result = await reconcile_pass(
                     name, desired, current, runtime, node_api, save, meta.get("generation")
                 )
+            except StaleStatus as e:
+                # Someone wrote first: start again from what the API server holds now.
+                metrics.STATUS_CONFLICTS.inc()
+                log.info("%s; reading it again", e)
+                fresh = await _read(name, namespace)
+                current = RaftClusterStatus.model_validate(fresh.get("status") or {})
+                version[0] = fresh["metadata"]["resourceVersion"]
+                saved.clear()
+                continue
             except Exception as e:  # the API server or a runtime call: the next pass retries
                 log.exception("%s/%s: reconcile pass failed", namespace, name)
                 metrics.RECONCILES.labels(outcome="error").inc()
                 kopf.warn(body, reason="ReconcileFailed", message=f"{type(e).__name__}: {e}")
-                await asyncio.sleep(operator_settings().interval_s * 5)
+                await stopped.wait(operator_settings().interval_s * 5)
                 continue
             current = result.status
             kind = type(result.action).__name__ if result.action is not None else "Steady"
@@ -136,7 +174,9 @@ async def reconcile(
             _count(result.action, result.outcome is not None and result.outcome.ok)
             for ev in result.events:
                 kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
-            await asyncio.sleep(operator_settings().interval_s)
+            # Woken at once when kopf stops the daemon: a rollout or an uninstall does not wait
+            # out the pass interval, nor kopf's cancellation timeout.
+            await stopped.wait(operator_settings().interval_s)
     finally:
         if node_api is not None:
             await node_api.close()

@@ -12,6 +12,7 @@ import asyncio
 import base64
 import json
 import secrets
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +26,9 @@ from raftlog.operator.reconciler import config_hash
 from raftlog.operator.runtime import PodInfo
 
 Adopt = Callable[[dict[str, Any]], None]
+FIELD_MANAGER = "raftlog-operator"
+# Seconds between two applies of an unchanged shared object (drift comes back within this).
+RESYNC_S = 30.0
 
 
 def _json(resp: Any) -> dict[str, Any]:
@@ -47,6 +51,7 @@ class KubeRuntime:
         self.adopt = adopt
         self.member_url = member_url
         self.tls = False  # set from the spec on each pass (ensure_shared)
+        self._applied: dict[tuple[str, str], tuple[str, float]] = {}
 
     def url(self, member: str) -> str:
         return manifests.member_url(
@@ -92,15 +97,38 @@ class KubeRuntime:
 
     # ----------------------------------------------------------------- shared objects
     async def ensure_shared(self, spec: RaftClusterSpec) -> str:
-        """Services, the PodDisruptionBudget and the auth secret; returns the token."""
+        """Services and the PodDisruptionBudget as the spec wants them now (made again when
+        deleted, put back when edited, the budget following `replicas`), and the auth secret;
+        returns the token."""
         self.tls = spec.tls_secret_name is not None
-        for svc in manifests.services(self.cluster, self.namespace):
-            self.adopt(svc)
-            await self._create(self.core.create_namespaced_service, svc)
-        budget = manifests.pdb(self.cluster, self.namespace, spec.replicas)
-        self.adopt(budget)
-        await self._create(self.policy.create_namespaced_pod_disruption_budget, budget)
+        shared = [
+            *manifests.services(self.cluster, self.namespace),
+            manifests.pdb(self.cluster, self.namespace, spec.replicas),
+        ]
+        for body in shared:
+            self.adopt(body)
+            await self._apply(body)
         return await self._token(spec)
+
+    async def _apply(self, body: dict[str, Any]) -> None:
+        """Server-side apply as the operator's field manager. An unchanged object is applied
+        again only every RESYNC_S (a deleted or edited one comes back then), so a pass every
+        second is not four writes a second."""
+        kind, name = body["kind"], body["metadata"]["name"]
+        text = json.dumps(body, sort_keys=True)
+        last = self._applied.get((kind, name))
+        now = time.monotonic()
+        if last is not None and last[0] == text and now - last[1] < RESYNC_S:
+            return
+        patch = {
+            "Service": self.core.patch_namespaced_service,
+            "PodDisruptionBudget": self.policy.patch_namespaced_pod_disruption_budget,
+        }[kind]
+        await asyncio.to_thread(
+            patch, name, self.namespace, body, field_manager=FIELD_MANAGER, force=True,
+            _content_type="application/apply-patch+yaml", _preload_content=False,
+        )  # fmt: skip
+        self._applied[(kind, name)] = (text, now)
 
     async def ca_bundle(self, spec: RaftClusterSpec) -> str | None:
         """The `ca.crt` of the cluster's TLS secret (what the operator verifies members with)."""

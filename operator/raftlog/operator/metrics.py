@@ -10,6 +10,11 @@ RECONCILES = Counter(
 RECONCILE_SECONDS = Histogram(
     "raftlog_operator_reconcile_seconds", "Duration of a reconcile pass, its step included"
 )
+STATUS_CONFLICTS = Counter(
+    "raftlog_operator_status_conflicts",
+    "Status writes refused for a stale resourceVersion (someone else wrote first); the pass "
+    "starts again from what the API server holds",
+)
 PROMOTIONS = Counter("raftlog_operator_promotions", "Learner promotions accepted by a leader")
 INSTALLS = Counter(
     "raftlog_operator_snapshot_installs", "Snapshot installs asked of leaders", ["result"]

@@ -638,6 +638,11 @@ def record_outcome(
                 # The leader's own check is the last word: the window starts again.
                 m.promotion.window_started_at, m.promotion.elapsed_seconds = None, 0.0
                 m.promotion.restarts += 1
+                events.append(Event(
+                    "Normal", "PromotionWindowRestarted",
+                    f"{member}: the leader refused the promotion ({outcome.detail}); its "
+                    "promotion window starts again",
+                ))  # fmt: skip
         case DeleteMember(name, _) if outcome.ok:
             st.members = [m for m in st.members if m.name != name]
             events.append(Event("Normal", "MemberRemoved", f"{name} left the cluster"))
