@@ -50,15 +50,18 @@ typecheck: install
 	$(VENV)/bin/mypy
 
 # Everything: lint, types, and every test of every marker. pytest's exit code 5
-# (nothing collected) fails the run like any other non-zero code. The `k8s` suite runs last, on
-# the real cluster: one `make test` started is stopped again (also on failure), one that
-# `make cluster` started stays up.
+# (nothing collected) fails the run like any other non-zero code. The `k8s` suite runs on the real
+# cluster beside the rest (it mostly waits on the cluster), its output kept in
+# .cluster/k8s-tests.log and shown at the end; a cluster `make test` started is stopped again
+# (also on failure), one that `make cluster` started stays up.
 test: lint typecheck
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q --durations=15 -m "not k8s"
-	@was_up=$$($(PY) -m cluster status >/dev/null 2>&1 && echo yes); \
-	$(PY) -m cluster up || exit 1; rc=0; \
-	$(VENV)/bin/pytest -q --durations=15 -m k8s || rc=$$?; \
-	[ -n "$$was_up" ] || $(PY) -m cluster down; exit $$rc
+	@was_up=$$($(PY) -m cluster status >/dev/null 2>&1 && echo yes); mkdir -p .cluster; \
+	( $(PY) -m cluster up && $(VENV)/bin/pytest -q --durations=15 -m k8s ) \
+		> .cluster/k8s-tests.log 2>&1 & k8s=$$!; \
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q --durations=15 -m "not k8s"; rest=$$?; \
+	wait $$k8s; k8s_rc=$$?; echo "---- the k8s suite (.cluster/k8s-tests.log)"; \
+	cat .cluster/k8s-tests.log; [ -n "$$was_up" ] || $(PY) -m cluster down; \
+	echo "not k8s: exit $$rest; k8s: exit $$k8s_rc"; [ $$rest -eq 0 ] && [ $$k8s_rc -eq 0 ]
 
 # A real single-machine Kubernetes (cluster/): builds what is missing (cached by version under
 # ~/.cache/raftlog-cluster), starts it, prints `export KUBECONFIG=...`. Needs root.

@@ -22,6 +22,9 @@ from tests.chart.helm import (
     render,
 )
 
+from raftlog.operator import manifests
+from raftlog.operator.models import RaftClusterSpec
+
 pytestmark = pytest.mark.chart
 
 # Kinds whose schema is not in Kubernetes itself: each is checked by its own CRD below.
@@ -71,9 +74,10 @@ def validate(obj: dict[str, Any], version: str) -> None:
         assert obj["apiVersion"] == "kopf.dev/v1"
         assert ("namespace" in obj["metadata"]) == (scope == "Namespaced"), obj
         jsonschema.Draft4Validator(schema).validate(obj)
-    elif kind == "ServiceMonitor":
-        # The Prometheus operator's CRD is not available here: its shape is checked by
-        # test_the_service_monitor_scrapes_the_metrics_service instead.
+    elif kind in ("ServiceMonitor", "PodMonitor"):
+        # The Prometheus operator's CRDs are not available here: their shape is checked by
+        # test_the_metrics_service_and_service_monitor_scrape_the_operator and
+        # test_the_pod_monitor_scrapes_every_member instead.
         assert obj["apiVersion"] == "monitoring.coreos.com/v1"
     else:
         kubernetes_validate.validate(obj, version, strict=True)
@@ -258,6 +262,28 @@ def test_the_metrics_service_and_service_monitor_scrape_the_operator():
     assert mon["spec"]["endpoints"][0]["port"] == "metrics"
     assert mon["metadata"]["labels"]["release"] == "prom"
     assert not of_kind(objects(), "ServiceMonitor")  # optional: off by default
+
+
+@pytest.mark.parametrize(
+    ("values", "namespaces"),
+    [
+        ({}, {"matchNames": [NAMESPACE]}),
+        ({"watch": {"mode": "namespaced", "namespaces": ["a", "b"]}}, {"matchNames": ["a", "b"]}),
+        ({"watch": {"mode": "cluster"}}, {"any": True}),
+    ],
+)
+def test_the_pod_monitor_scrapes_every_member(values, namespaces):
+    on = {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}}
+    mon = one(objects({**values, **on}), "PodMonitor")
+    pod = manifests.pod(RaftClusterSpec(), "c", "ns", "c-0", {}, join=False, config_hash="h")
+    # The members' pods, by the labels the operator gives them, at their client port.
+    assert mon["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"] for p in pod["spec"]["containers"][0]["ports"]}
+    [endpoint] = mon["spec"]["podMetricsEndpoints"]
+    assert endpoint["port"] in ports and endpoint["path"] == "/metrics"
+    assert mon["spec"]["namespaceSelector"] == namespaces
+    assert mon["metadata"]["labels"]["release"] == "prom"
+    assert not of_kind(objects(values), "PodMonitor")  # optional: off by default
 
 
 def test_without_metrics_there_is_no_service_and_the_operator_serves_none():

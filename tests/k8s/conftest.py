@@ -57,13 +57,33 @@ def cluster() -> None:
     kube.until(f"CRD {CRD_NAME} Established", established, timeout=60)
 
 
-@pytest.fixture
-def namespace(cluster: None, request: pytest.FixtureRequest) -> Iterator[str]:
+def _namespace() -> str:
     ns = f"t-{uuid.uuid4().hex[:8]}"
     kube.kubectl("create", "namespace", ns)
     # The API server enforces Pod Security "restricted" on every pod of the test: the
     # operator's (the chart's) and the members' (the operator's).
     kube.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    return ns
+
+
+def _delete(ns: str) -> None:
+    """Gone are the members (their CPU requests hold the next test's pods back); the rest of
+    the namespace (an operator replica leaving its peering, say) finishes on its own."""
+    kube.kubectl("delete", "namespace", ns, "--wait=false", check=False)
+    members = "app.kubernetes.io/name=raftlog"
+    kube.until(f"{ns}'s members gone", lambda: not kube.items("pods", ns, members), 180)
+
+
+@pytest.fixture
+def other_namespace(cluster: None) -> Iterator[str]:
+    ns = _namespace()
+    yield ns
+    _delete(ns)
+
+
+@pytest.fixture
+def namespace(cluster: None, request: pytest.FixtureRequest) -> Iterator[str]:
+    ns = _namespace()
     try:
         yield ns
     finally:
@@ -73,7 +93,7 @@ def namespace(cluster: None, request: pytest.FixtureRequest) -> Iterator[str]:
                          ["get", "events", "--sort-by=.lastTimestamp"],
                          ["logs", "deploy/raftlog-operator", "--tail=60"]):  # fmt: skip
                 print(kube.run(["kubectl", "-n", ns, *args]).stdout, file=sys.stderr)
-        kube.kubectl("delete", "namespace", ns, "--timeout=180s", check=False, timeout=200)
+        _delete(ns)
 
 
 @pytest.fixture

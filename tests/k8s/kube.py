@@ -108,3 +108,22 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any] | None:
         if c.get("type") == kind:
             return dict(c)
     return None
+
+
+RELEASE = "raftlog-operator"
+RELEASE_PODS = f"app.kubernetes.io/instance={RELEASE}"
+
+
+def release_objects(ns: str) -> list[str]:
+    """What the chart's release made in `ns`, and cluster-wide (by helm's release annotation)."""
+    namespaced = kubectl(
+        "get", "deploy,rs,pods,sa,role,rolebinding,svc,pdb,cm,secret,networkpolicy,kopfpeering",
+        "-n", ns, "-l", RELEASE_PODS, "-o", "name",
+    )  # fmt: skip
+    cluster = json.loads(kubectl(
+        "get", "clusterrole,clusterrolebinding,clusterkopfpeering", "-l", RELEASE_PODS, "-o", "json"
+    ))["items"]  # fmt: skip
+    mine = [f"{o['kind']}/{o['metadata']['name']}" for o in cluster
+            if (o["metadata"].get("annotations") or {}).get("meta.helm.sh/release-namespace")
+            == ns]  # fmt: skip
+    return namespaced.split() + mine

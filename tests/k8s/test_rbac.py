@@ -5,7 +5,8 @@ operator, in its pod under the chart's ServiceAccount, lives a short story (crea
 cluster, scale it to two, delete it). The API server enforces the rendered roles, and its audit
 log (`make cluster` records ServiceAccounts' requests) says what the operator asked for: nothing
 was refused, nothing left its scope, and every grant was used or is listed below with the reason
-the story cannot show it.
+the story cannot show it. Cluster-wide, the story's cluster lives in another namespace; after
+`helm uninstall` nothing of the release is left, cluster-scoped roles included.
 """
 
 from __future__ import annotations
@@ -94,8 +95,12 @@ def settled(ns: str, n: int) -> bool:
 
 
 @pytest.mark.parametrize("mode", ["namespaced", "cluster"])
-def test_every_call_is_allowed_and_every_grant_is_used(namespace: str, mode: str) -> None:
-    ns, release = namespace, "raftlog-operator"
+def test_every_call_is_allowed_and_every_grant_is_used(
+    namespace: str, other_namespace: str, mode: str
+) -> None:
+    """Cluster-wide, the story's RaftCluster lives in another namespace than the release."""
+    ns, release = namespace, kube.RELEASE
+    where = other_namespace if mode == "cluster" else ns
     since = time.time() - 1
     kube.helm("install", release, str(kube.CHART), "-n", ns, "--set", f"watch.mode={mode}",
               "--set", "replicaCount=2", "--wait", "--timeout", "180s")  # fmt: skip
@@ -105,13 +110,13 @@ def test_every_call_is_allowed_and_every_grant_is_used(namespace: str, mode: str
                 "spec": {"replicas": 1, "partitions": 1,
                          "raft": {"learnerPromotionStableWindow": 0.5},
                          "resources": {"requests": {"cpu": "100m"}}}}  # fmt: skip
-        kube.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(body))
-        kube.until("one voter ready", lambda: settled(ns, 1), 180)
-        kube.kubectl("scale", "raft/rbac", "-n", ns, "--replicas", "2")
-        kube.until("two voters ready", lambda: settled(ns, 2), 180)
-        kube.kubectl("delete", "raft", "rbac", "-n", ns, "--timeout=120s")
-        kube.until("members gone", lambda: not kube.items("pods", ns, "raftlog.dev/cluster=rbac"),
-                   120)  # fmt: skip
+        kube.kubectl("apply", "-n", where, "-f", "-", stdin=json.dumps(body))
+        kube.until("one voter ready", lambda: settled(where, 1), 180)
+        kube.kubectl("scale", "raft/rbac", "-n", where, "--replicas", "2")
+        kube.until("two voters ready", lambda: settled(where, 2), 180)
+        kube.kubectl("delete", "raft", "rbac", "-n", where, "--timeout=120s")
+        members = "raftlog.dev/cluster=rbac"
+        kube.until("members gone", lambda: not kube.items("pods", where, members), 120)
         cluster, local = grants(ns, release)
     finally:
         # helm deletes the roles and the Deployment together: the operator's last calls on its
@@ -148,4 +153,6 @@ def test_every_call_is_allowed_and_every_grant_is_used(namespace: str, mode: str
         assert all(c.namespace == ns for c in calls), [c for c in calls if c.namespace != ns]
     else:
         assert ("", "namespaces", "list") not in used
+    # helm uninstall leaves nothing of the release, its cluster-scoped roles included.
+    kube.until("nothing of the release left", lambda: kube.release_objects(ns) == [], 120)
     kube.say(f"rbac {mode}: {len(calls)} calls, {len(used)} grants used, none refused")

@@ -69,8 +69,8 @@ app.kubernetes.io/part-of: raftlog
 
 {{/*
 What the operator does in a namespace where RaftClusters live. Derived from the operator's code
-and checked against its API traffic on the real cluster's audit log by tests/k8s/test_rbac.py: add nothing here that
-the operator does not call.
+and checked against its API traffic in the real cluster's audit log (tests/k8s/test_rbac.py):
+add nothing here that the operator does not call.
 */}}
 {{- define "raftlog-operator.namespacedRules" -}}
 # kopf: watches RaftClusters, patches them (finalizer, its own progress) and their status; the
