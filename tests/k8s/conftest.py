@@ -98,14 +98,17 @@ def namespace(cluster: None, request: pytest.FixtureRequest) -> Iterator[str]:
 
 @pytest.fixture
 def operator(namespace: str) -> Iterator[str]:
-    """The chart installed in `namespace` (its default: watch the release's namespace); the
-    namespace's RaftClusters are deleted before the operator goes (the finalizer is its)."""
+    """The chart installed in `namespace` (its default: watch the release's namespace); unless
+    the test uninstalled it itself, the namespace's RaftClusters are deleted before the operator
+    goes (the finalizer is its)."""
     started = time.monotonic()
-    kube.helm("install", "raftlog-operator", str(kube.CHART), "-n", namespace,
+    kube.helm("install", kube.RELEASE, str(kube.CHART), "-n", namespace,
               "--wait", "--timeout", "180s")  # fmt: skip
     kube.say(f"helm install --wait: {time.monotonic() - started:.1f} s")
     try:
         yield namespace
     finally:
-        kube.kubectl("delete", "raft", "--all", "-n", namespace, "--timeout=180s", check=False)
-        kube.helm("uninstall", "raftlog-operator", "-n", namespace, "--wait", "--timeout", "120s")
+        if kube.RELEASE in kube.helm("list", "-n", namespace, "-q").split():
+            kube.kubectl("delete", "raft", "--all", "-n", namespace, "--timeout=180s",
+                         check=False)  # fmt: skip
+            kube.helm("uninstall", kube.RELEASE, "-n", namespace, "--wait", "--timeout", "120s")

@@ -12,10 +12,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from tests.k8s import kube
 
@@ -149,19 +146,3 @@ def test_quickstart_apply_get_scale_up_and_down(operator: str) -> None:
         "get", "pods,pvc,svc,pdb,secret", "-n", ns, "-l", "raftlog.dev/cluster=orders",
         "-o", "name").strip(), 120)  # fmt: skip
     assert "raftclusters.raftlog.dev" in kube.kubectl("get", "crd", "-o", "name")
-
-
-@pytest.fixture
-def operator(namespace: str) -> Iterator[str]:
-    """The README's `helm install` (uninstalled by the test itself, or here if it failed)."""
-    started = time.monotonic()
-    kube.helm("install", "raftlog-operator", str(kube.CHART), "-n", namespace,
-              "--wait", "--timeout", "180s")  # fmt: skip
-    kube.say(f"helm install --wait: {time.monotonic() - started:.1f} s")
-    try:
-        yield namespace
-    finally:
-        if "raftlog-operator" in kube.helm("list", "-n", namespace, "-q"):
-            kube.kubectl("delete", "raft", "--all", "-n", namespace, "--timeout=180s",
-                         check=False)  # fmt: skip
-            kube.helm("uninstall", "raftlog-operator", "-n", namespace, "--wait")
