@@ -137,6 +137,11 @@ def test_create_scale_heal_snapshot_scale_down_under_load_and_delete(operator: s
     kube.until("the client Service made again and the budget put back", lambda: (
         kube.get("service", "c", ns)["metadata"]["uid"] != client_svc
         and kube.get("pdb", "c", ns)["spec"]["minAvailable"] == 3), 90)  # fmt: skip
+    # The auth Secret deleted: made again with the token the members hold.
+    token = kube.get("secret", "c-auth", ns)["data"]["token"]
+    kube.kubectl("delete", "secret", "c-auth", "-n", ns)
+    kube.until("the auth Secret made again with the same token",
+               lambda: kube.get("secret", "c-auth", ns)["data"]["token"] == token, 60)  # fmt: skip
 
     # ------------------------------------------------------------- a process killed, a pod deleted
     leader = status(ns, "c")["leaders"]["0"]

@@ -52,6 +52,7 @@ class KubeRuntime:
         self.member_url = member_url
         self.tls = False  # set from the spec on each pass (ensure_shared)
         self._applied: dict[tuple[str, str], tuple[str, float]] = {}
+        self._known_token: str | None = None  # the generated secret's, once read
 
     def url(self, member: str) -> str:
         return manifests.member_url(
@@ -164,7 +165,10 @@ class KubeRuntime:
                 raise RuntimeError(
                     f"spec.authSecretName: secret {name} not found in {self.namespace}"
                 ) from None
-            body = manifests.secret(self.cluster, self.namespace, spec, secrets.token_urlsafe(32))
+            # Deleted while the members run: made again with the token they hold (a new one
+            # would lock the operator and every restarted member out of the others).
+            token = self._known_token or secrets.token_urlsafe(32)
+            body = manifests.secret(self.cluster, self.namespace, spec, token)
             self.adopt(body)
             await self._create(self.core.create_namespaced_secret, body)
             resp = await asyncio.to_thread(
@@ -173,7 +177,8 @@ class KubeRuntime:
         data = _json(resp).get("data") or {}
         if "token" not in data:
             raise RuntimeError(f"secret {name} has no key `token`")
-        return base64.b64decode(data["token"]).decode().strip()
+        self._known_token = base64.b64decode(data["token"]).decode().strip()
+        return self._known_token
 
     # ----------------------------------------------------------------- members
     async def create_members(
