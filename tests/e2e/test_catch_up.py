@@ -80,6 +80,8 @@ def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path, poli
         write(cluster, 1500)
         floor = cluster.status(leader)["partitions"][0]["compaction_floor"]
         assert floor > stopped_at + 1, "the leader compacted past the stopped follower"
+        third = next(n for n in cluster.nodes if n not in (leader, follower))
+        converge(cluster, third)  # applied past the floor: an eligible source (under CPU load too)
         cluster.start(follower)
         cluster.wait_ready()
         seen_required = False
@@ -94,7 +96,6 @@ def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path, poli
         assert mine["snapshot_index"] >= floor - 1
         assert cluster.status(follower)["partitions"][0]["counters"]["snapshots_installed"] >= 1
         counters = cluster.status(leader)["partitions"][0]["counters"]
-        third = next(n for n in cluster.nodes if n not in (leader, follower))
         streamed_by_third = cluster.status(third)["partitions"][0]["counters"]["snapshots_sent"]
         if policy == "follower-first":  # the other, responsive follower streamed it (RATIS-2428)
             assert counters["snapshots_from_followers"] >= 1 and streamed_by_third >= 1, counters

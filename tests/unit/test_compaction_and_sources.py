@@ -78,6 +78,7 @@ def test_ratis_2428_eligibility() -> None:
         follower("silent", 120, 120, 80),  # not responsive lately
         follower("t", 120, 120, 100),  # the target itself
         follower("needy", 120, 120, 100, snapshot_required=True),
+        follower("uncommitted", 120, 49, 100),  # matched, but cannot have applied it yet
         follower("ok", 50, 50, 95),
     ) == ["ok"]
     assert rank(follower("stale", 10, 10, 100)) == []  # nobody: the leader serves it
