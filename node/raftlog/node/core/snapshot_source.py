@@ -3,9 +3,9 @@
 A follower F is an eligible source for target T when F answered the leader recently and
 F.match >= required_index (the leader's compaction floor - 1) and F's commit index reached it
 too (F can only snapshot what it applied, and it applies only what it knows committed): a snapshot
-from F then lets T resume ordinary appends from the leader. Eligible followers are ranked by: in sync with the leader, then
-highest match index, then highest commit index, then freshest response. With no eligible
-follower the leader serves the snapshot itself.
+from F then lets T resume ordinary appends from the leader. Eligible followers are ranked by: in
+sync with the leader, then highest match index, then highest commit index, then freshest
+response. With no eligible follower the leader serves the snapshot itself.
 """
 
 from __future__ import annotations
