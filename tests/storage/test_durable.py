@@ -63,14 +63,21 @@ def test_snapshot_create_compact_and_reopen(tmp_path):
     s.create_snapshot(SnapshotMeta(150, 1, ABC), data)
     with pytest.raises(SafetyViolation, match="pass the snapshot"):
         s.compact(152)
-    dropped = s.compact(151)
-    floor = s.compaction_floor()
-    assert 1 < floor <= 151 and dropped == floor - 1
+    assert s.compact(151) == 150
+    assert s.compaction_floor() == s.first_index() == 151  # inside a segment: the floor is exact
+    with pytest.raises(Compacted):
+        s.entries(150, 152)
+    with pytest.raises(Compacted):
+        s.term(148)
+    assert s.term(150) == 1 and s.entries(151, 152) == ents(151, 151, 1)
     s.close()
     s2 = open_storage(tmp_path)
     assert s2.snapshot_meta() == SnapshotMeta(150, 1, ABC)
     assert s2.snapshot_data() == data
     assert KeyedTable.restore(s2.snapshot_data()).rows == KeyedTable.restore(data).rows
+    # Reopened, the floor is the oldest segment's first entry: only whole segments were deleted.
+    floor = s2.compaction_floor()
+    assert 1 < floor <= 151
     assert (s2.first_index(), s2.last_index(), s2.term(150)) == (floor, 200, 1)
     assert s2.entries(floor, 201) == ents(floor, 200, 1)
 
@@ -306,3 +313,26 @@ def test_opening_without_a_bootstrap_never_decides_the_membership(tmp_path):
     assert s.snapshot_meta().membership == ABC
     s.close()
     assert open_storage(tmp_path).snapshot_meta().membership == ABC
+
+
+def test_wal_stays_bounded_when_a_segment_holds_more_than_one_pass_removes(tmp_path):
+    """The defaults' shape, scaled down: a segment holds ~10x `max_entries_per_compaction`
+    entries (64 MiB holds ~500,000 records of 100 bytes; a pass removes at most 100,000). The
+    floor must keep up with the applied index and old segments must go."""
+    from raftlog.node.config import RaftConfig
+    from raftlog.node.storage.compactor import compact_behind
+
+    cfg = RaftConfig(
+        compact_every_operations=100, compact_number_entries=20, max_entries_per_compaction=150
+    )
+    s = DurableStorage(str(tmp_path), bootstrap=ABC, durable=False, segment_bytes=32 * 1024)
+    last = 0
+    for _ in range(100):  # 10,000 entries of ~60 bytes: ~20 segments' worth
+        s.save(HardState(1, "a", last + 100), ents(last + 1, last + 100, 1))
+        last += 100
+        s.create_snapshot(SnapshotMeta(last, 1, ABC), b"")
+        compact_behind(s, last, last, cfg)
+    assert s.compaction_floor() >= last - cfg.compact_number_entries - 100
+    segments = len(os.listdir(tmp_path / "wal"))
+    assert segments <= 3, f"{segments} segments kept for a floor at {s.compaction_floor()}"
+    s.close()

@@ -80,6 +80,13 @@ class DurableStorage:
             ops=self.ops,
         )
         self.recovery = list(self.wal.recovery)
+        # The compaction floor may sit inside the oldest segment: the WAL deletes whole segments
+        # only, and a pass moves the floor at most `max_entries_per_compaction`, so a floor kept
+        # at segment starts would never pass a segment holding more entries than that (500,000
+        # records of 100 bytes fill a 64 MiB segment). Entries below it read as compacted; a
+        # segment goes once wholly below it. Not persisted: a restart starts at the WAL's first
+        # entry, which is still committed and covered by the snapshot.
+        self._floor = 0
         try:
             self._reconcile_with_snapshot(snap)
             self._reconcile_term()
@@ -136,7 +143,7 @@ class DurableStorage:
         return max(self.wal.commit, self.snapshot_meta().index)
 
     def first_index(self) -> int:
-        return self.wal.first_index()
+        return max(self.wal.first_index(), self._floor)
 
     def last_index(self) -> int:
         return self.wal.last_index()
@@ -145,16 +152,25 @@ class DurableStorage:
         snap = self.snapshot_meta()
         if index == snap.index:
             return snap.term
+        if index < self._floor - 1:
+            raise Compacted(f"index {index} is below the compaction floor {self._floor}")
         return self.wal.term(index)
 
+    def _check_floor(self, lo: int) -> None:
+        if lo < self._floor:
+            raise Compacted(f"index {lo} is below the compaction floor {self._floor}")
+
     def entries(self, lo: int, hi: int) -> list[Entry]:
+        self._check_floor(lo)
         return self.wal.entries(lo, hi)
 
     def read_raw(self, lo: int, hi: int, max_bytes: int) -> list[RawRange]:
         """Entries [lo, hi) as their records' bytes, for bulk readers (see `Wal.read_raw`)."""
+        self._check_floor(lo)
         return self.wal.read_raw(lo, hi, max_bytes)
 
     def config_entries(self, lo: int) -> list[Entry]:
+        lo = max(lo, self.first_index())
         return [e for i in self.wal.config_indexes if i >= lo for e in self.wal.entries(i, i + 1)]
 
     def snapshot_meta(self) -> SnapshotMeta:
@@ -233,7 +249,8 @@ class DurableStorage:
         return self.snapshots.data()
 
     def compact(self, new_first_index: int) -> int:
-        """Delete whole segments below `new_first_index`, never past the snapshot or a hold."""
+        """Move the floor up to `new_first_index`, never past the snapshot or a hold, and
+        delete the segments wholly below it. Returns how many entries the floor passed."""
         snap = self.snapshot_meta().index
         if new_first_index - 1 > snap:
             raise SafetyViolation(
@@ -242,10 +259,16 @@ class DurableStorage:
         hold = self.holds.floor()
         if hold is not None:
             new_first_index = min(new_first_index, hold)
-        return self.wal.compact(new_first_index)
+        before = self.first_index()
+        new_first_index = min(new_first_index, self.last_index() + 1)
+        if new_first_index <= before:
+            return 0
+        self.wal.compact(new_first_index)
+        self._floor = new_first_index
+        return new_first_index - before
 
     def compaction_floor(self) -> int:
-        return self.wal.first_index()
+        return self.first_index()
 
     def set_hold(self, holder: str, min_index: int, ttl_seconds: float) -> Hold:
         """Keep entries from `min_index` on until the hold expires (renew to extend it)."""
