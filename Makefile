@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # Two workers: the machine has two cores; the simulation suites dominate the run time.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install jvm demo demo-sim test test-fast lint typecheck bench clean cluster cluster-down
+.PHONY: install jvm demo demo-sim test test-fast lint typecheck bench clean cluster cluster-down mutate
 
 install: $(STAMP) jvm
 
@@ -74,6 +74,12 @@ cluster-down: install
 # The quick loop for a developer: everything not marked slow.
 test-fast: install
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q -m "not slow"
+
+# Single-line mutants of the Raft core (tests/mutation/mutants.py), each run against the unit
+# tests and the simulation at CI's seeds; fails if one that is not equivalent survives. Not part
+# of `make test` (a survivor runs the whole simulation: tens of minutes in all).
+mutate: install
+	$(PY) -m tests.mutation
 
 bench: install
 	$(PY) -m bench.run

@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from raftlog.node.config import RaftConfig
-from raftlog.node.core.errors import Compacted, MembershipError, NotLeader, ProposalRefused
+from raftlog.node.core.errors import (
+    Compacted,
+    MembershipError,
+    NotLeader,
+    ProposalRefused,
+    SafetyViolation,
+)
 from raftlog.node.core.host import PartitionHost
 from raftlog.node.core.messages import InstallSnapshot, Message
 from raftlog.node.core.raft import MembershipOp, Raft, Ready, Role
@@ -26,8 +32,10 @@ from raftlog.node.sim.network import Faults, Network
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.base import WritableStorage
 from raftlog.node.storage.compactor import (
+    PendingSnapshot,
     applied_snapshot_meta,
-    snapshot_and_compact,
+    begin_snapshot,
+    compact_behind,
     snapshot_covering,
 )
 from raftlog.node.storage.durable import DurableStorage
@@ -68,6 +76,11 @@ class SimNode:
     pending_snapshots: dict[int, dict[int, tuple[SnapshotMeta, bytes]]] = field(
         default_factory=dict
     )
+    # partition -> (tick its file is durable, the capture): a snapshot being written, as the
+    # node's worker thread does while the table goes on applying
+    snapshotting: dict[int, tuple[int, PendingSnapshot]] = field(default_factory=dict)
+    # (partition, ReadIndex request id) -> highest index acknowledged before it was asked
+    reads: dict[tuple[int, int], int] = field(default_factory=dict)
 
     @property
     def up(self) -> bool:
@@ -85,6 +98,7 @@ class Stats:
     acked: int = 0
     reads: int = 0
     entries_read: int = 0
+    linearizable_reads: int = 0
     crashes: int = 0
     pauses: int = 0
     partitions: int = 0
@@ -122,6 +136,8 @@ class Cluster:
         self.partitions = partitions
         self.network = Network(random.Random(seed * 7919 + 1), faults or Faults())
         self._batch_rng = random.Random(seed * 104729 + 7)
+        self._disk_rng = random.Random(seed * 15485863 + 3)  # how long snapshot writes take
+        self._read_ids = 0
         self.snapshot_policy = snapshot_policy
         self.raft_cls = raft_cls
         self.compaction = compaction
@@ -196,6 +212,8 @@ class Cluster:
         node.paused = False
         node.held.clear()
         node.pending_snapshots.clear()
+        node.snapshotting.clear()
+        node.reads.clear()
         self.stats.crashes += 1
         for key in [k for k in self._pending if k[1] == node_id]:
             del self._pending[key]
@@ -353,6 +371,11 @@ class Cluster:
                     self.acked[p][e.index] = (e.term, payload)
                     self.stats.acked += 1
                     self.checker.on_ack(p, e)
+        for rs in rd.read_states:
+            asked = node.reads.pop((p, rs.request_id), None)
+            if asked is not None:
+                self.stats.linearizable_reads += 1
+                self.checker.on_read_index(p, node.id, raft, rs.index, asked)
         for ev in rd.events:
             if ev.kind == "elected":
                 self.stats.elections += 1
@@ -366,8 +389,26 @@ class Cluster:
 
     # ================================================================== snapshots
     def _maybe_compact(self, node: SimNode, p: int, raft: Raft) -> None:
-        done = snapshot_and_compact(node.storages[p], raft, node.tables[p], self.config)
-        if done is not None and done.dropped:
+        """As the node's driver: capture the table when a snapshot is due, write it over a few
+        ticks while the table goes on applying, then adopt it and compact behind the applied
+        index of that moment (so the snapshot index, not `compact_number_entries`, may bound
+        the floor)."""
+        storage, table = node.storages[p], node.tables[p]
+        writing = node.snapshotting.get(p)
+        if writing is None:
+            pending = begin_snapshot(storage, raft, table, self.config)
+            if pending is not None:
+                node.snapshotting[p] = (self.now + self._disk_rng.randint(0, 4), pending)
+            return
+        durable_at, pending = writing
+        if self.now < durable_at:
+            return
+        del node.snapshotting[p]
+        storage.create_snapshot(pending.meta, pending.capture.encode())
+        if storage.snapshot_meta().index != pending.meta.index:
+            return  # a newer snapshot was installed from the leader meanwhile
+        done = compact_behind(storage, pending.meta.index, table.applied_index, self.config)
+        if done.dropped:
             self.log(
                 f"{node.id} p{p} snapshot at {done.snapshot_index}, compacted {done.dropped} "
                 f"entries, floor {done.floor}"
@@ -481,6 +522,21 @@ class Cluster:
         self.stats.entries_read += len(entries)
         self.checker.on_read(partition, node_id, raft, entries)
 
+    def read_index(self, node_id: str, partition: int) -> None:
+        """A linearizable read through `node_id` (ReadIndex): its read point must cover every
+        entry acknowledged before it was asked."""
+        node = self.nodes[node_id]
+        if not node.up or node.paused:
+            return
+        self._read_ids += 1
+        acked = max(self.acked[partition], default=0)
+        try:
+            node.raft(partition).read_index(self._read_ids)
+        except NotLeader:
+            return
+        node.reads[(partition, self._read_ids)] = acked
+        self._process(node)
+
     def applied_everywhere(self, partition: int, index: int) -> bool:
         """Every running member of the leader's configuration applied `index`."""
         leader = self.leader(partition)
@@ -522,6 +578,13 @@ class Cluster:
                     f"{st.membership.describe()} {followers}".rstrip()
                 )
         return lines
+
+    def fail_from(self, error: SafetyViolation) -> None:
+        """A core refused to break a rule (it raised): a violation with the seed and trace."""
+        try:
+            self._violation("core safety check", str(error))
+        except InvariantViolation as v:
+            raise v from error
 
     def _violation(self, invariant: str, detail: str) -> None:
         trace = [*self.trace, "state at the violation:", *self.describe()]

@@ -9,7 +9,9 @@
 - durability: no acknowledged entry is ever lost (it stays committed at its index, and every
   node that holds that index holds that entry);
 - the high-water mark of each node never goes backwards, restarts included;
-- readers never get an entry above the replica's high-water mark, nor an uncommitted one.
+- readers never get an entry above the replica's high-water mark, nor an uncommitted one;
+- linearizable reads: a ReadIndex read point covers every entry acknowledged before the read was
+  asked, and is committed on the node that answers it.
 """
 
 from __future__ import annotations
@@ -153,6 +155,20 @@ class PartitionChecker:
                     f"{seen[0]}",
                 )
 
+    def on_read_index(self, node: str, raft: Raft, index: int, acked_before: int) -> None:
+        if index < acked_before:
+            self.fail(
+                "linearizable read",
+                f"p{self.p} {node} answered a read at index {index}, but entry {acked_before} "
+                "was acknowledged before the read was asked (a stale read)",
+            )
+        if index > raft.commit:
+            self.fail(
+                "linearizable read",
+                f"p{self.p} {node} answered a read at index {index} above its high-water mark "
+                f"{raft.commit}",
+            )
+
     def _check_hwm(self, node: str, commit: int, when: str) -> None:
         before = self.hwm.get(node, 0)
         if commit < before:
@@ -219,6 +235,9 @@ class ClusterChecker:
 
     def on_read(self, p: int, node: str, raft: Raft, entries: list[Entry]) -> None:
         self.partitions[p].on_read(node, raft, entries)
+
+    def on_read_index(self, p: int, node: str, raft: Raft, index: int, acked_before: int) -> None:
+        self.partitions[p].on_read_index(node, raft, index, acked_before)
 
     def after_step(self, cluster: Cluster) -> None:
         # Election safety also for leaders observed between events (e.g. after a restart).

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from raftlog.node.config import RaftConfig
-from raftlog.node.core.raft import Raft
+from raftlog.node.core.errors import SafetyViolation
+from raftlog.node.core.raft import Raft, Role
 from raftlog.node.record import Record, encode_record
 from raftlog.node.sim.cluster import Cluster, SnapshotPolicy, Stats
 from raftlog.node.sim.network import Faults
@@ -124,6 +125,16 @@ SCENARIOS: dict[str, Scenario] = {
             liveness_ticks=600,
         ),
         Scenario(
+            "even",
+            "4 voters (a majority is 3) split 2|2 and 1|3 by partitions, with crashes: a quorum "
+            "of half the voters would elect two leaders",
+            voters=4,
+            partition_rate=0.04,
+            crash_rate=0.01,
+            max_down=1,
+            faults=Faults(drop=0.02, duplicate=0.02, min_delay=1, max_delay=4),
+        ),
+        Scenario(
             "multi",
             "3 nodes hosting 3 partitions, each its own Raft group, under faults",
             voters=3,
@@ -203,6 +214,10 @@ class _Workload:
                 raft = c.nodes[node].raft(p)
                 lo = rng.randint(raft.log.first_index(), max(raft.log.first_index(), raft.commit))
                 c.read(node, p, lo, lo + rng.randint(1, 20))
+            # Linearizable reads go to whoever believes it leads, a deposed leader included.
+            leading = [n for n in running if c.nodes[n].raft(p).role == Role.LEADER]
+            if rng.random() < s.read_rate and leading:
+                c.read_index(rng.choice(leading), p)
 
     def propose(self, p: int) -> None:
         self.seq += 1
@@ -228,9 +243,11 @@ class _Workload:
                 c.retire(spare)
         elif choice < 0.7 and m.learners:
             c.change_membership("promote", rng.choice(sorted(m.learners)))
-        elif len(m.voters) > 3 or m.learners:
+        elif len(m.voters) > 2 or m.learners:
+            # Down to 2 voters and up through 4 and 6: even counts are where a quorum of
+            # "half" differs from a majority.
             pool = sorted(m.learners) if m.learners and rng.random() < 0.5 else sorted(m.voters)
-            if pool == sorted(m.voters) and len(m.voters) <= 3:
+            if pool == sorted(m.voters) and len(m.voters) <= 2:
                 return
             victim = rng.choice(pool)
             if c.change_membership("remove", victim) is None:
@@ -301,14 +318,17 @@ def run_scenario(
 def _run(c: Cluster, s: Scenario, seed: int) -> RunResult:
     w = _Workload(c, s)
     c.log(f"scenario {s.name} seed {seed}: {s.description}")
-    for _ in range(s.ticks):
-        w.tick()
-        w.settle_membership()
-        c.step()
-    c.log("fault phase over: healing the network, restarting and resuming every node")
-    w.heal_all()
-    for p in range(s.partitions):
-        _check_liveness(c, w, p, s.liveness_ticks)
+    try:
+        for _ in range(s.ticks):
+            w.tick()
+            w.settle_membership()
+            c.step()
+        c.log("fault phase over: healing the network, restarting and resuming every node")
+        w.heal_all()
+        for p in range(s.partitions):
+            _check_liveness(c, w, p, s.liveness_ticks)
+    except SafetyViolation as e:  # the core's own checks: reported with the seed, as any other
+        c.fail_from(e)
     c.checker.check_final(c)
     return RunResult(
         s.name,

@@ -91,8 +91,9 @@ def snapshot_and_compact(
     retention_hold: int | None = None,
     force: bool = False,
 ) -> CompactionPass | None:
-    """Run a whole pass at once if one is due (the simulator's way; the node's driver writes
-    the snapshot in a worker thread, see `server.partition`). None when there is nothing to do."""
+    """Run a whole pass at once if one is due (the node's driver and the simulator write the
+    snapshot while the table goes on applying instead: see `server.partition`). None when there
+    is nothing to do."""
     pending = begin_snapshot(storage, raft, table, config, force)
     if pending is None:
         return None
