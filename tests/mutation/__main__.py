@@ -1,6 +1,6 @@
 """`make mutate`: run the core's unit tests and the simulation on each single-line mutant.
 
-    python -m tests.mutation [--seeds N] [--only SUBSTRING] [--workers N]
+    python -m tests.mutation [--seeds N] [--only SUBSTRING] [--workers N] [--suite PATH ...]
 
 Each mutant is applied to a copy of `node/` in a temporary directory, which is put first on
 PYTHONPATH, so the checkout itself is never modified. The tests run with `-x`: a mutant is
@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parents[2]
 SUITES = ["tests/unit", "tests/simulation"]
 
 
-def run_tests(copy: Path, seeds: int, workers: int) -> tuple[bool, str, float]:
+def run_tests(copy: Path, seeds: int, workers: int, suites: list[str]) -> tuple[bool, str, float]:
     """(passed, the first failing test or '', seconds)."""
     env = {**os.environ, "PYTHONPATH": str(copy / "node"), "SIM_SEEDS": str(seeds)}
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-n", str(workers)]
     started = time.monotonic()
     out = subprocess.run(
-        [*cmd, *SUITES], cwd=copy, env=env, capture_output=True, text=True, check=False
+        [*cmd, *suites], cwd=copy, env=env, capture_output=True, text=True, check=False
     )
     took = time.monotonic() - started
     if out.returncode == 0:
@@ -61,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=1000, help="SIM_SEEDS (CI's default: 1000)")
     ap.add_argument("--only", default="", help="run the mutants whose name contains this")
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument(
+        "--suite", action="append", help=f"test paths to run (default: {' '.join(SUITES)})"
+    )
     args = ap.parse_args(argv)
+    suites = args.suite or SUITES
     chosen = [m for m in MUTANTS if args.only in m.name]
     if not chosen:
         print(f"no mutant's name contains {args.only!r}", file=sys.stderr)
@@ -76,17 +80,17 @@ def main(argv: list[str] | None = None) -> int:
         originals = {m.path: (copy / m.path).read_text() for m in chosen}
         for m in chosen:  # every mutant must still apply before an hour is spent
             apply(originals[m.path], m)
-        ok, failed, took = run_tests(copy, args.seeds, args.workers)
+        ok, failed, took = run_tests(copy, args.seeds, args.workers, suites)
         if not ok:
             print(f"the unmutated core fails {failed}: fix that first", file=sys.stderr)
             return 2
-        print(f"baseline: passed in {took:.0f} s ({', '.join(SUITES)}; SIM_SEEDS={args.seeds})")
+        print(f"baseline: passed in {took:.0f} s ({', '.join(suites)}; SIM_SEEDS={args.seeds})")
         rows: list[tuple[Mutant, str, float]] = []
         for m in chosen:
             target = copy / m.path
             target.write_text(apply(originals[m.path], m))
             try:
-                ok, failed, took = run_tests(copy, args.seeds, args.workers)
+                ok, failed, took = run_tests(copy, args.seeds, args.workers, suites)
             finally:
                 target.write_text(originals[m.path])
             verdict = f"killed by {failed}" if not ok else "SURVIVED"

@@ -63,8 +63,6 @@ MUTANTS: list[Mutant] = [
         "last_removable = min(snapshot_index, applied - config.compact_number_entries)",
         "last_removable = min(snapshot_index + 1, applied - config.compact_number_entries)",
         real=True,
-        equivalent="both storages refuse a compaction past the snapshot (SafetyViolation), "
-        "and the node and the simulator only ever compact behind a snapshot they just took",
     ),
     Mutant(
         "the boundary entry below the floor matches any term",

@@ -1,0 +1,156 @@
+"""The rules of votes and quorums, one core at a time: one vote per term, kept through
+step-downs, a new vote in a new term, and majorities (not halves) for elections and commits."""
+
+from __future__ import annotations
+
+from raftlog.node.core.messages import (
+    AppendRequest,
+    AppendResponse,
+    HeartbeatRequest,
+    PreVoteRequest,
+    PreVoteResponse,
+    VoteRequest,
+    VoteResponse,
+)
+from raftlog.node.core.raft import Raft, Role
+from raftlog.node.storage.memory import MemoryStorage
+from tests.unit.helpers import CFG, drain, sent, storage_with
+
+FOUR = ("a", "b", "c", "d")
+
+
+def vote_reply(raft: Raft, storage: MemoryStorage, req: VoteRequest) -> bool:
+    raft.step(req)
+    replies = sent(drain(raft, storage), VoteResponse)
+    assert len(replies) == 1
+    return bool(replies[0].granted)  # type: ignore[attr-defined]
+
+
+def voter_that_voted_for_a(term: int = 2) -> tuple[Raft, MemoryStorage]:
+    s = storage_with([(1, 1)], term=1)
+    b = Raft("b", CFG, s)
+    assert vote_reply(b, s, VoteRequest("a", "b", term, 1, 1))
+    assert b.term == term and s.hard_state.vote == "a"
+    return b, s
+
+
+def test_one_vote_per_term_while_no_leader_is_known() -> None:
+    b, s = voter_that_voted_for_a()
+    assert not vote_reply(b, s, VoteRequest("c", "b", 2, 5, 1))  # c's log is even longer
+    assert vote_reply(b, s, VoteRequest("a", "b", 2, 1, 1))  # the same candidate again: yes
+    assert s.hard_state.vote == "a"
+
+
+def test_a_lost_pre_vote_keeps_the_vote_of_the_term() -> None:
+    """Back to follower in the same term after a lost pre-vote: the vote cast stays cast."""
+    b, s = voter_that_voted_for_a()
+    b.hup()
+    pre = sent(drain(b, s), PreVoteRequest)
+    assert b.role == Role.PRE_CANDIDATE and {m.dst for m in pre} == {"a", "c"}
+    for peer in ("a", "c"):
+        b.step(PreVoteResponse(peer, "b", 2, False))
+    drain(b, s)
+    assert b.role == Role.FOLLOWER and b.term == 2
+    assert not vote_reply(b, s, VoteRequest("c", "b", 2, 5, 1)), "voted twice in term 2"
+    assert s.hard_state.vote == "a"
+
+
+def test_hearing_the_terms_leader_keeps_the_vote() -> None:
+    """A pre-candidate that hears this term's leader steps down in the same term; its vote
+    stays cast once it has lost track of the leader again."""
+    b, s = voter_that_voted_for_a()
+    b.hup()
+    drain(b, s)
+    b.step(HeartbeatRequest("a", "b", 2, 0))
+    drain(b, s)
+    assert b.role == Role.FOLLOWER and b.leader == "a"
+    b.hup()  # the leader went quiet: a pre-vote forgets the leader
+    drain(b, s)
+    for peer in ("a", "c"):
+        b.step(PreVoteResponse(peer, "b", 2, False))
+    drain(b, s)
+    assert b.leader is None and b.term == 2
+    assert not vote_reply(b, s, VoteRequest("c", "b", 2, 5, 1)), "voted twice in term 2"
+
+
+def test_a_new_term_brings_a_new_vote() -> None:
+    b, s = voter_that_voted_for_a(term=2)
+    assert vote_reply(b, s, VoteRequest("c", "b", 3, 1, 1))
+    assert (b.term, s.hard_state.vote) == (3, "c")
+
+
+def test_the_candidate_with_the_older_last_term_loses_even_with_a_longer_log() -> None:
+    s = storage_with([(1, 1), (2, 3)], term=3)
+    b = Raft("b", CFG, s)
+    assert not vote_reply(b, s, VoteRequest("a", "b", 4, 9, 2))
+    assert vote_reply(b, s, VoteRequest("c", "b", 5, 2, 3))
+
+
+def campaign(voters: tuple[str, ...]) -> tuple[Raft, MemoryStorage]:
+    s = storage_with([(1, 1)], voters=voters, term=1)
+    r = Raft("a", CFG, s)
+    r.hup()
+    drain(r, s)
+    return r, s
+
+
+def test_four_voters_need_three_pre_votes_and_three_votes() -> None:
+    r, s = campaign(FOUR)
+    r.step(PreVoteResponse("b", "a", 2, True))
+    drain(r, s)
+    assert r.role == Role.PRE_CANDIDATE, "2 of 4 pre-votes is not a majority"
+    r.step(PreVoteResponse("c", "a", 2, True))
+    drain(r, s)
+    assert r.role == Role.CANDIDATE and r.term == 2
+    r.step(VoteResponse("b", "a", 2, True))
+    drain(r, s)
+    assert r.role == Role.CANDIDATE, "2 of 4 votes is not a majority"
+    r.step(VoteResponse("c", "a", 2, True))
+    drain(r, s)
+    assert r.role == Role.LEADER
+
+
+def leader_of(voters: tuple[str, ...]) -> tuple[Raft, MemoryStorage]:
+    r, s = campaign(voters)
+    for v in voters[1:]:
+        r.step(PreVoteResponse(v, "a", 2, True))
+        drain(r, s)
+    for v in voters[1:]:
+        r.step(VoteResponse(v, "a", 2, True))
+        drain(r, s)
+    assert r.role == Role.LEADER and r.term == 2
+    return r, s
+
+
+def test_four_voters_commit_on_three_copies_not_two() -> None:
+    r, s = leader_of(FOUR)
+    noop = r.log.last_index()
+    r.step(AppendResponse("b", "a", 2, True, noop))
+    drain(r, s)
+    assert r.commit < noop, "committed on 2 of 4 copies"
+    r.step(AppendResponse("c", "a", 2, True, noop))
+    drain(r, s)
+    assert r.commit == noop
+
+
+def test_heartbeats_carry_no_commit_above_what_the_follower_matched() -> None:
+    r, s = leader_of(("a", "b", "c"))
+    noop = r.log.last_index()
+    r.step(AppendResponse("b", "a", 2, True, noop))
+    drain(r, s)
+    assert r.commit == noop
+    for _ in range(CFG.heartbeat_ticks):
+        r.tick()
+    beats = {m.dst: m for m in sent(drain(r, s), HeartbeatRequest)}
+    assert beats["b"].commit == noop  # type: ignore[attr-defined]
+    assert beats["c"].commit == 0, "told c a commit it may not hold"  # type: ignore[attr-defined]
+
+
+def test_a_follower_never_commits_past_what_this_leader_matched() -> None:
+    s = storage_with([(1, 1), (2, 1), (3, 1)], term=1)
+    b = Raft("b", CFG, s)
+    b.step(AppendRequest("a", "b", 2, 1, 1, (), 0))  # matched only index 1 in term 2
+    drain(b, s)
+    b.step(HeartbeatRequest("a", "b", 2, 3))
+    drain(b, s)
+    assert b.commit == 1, "entries 2 and 3 may be a divergent tail of an older term"
