@@ -187,7 +187,8 @@ def fast_records(raw: bytes, max_record_bytes: int) -> tuple[list[bytes], str | 
     runs `parse_records`, which accepts the same bodies and names the field of each mistake."""
     try:
         body = _append_decoder.decode(raw)
-    except (msgspec.DecodeError, RecursionError):  # also a msgspec.ValidationError
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
+        # ValidationError is a DecodeError; invalid UTF-8 inside a string is the last one
         return None
     producer, sequence = body.producer_id, body.sequence
     if (producer is None) != (sequence is None):
