@@ -327,3 +327,32 @@ def test_appends_under_way_at_sigterm_are_answered_before_the_node_exits(tmp_pat
             start = page["next"]
     assert answered, "no append was answered before the SIGTERM"
     assert stored - answered == set(), "committed, but the client was never told"
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+@pytest.mark.parametrize("path", [b"/v1/partitions/1/records", b"/v1/records"])
+def test_a_content_length_over_the_limit_is_refused_at_once(nodes, name, path):
+    """413 from the head alone: the node does not wait for (or buffer) a body it will refuse."""
+    head = b"POST %s HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n\r\n" % (path, 7 * 2**20)
+    with socket.create_connection(("127.0.0.1", nodes[name].nodes["n1"].port), timeout=5) as s:
+        s.sendall(head + b"{")  # one byte of the 7 MiB announced
+        s.settimeout(3)
+        buf = s.recv(65536)
+    assert buf.startswith(b"HTTP/1.1 413 "), buf[:200]
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+def test_a_malformed_request_is_one_log_line(nodes, name):
+    c = nodes[name]
+    log_file = Path(c.nodes["n1"].log_path)
+    before = log_file.read_text()
+    bad = b"POST /v1/partitions/1/records HTTP/1.1\r\nHost: t\r\nContent-Length: abc\r\n\r\n"
+    for _ in range(3):
+        assert first_status(c, bad) == 400
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and log_file.read_text().count("abc") < 3:
+        time.sleep(0.05)
+    new = log_file.read_text()[len(before) :].splitlines()
+    about = [line for line in new if "Content-Length" in line]
+    assert len(about) == 3, new
+    assert "Traceback" not in "\n".join(new) and all(" WARNING " in line for line in about), new

@@ -61,6 +61,19 @@ def make_guard(token: str | None) -> Middleware:
                     {"error": "unauthorized", "reason": "a valid bearer token is required"},
                     status=401,
                 )
+            elif (request.content_length or 0) > node_of(request).settings.max_request_bytes:
+                # Refused from the head: the body is neither waited for nor buffered.
+                limit = node_of(request).settings.max_request_bytes
+                resp = web.json_response(
+                    {
+                        "error": "too_large",
+                        "reason": f"the body is {request.content_length} bytes, limit {limit} "
+                        "(max_request_bytes)",
+                        "field": "Content-Length",
+                    },
+                    status=413,
+                )
+                resp.force_close()
             else:
                 resp = await handler(request)
         except ApiError as e:

@@ -20,6 +20,7 @@ from typing import Any
 
 import uvloop
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 
 from raftlog.node.config import describe_validation_error
@@ -137,6 +138,21 @@ def run(main: Coroutine[Any, Any, None], event_loop: str) -> None:
         asyncio.run(main)
 
 
+class OneLineBadRequests(logging.Filter):
+    """aiohttp logs each request its parser refuses (answered 400) at ERROR with a whole
+    traceback, so any client could flood the log: one WARNING line each is enough."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, HttpProcessingError):
+            said = record.getMessage()
+            reason = " ".join(str(exc.message).split())[:300]
+            record.msg, record.args = "%s: refused with %d: %s", (said, exc.code, reason)
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
@@ -144,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    logging.getLogger("aiohttp.server").addFilter(OneLineBadRequests())
     flags: dict[str, Any] = {
         k: getattr(args, k)
         for k in (
