@@ -269,3 +269,52 @@ def test_appends_routed_by_key(node):
     assert code == 400 and reply["field"] == "records" and "[0, 1]" in reply["reason"]
     code, reply = post(node, "/v1/records", b'{"value": "no key"}')
     assert code == 400 and reply["field"] == "records[0].key"
+
+
+AUTH = {"Authorization": "Bearer s3cret-token"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"target": "n2", "leader": "n1", "term": 1e999, "required": 1}',
+        b'{"target": "n2", "leader": "n1", "term": 1, "required": -1e999}',
+        b'{"target": "n2", "leader": "n1", "term": "NaN", "required": 1}',
+    ],
+)
+def test_a_peer_call_with_a_number_out_of_range_is_a_400(node, body):
+    code, answer = post(node, "/peer/v1/partitions/0/send-snapshot", body, **AUTH)
+    assert code == 400 and answer["field"] == "body", answer
+
+
+def test_a_deeply_nested_peer_frame_is_a_400_and_changes_nothing(node):
+    before = last_index(node)
+    for frame in (b"\x91" * 100_000 + b"\xc0", b"\x92\x00" + b"\x91" * 5000 + b"\xc0"):
+        code, answer = post(node, "/peer/v1/messages", frame, **AUTH)
+        assert code == 400 and answer["field"] == "frame", answer
+    assert last_index(node) == before
+
+
+def test_send_snapshot_to_a_member_that_is_down_names_it(tmp_path):
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    with LocalCluster(tmp_path, replicas=3, auth_token_file=token, durable=False) as c:
+        c.wait_ready()
+        leader = c.leader(0)
+        assert leader is not None
+        source, target = (n for n in c.nodes if n != leader)
+        c.kill(target)
+        term = c.status(source)["partitions"][0]["term"]
+        body = json.dumps({"target": target, "leader": leader, "term": term, "required": 0})
+        code, answer = c.request(
+            source, "POST", "/peer/v1/partitions/0/send-snapshot", body.encode(),
+            {"Content-Type": "application/json", **AUTH}, timeout=30,
+        )  # fmt: skip
+        assert code == 502 and answer["target"] == target, answer
+        assert target in answer["reason"], answer
+        body = json.dumps({"target": "nobody", "leader": leader, "term": term, "required": 0})
+        code, answer = c.request(
+            source, "POST", "/peer/v1/partitions/0/send-snapshot", body.encode(),
+            {"Content-Type": "application/json", **AUTH},
+        )  # fmt: skip
+        assert code == 400 and answer["field"] == "target", answer

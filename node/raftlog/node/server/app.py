@@ -15,6 +15,7 @@ import contextlib
 import json
 from typing import Any, Literal
 
+import aiohttp
 import msgspec
 from aiohttp import web
 
@@ -573,14 +574,21 @@ async def send_snapshot_for_leader(request: web.Request) -> web.Response:
         body = await request.json()
         target, leader = str(body["target"]), str(body["leader"])
         term, required = int(body["term"]), int(body["required"])
-    except (ValueError, KeyError, TypeError, RecursionError):
+    except (ValueError, KeyError, TypeError, RecursionError, OverflowError):  # 1e999 overflows
         raise bad("body", "needs target, leader, term and required") from None
     if d.raft.leader != leader or d.raft.term != term:
         raise ApiError(409, "not_my_leader", f"{leader} in term {term} is not the leader here")
+    if target not in d.node.transport.peers:
+        raise bad("target", f"{target!r} is not a peer of {d.node.id}")
     try:
         sent = await d.stream_own_snapshot(target, term, required)
     except SnapshotTooOld as e:
         raise ApiError(409, "too_old", str(e)) from None
+    except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as e:
+        # The target is down, unreachable or refused a chunk: say which, not a 500.
+        raise ApiError(
+            502, "target_failed", f"streaming to {target} failed: {e}", "target", target=target
+        ) from None
     return web.json_response({"sent_bytes": sent})
 
 

@@ -52,6 +52,8 @@ def decode_frame(data: bytes) -> list[tuple[int, Message]]:
         raw = _decoder.decode(data)
     except msgspec.DecodeError as e:
         raise InvalidMessage("frame", f"not MessagePack: {e}") from None
+    except RecursionError:  # msgspec's own depth limit, reached by a hostile frame
+        raise InvalidMessage("frame", "nested too deep") from None
     if not isinstance(raw, list):
         raise InvalidMessage("frame", "must be a list of messages")
     return [_decode_one(item) for item in raw]
