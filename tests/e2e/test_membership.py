@@ -65,3 +65,38 @@ def test_learner_catches_up_and_is_promoted_only_within_the_lag(tmp_path):
                 break
             time.sleep(0.05)
         assert st["member"] == "voter" and st["high_water_mark"] >= 2100, st
+
+
+def test_a_refused_member_change_leaves_the_peer_addresses_alone(tmp_path):
+    with LocalCluster(tmp_path, replicas=3, durable=False) as cluster:
+        cluster.wait_ready()
+        leader = cluster.leader(0)
+        assert leader is not None
+        follower = next(n for n in cluster.nodes if n != leader)
+        other = next(n for n in cluster.nodes if n not in (leader, follower))
+
+        def admin(on: str, body: dict[str, str]) -> tuple[int, dict[str, Any]]:
+            code, reply = cluster.request(
+                on, "POST", "/v1/admin/partitions/0/members", json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )  # fmt: skip
+            return code, reply
+
+        def peers(on: str) -> dict[str, str]:
+            code, reply = cluster.get(on, "/v1/admin/peers")
+            assert code == 200
+            return dict(reply["peers"])
+
+        bad = "http://127.0.0.1:9"
+        before = {n: peers(n) for n in cluster.nodes}
+        # On a follower: 421 (not the leader), and nothing changed there.
+        code, reply = admin(follower, {"op": "remove", "node": other, "url": bad})
+        assert code == 421, reply
+        # On the leader, refused by the core (a learner that does not exist cannot be promoted;
+        # a brand-new name with an address): 409, and nothing changed either.
+        code, reply = admin(leader, {"op": "promote", "node": other, "url": bad})
+        assert code == 409, reply
+        code, reply = admin(leader, {"op": "promote", "node": "n9", "url": bad})
+        assert code == 409, reply
+        assert {n: peers(n) for n in cluster.nodes} == before
+        load(cluster, 50)  # and the cluster still commits through every member

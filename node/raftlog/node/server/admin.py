@@ -49,17 +49,24 @@ async def members(request: web.Request) -> web.Response:
         raise bad("op", f"must be one of {', '.join(OPS)}")
     op = cast(MembershipOp, raw_op)
     url = body.get("url")
-    if url is not None:
-        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-            raise bad("url", "must be an http(s) URL")
-        node.transport.add_peer(member, url)
-    if op == "add_learner" and member not in node.transport.peers:
+    if url is not None and (
+        not isinstance(url, str) or not url.startswith(("http://", "https://"))
+    ):
+        raise bad("url", "must be an http(s) URL")
+    if op == "add_learner" and url is None and member not in node.transport.peers:
         raise bad("url", f"the address of {member} is unknown here; give its url")
+    if d.raft.role != Role.LEADER:
+        raise not_leader(node, d)  # before anything changes here, the address included
+    previous = node.transport.peers.get(member)
+    if url is not None:
+        node.transport.add_peer(member, url)  # the leader's appends to a new learner need it
     try:
         index, term = await d.run_on_core(lambda: d.raft.propose_membership(op, member))
-    except NotLeader:
-        raise not_leader(node, d) from None
-    except (MembershipError, ProposalRefused) as e:
+    except (NotLeader, MembershipError, ProposalRefused) as e:
+        if url is not None:  # a refused change changes nothing
+            node.transport.restore_peer(member, previous)
+        if isinstance(e, NotLeader):
+            raise not_leader(node, d) from None
         raise ApiError(409, "refused", str(e)) from None
     try:
         await d.wait_committed(index, node.settings.append_timeout_s)

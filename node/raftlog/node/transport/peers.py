@@ -297,6 +297,16 @@ class Transport:
         """Learn (or change) a member's address; its sender starts on the next message."""
         url = url.rstrip("/")
         self.peers[name] = url
+        self._stop_sender(name)
+
+    def restore_peer(self, name: str, url: str | None) -> None:
+        """Put back the address `name` had before (None: it had none)."""
+        if url is not None:
+            self.add_peer(name, url)
+        elif self.peers.pop(name, None) is not None:
+            self._stop_sender(name)
+
+    def _stop_sender(self, name: str) -> None:
         sender = self.senders.pop(name, None)
         if sender is not None and sender.task is not None:
             sender.task.cancel()
