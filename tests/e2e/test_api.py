@@ -113,6 +113,23 @@ def test_bad_reads(node):
     assert code == 503 and reply["error"] == "behind"
 
 
+def test_reads_are_bounded_in_bytes(node):
+    big = "x" * 10_000
+    code, done = post(node, "/v1/partitions/1/records",
+                      json.dumps({"records": [{"value": big}] * 20}).encode())  # fmt: skip
+    assert code == 200
+    first = done["first_index"]
+    url = f"/v1/partitions/1/records?from={first}&limit=10000"
+    code, page = node.get("n1", url + "&max_bytes=35000")
+    assert code == 200 and 1 <= len(page["records"]) <= 3, len(page["records"])
+    assert page["next"] == first + len(page["records"])
+    code, page = node.get("n1", url + "&max_bytes=1")  # one record at least
+    assert code == 200 and len(page["records"]) == 1 and page["next"] == first + 1
+    code, page = node.get("n1", url)  # 4 MiB by default: all 20
+    assert code == 200 and len(page["records"]) == 20
+    assert node.get("n1", url + "&max_bytes=0")[0] == 400
+
+
 def test_a_good_append_reads_back(node):
     code, reply = post(node, "/v1/partitions/1/records", b'{"key": "k", "value": "v"}')
     assert code == 200

@@ -145,6 +145,8 @@ def test_snapshot_table_and_compacted_columns(node):
     code, raw, _ = get_raw(node, f"/v1/partitions/0/columns?from={floor - 1}")
     body = json.loads(raw)
     assert code == 410 and body["compaction_floor"] == floor and body["snapshot_index"] == snap
+    code, body = node.get("n1", f"/v1/partitions/0/records?from={floor - 1}")  # the same answer
+    assert code == 410 and body["compaction_floor"] == floor and body["snapshot_index"] == snap
 
 
 def test_a_record_damaged_on_disk_is_never_served(tmp_path):

@@ -21,7 +21,7 @@ from aiohttp import web
 
 from raftlog.node.core.errors import Compacted, InvalidMessage, NotLeader, ProposalRefused
 from raftlog.node.core.raft import Role
-from raftlog.node.core.types import EntryKind
+from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
 from raftlog.node.routing import partition_for
 from raftlog.node.server import admin, columnar, walpage
@@ -342,6 +342,7 @@ async def read(request: web.Request) -> web.Response:
     d = driver_of(request)
     start = int_param(request, "from", 1, 1, 2**62)
     limit = int_param(request, "limit", 100, 1, 10_000)
+    max_bytes = int_param(request, "max_bytes", 4 << 20, 1, 64 << 20)
     min_index = int_param(request, "min_index", 0, 0, 2**62)
     wait_ms = int_param(request, "wait_ms", 0, 0, 60_000)
     need = max(min_index, start if wait_ms else 0)
@@ -351,20 +352,32 @@ async def read(request: web.Request) -> web.Response:
     require_mark(d, min_index)
     hwm = d.raft.commit
     try:
-        entries = d.raft.read_committed(start, start + limit)
+        entries = _read_within(d, start, limit, max_bytes)
     except Compacted:
-        raise ApiError(
-            410,
-            "compacted",
-            f"index {start} is below the compaction floor "
-            f"{d.storage.compaction_floor()}; read the snapshot or from the floor",
-            compaction_floor=d.storage.compaction_floor(),
-        ) from None
+        raise _compacted(d, start) from None
     records = [_record_json(e.index, e.term, e.data) for e in entries if e.kind == EntryKind.NORMAL]
     nxt = entries[-1].index + 1 if entries else start
     return web.json_response(
         {"partition": d.p, "high_water_mark": hwm, "records": records, "next": nxt}
     )
+
+
+def _read_within(d: PartitionDriver, start: int, limit: int, max_bytes: int) -> list[Entry]:
+    """Committed entries from `start`: at most `limit`, and about `max_bytes` of records (at
+    least one), read a few at a time so that a large limit never reads more than it answers."""
+    out: list[Entry] = []
+    size, at = 0, start
+    while len(out) < limit:
+        page = d.raft.read_committed(at, at + min(limit - len(out), 64))
+        if not page:
+            break
+        for e in page:
+            if out and size + e.size > max_bytes:
+                return out
+            out.append(e)
+            size += e.size
+        at = page[-1].index + 1
+    return out
 
 
 def _compacted(d: PartitionDriver, start: int) -> ApiError:
