@@ -93,3 +93,27 @@ def test_isolated_leader_steps_down_and_readers_see_only_committed(tmp_path):
             assert final.get(index) == value, (
                 f"{name} served {value} at {index}, but the committed log has {final.get(index)}"
             )
+
+
+def test_a_leader_that_loses_its_quorum_answers_its_pending_appends_when_it_steps_down(tmp_path):
+    """Its appends are answered 503 `leader_lost` (outcome unknown) once check-quorum deposes
+    it, not `timeout` when append_timeout_s (here 120 s) runs out."""
+    env = {"RAFTLOG_APPEND_TIMEOUT_S": "120"}
+    with LocalCluster(tmp_path, replicas=3, durable=False, env=env) as cluster:
+        cluster.wait_ready()
+        leader = cluster.leader(0)
+        assert leader is not None
+        for n in cluster.nodes:
+            if n != leader:
+                cluster.pause(n)
+        try:
+            code, answer = cluster.request(
+                leader, "POST", "/v1/partitions/0/records", b'{"value": "v"}',
+                {"Content-Type": "application/json"}, timeout=60,
+            )  # fmt: skip
+        finally:
+            for n in cluster.nodes:
+                if n != leader:
+                    cluster.resume(n)
+        assert code == 503 and answer["error"] == "leader_lost", answer
+        assert "outcome is unknown" in answer["reason"], answer

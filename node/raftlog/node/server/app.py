@@ -38,6 +38,7 @@ from raftlog.node.server.api_common import (
 )
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import (
+    LeadershipLost,
     NotCommitted,
     PartitionDriver,
     ProducerBusy,
@@ -322,6 +323,16 @@ async def _append_to(
         raise ApiError(409, "sequence_conflict", str(e), "sequence") from None
     except NotCommitted as e:
         raise ApiError(503, "not_committed", f"{e}; the append did not happen, retry") from None
+    except LeadershipLost as e:
+        hint = not_leader(node, d).body
+        raise ApiError(
+            503,
+            "leader_lost",
+            f"{e}: the outcome is unknown; retry on the leader (with a producer id, a retry "
+            "cannot add it twice)",
+            leader=hint["leader"],
+            leader_url=hint["leader_url"],
+        ) from None
     except TimeoutError:
         raise ApiError(
             503, "timeout", "not committed in time; the outcome is unknown, retry"

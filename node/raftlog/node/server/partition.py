@@ -62,6 +62,11 @@ class NotCommitted(Exception):
     """The entry was replaced by another leader's, or never reached a quorum in time."""
 
 
+class LeadershipLost(Exception):
+    """This node stopped leading before the entry committed: a new leader may still commit it
+    or drop it, so the outcome is unknown (answered at once rather than at the deadline)."""
+
+
 class SequenceConflict(Exception):
     """An idempotent append whose sequence numbers do not follow the producer's last ones."""
 
@@ -410,6 +415,13 @@ class PartitionDriver:
             fut = self._reads.pop(rs.request_id, None)
             if fut is not None and not fut.done():
                 fut.set_result(rs.index)
+        if self._waiters and self.raft.role != Role.LEADER:
+            lost, self._waiters = self._waiters, {}
+            for index, w in lost.items():
+                if not w.done.done():
+                    w.done.set_exception(
+                        LeadershipLost(f"{self.node.id} stopped leading before index {index}")
+                    )
         if self._reads and self.raft.role != Role.LEADER:
             for fut in self._reads.values():  # the core dropped them when it stepped down
                 if not fut.done():
