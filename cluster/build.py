@@ -29,7 +29,7 @@ class GoTool:
     name: str
     version: str
     module: str  # folder under cluster/
-    packages: tuple[str, ...]  # main packages; each binary is named after its last element
+    packages: tuple[str, ...]  # main packages, built into `binaries` (same order)
     binaries: tuple[str, ...]
     ldflags: str = "-s -w"
 
@@ -106,10 +106,17 @@ def build(tool: GoTool) -> Path:
         "of Kubernetes takes many minutes on 2 cores)")  # fmt: skip
     started = time.monotonic()
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
+    # One package is built to its binary's name: go names it after the import path, and
+    # `go.etcd.io/etcd/server/v3` would be `server`. Several go to a folder, named by go.
+    target = str(tmp / tool.binaries[0]) if len(tool.packages) == 1 else f"{tmp}/"
     subprocess.run(
-        ["go", "build", "-trimpath", "-ldflags", tool.ldflags, "-o", f"{tmp}/", *tool.packages],
+        ["go", "build", "-trimpath", "-ldflags", tool.ldflags, "-o", target, *tool.packages],
         cwd=layout.SRC / tool.module, env=env, check=True, timeout=5400,
     )  # fmt: skip
+    missing = [b for b in tool.binaries if not (tmp / b).exists()]
+    if missing:
+        built = sorted(p.name for p in tmp.iterdir())
+        raise RuntimeError(f"cluster: go build {tool.name} made {built}, not {missing}")
     if tmp.exists() and out.exists():
         for b in tmp.iterdir():
             b.rename(out / b.name)
