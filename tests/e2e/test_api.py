@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 
 import aiohttp
 import pytest
@@ -335,3 +336,18 @@ def test_send_snapshot_to_a_member_that_is_down_names_it(tmp_path):
             {"Content-Type": "application/json", **AUTH},
         )  # fmt: skip
         assert code == 400 and answer["field"] == "target", answer
+
+
+def metrics_text(c: LocalCluster) -> str:
+    with urllib.request.urlopen(c.nodes["n1"].url + "/metrics", timeout=5) as r:
+        return r.read().decode()
+
+
+def test_the_auth_mode_is_shown_in_status_metrics_and_log(node, tmp_path):
+    assert node.status("n1")["auth"] == "token"
+    assert "raftlog_insecure_no_auth 0.0" in metrics_text(node)
+    with LocalCluster(tmp_path, replicas=1, durable=False) as open_node:  # no token given
+        open_node.wait_ready()
+        assert open_node.status("n1")["auth"].startswith("none (insecure_no_auth")
+        assert "raftlog_insecure_no_auth 1.0" in metrics_text(open_node)
+        assert "WITHOUT AUTHENTICATION" in open_node.nodes["n1"].log_path.read_text()

@@ -29,6 +29,7 @@ def compacting_node(data_dir: Path, every: int = 50) -> Node:
     behind it, over segments of 4 KiB (so compaction removes some)."""
     return Node(
         NodeSettings(
+            insecure_no_auth=True,
             node_id="n1",
             peers={"n1": "http://127.0.0.1:10"},
             data_dir=data_dir,

@@ -35,7 +35,11 @@ def test_sequential_appends_create_no_task_per_commit(tmp_path):
     async def run() -> None:
         node = Node(
             NodeSettings(
-                node_id="n1", peers={"n1": "http://127.0.0.1:10"}, data_dir=tmp_path, tick_ms=5
+                insecure_no_auth=True,
+                node_id="n1",
+                peers={"n1": "http://127.0.0.1:10"},
+                data_dir=tmp_path,
+                tick_ms=5,
             )
         )
         await node.start()

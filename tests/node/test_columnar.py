@@ -38,7 +38,11 @@ def entry(i: int) -> Entry:
 async def follower_of(tmp_path: Path, entries: int, commit: int) -> Node:
     """Node n2, a follower of n1 (nobody listens there) in term 2, fed entries 1..`entries`
     (1 a no-op) with `commit` committed, once its driver has persisted and applied them."""
-    node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+    node = Node(
+        NodeSettings(
+            insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False
+        )
+    )
     await node.start()
     d = node.drivers[0]
     d.step(
@@ -71,7 +75,11 @@ def test_a_page_holds_the_committed_entries_persisted_or_not(tmp_path, monkeypat
     monkeypatch.setattr(columnar, "record_page", spy)
 
     async def run() -> None:
-        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        node = Node(
+            NodeSettings(
+                insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False
+            )
+        )
         await node.start()
         try:
             d = node.drivers[0]
@@ -227,7 +235,11 @@ def test_a_record_with_a_string_that_is_not_utf8_is_a_raw_row():
 
 def test_a_damaged_or_vanished_snapshot_is_a_503_naming_the_problem(tmp_path):
     async def run() -> None:
-        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        node = Node(
+            NodeSettings(
+                insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False
+            )
+        )
         await node.start()
         try:
             d = node.drivers[0]
@@ -265,7 +277,11 @@ def test_a_suffix_overwritten_by_a_new_leader_is_never_served_from_the_stale_wal
         return Entry(i, term, EntryKind.NORMAL, data)
 
     async def run() -> None:
-        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        node = Node(
+            NodeSettings(
+                insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False
+            )
+        )
         await node.start()
         try:
             d = node.drivers[0]

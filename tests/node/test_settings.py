@@ -12,11 +12,14 @@ from raftlog.node.server.main import main
 from raftlog.node.settings import load_settings
 
 PEERS = {"n1": "http://127.0.0.1:7001", "n2": "http://127.0.0.1:7002"}
+OPEN = {"insecure_no_auth": True}
 
 
 def test_flags_win_over_environment_over_file(tmp_path, monkeypatch):
     config = tmp_path / "node.json"
-    config.write_text(json.dumps({"node_id": "n1", "peers": PEERS, "data_dir": "/x", "port": 1}))
+    config.write_text(
+        json.dumps({"node_id": "n1", "peers": PEERS, "data_dir": "/x", "port": 1, **OPEN})
+    )
     monkeypatch.setenv("RAFTLOG_PORT", "2")
     monkeypatch.setenv("RAFTLOG_RAFT__BACKFILL_THRESHOLD", "20")
     s = load_settings({"tick_ms": 25}, str(config))
@@ -42,14 +45,14 @@ def test_flags_win_over_environment_over_file(tmp_path, monkeypatch):
     ],
 )
 def test_bad_settings_name_the_field(tmp_path, values, field):
-    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path)}
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path), **OPEN}
     with pytest.raises(ValidationError) as info:
         load_settings({**base, **values})
     assert field in describe_validation_error(info.value)
 
 
 def test_appends_follow_a_smaller_request_limit_unless_set(tmp_path):
-    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path)}
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path), **OPEN}
     assert load_settings(base).raft_config().max_append_bytes == 1 << 20
     small = load_settings({**base, "max_request_bytes": 65536})
     assert small.raft_config().max_append_bytes == 32768
@@ -58,7 +61,7 @@ def test_appends_follow_a_smaller_request_limit_unless_set(tmp_path):
 def test_tls_needs_certificate_and_key_together(tmp_path):
     cert = tmp_path / "c.pem"
     cert.write_text("x")
-    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path)}
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path), **OPEN}
     with pytest.raises(ValidationError, match="give both or neither"):
         load_settings({**base, "tls_cert_file": str(cert)})
 
@@ -72,7 +75,7 @@ def test_the_node_refuses_to_start_on_bad_settings(tmp_path, capsys):
 
 
 def test_a_leader_hint_names_the_client_port_when_peers_have_their_own():
-    base = {"node_id": "n1", "data_dir": "/x", "port": 7001, "peer_port": 7002}
+    base = {"node_id": "n1", "data_dir": "/x", "port": 7001, "peer_port": 7002, **OPEN}
     split = load_settings({**base, "peers": {"n1": "http://10.0.0.1:7002"}})
     assert (
         split.client_url_of("https://m-0.c-peers.ns.svc:7002") == "https://m-0.c-peers.ns.svc:7001"
@@ -82,3 +85,35 @@ def test_a_leader_hint_names_the_client_port_when_peers_have_their_own():
     assert split.client_url_of("http://10.0.0.2:9000") == "http://10.0.0.2:9000"
     one_port = load_settings({**base, "peer_port": None, "peers": PEERS})
     assert one_port.client_url_of("http://127.0.0.1:7002") == "http://127.0.0.1:7002"
+
+
+def test_a_node_without_a_token_refuses_to_start_unless_told_it_is_insecure(tmp_path, capsys):
+    args = ["--node-id", "n1", "--peers", "n1=http://127.0.0.1:1", "--data-dir", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "auth_token_file" in err and "--insecure-no-auth" in err, err
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path)}
+    assert load_settings({**base, **OPEN}).insecure_no_auth
+    token = tmp_path / "token"
+    token.write_text("t")
+    with pytest.raises(ValidationError, match="give one of them"):
+        load_settings({**base, **OPEN, "auth_token_file": str(token)})
+    assert load_settings({**base, "auth_token_file": str(token)}).token() == "t"
+
+
+def test_help_documents_every_setting_with_its_flag_environment_and_default(capsys):
+    from raftlog.node.config import RaftConfig
+    from raftlog.node.settings import NodeSettings
+
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name, field in NodeSettings.model_fields.items():
+        if name == "raft":
+            continue
+        assert f"--{name.replace('_', '-')}" in text, name
+        assert f"env RAFTLOG_{name.upper()};" in text, name
+        assert " ".join((field.description or "").split())[:40] in text, name
+    for name in RaftConfig.model_fields:
+        assert f"RAFTLOG_RAFT__{name.upper()} (default" in text, name
+    assert "default 7001" in text and 'default "uvloop"' in text and "default unset" in text

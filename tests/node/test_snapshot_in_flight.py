@@ -217,6 +217,7 @@ def test_a_snapshot_installed_from_the_leader_meanwhile_wins_over_the_one_in_fli
         peers = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens
         node = Node(
             NodeSettings(
+                insecure_no_auth=True,
                 node_id="n2",
                 peers=peers,
                 data_dir=tmp_path,

@@ -73,7 +73,11 @@ def read(
 
 def test_a_wal_page_holds_the_committed_records_as_framed_persisted_or_not(tmp_path):
     async def run() -> None:
-        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        node = Node(
+            NodeSettings(
+                insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False
+            )
+        )
         await node.start()
         try:
             d = node.drivers[0]
@@ -120,7 +124,11 @@ def test_damaged_bytes_are_served_as_they_are(tmp_path):
     """The node checks no record: a flipped byte in the WAL reaches the reader, which checks."""
 
     async def run() -> None:
-        node = Node(NodeSettings(node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False))
+        node = Node(
+            NodeSettings(
+                insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False
+            )
+        )
         await node.start()
         try:
             d = node.drivers[0]

@@ -110,6 +110,8 @@ class LocalCluster:
                 cmd.append("--join")
             if self.auth_token_file is not None:
                 cmd += ["--auth-token-file", str(self.auth_token_file)]
+            else:  # a harness of processes on 127.0.0.1: said so, as the node requires
+                cmd.append("--insecure-no-auth")
             if self.tls is not None:
                 cert, key, ca = self.tls
                 cmd += ["--tls-cert-file", str(cert), "--tls-key-file", str(key)]

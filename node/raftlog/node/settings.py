@@ -81,6 +81,12 @@ class NodeSettings(BaseSettings):
     auth_token_file: Path | None = Field(
         None, description="file holding the shared secret required on peer and admin calls"
     )
+    insecure_no_auth: bool = Field(
+        False,
+        description="run without auth_token_file: anyone who reaches the node can send it Raft "
+        "messages, change its members and rewrite its peer addresses (tests and demos only; "
+        "shown in the log, the status and the raftlog_insecure_no_auth metric)",
+    )
     tls_cert_file: Path | None = Field(None, description="serve HTTPS with this certificate")
     tls_key_file: Path | None = Field(None, description="the certificate's private key")
     tls_ca_file: Path | None = Field(
@@ -136,6 +142,18 @@ class NodeSettings(BaseSettings):
             raise ValueError(
                 f"node_id {self.node_id!r} is not among the peers {sorted(self.peers)}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _auth(self) -> NodeSettings:
+        if self.auth_token_file is None and not self.insecure_no_auth:
+            raise ValueError(
+                "auth_token_file: not set: peer and admin calls would be open to anyone who "
+                "reaches this node (forged Raft messages, member and address changes); give a "
+                "token file, or insecure_no_auth (--insecure-no-auth) to run without one"
+            )
+        if self.auth_token_file is not None and self.insecure_no_auth:
+            raise ValueError("insecure_no_auth: set, but so is auth_token_file; give one of them")
         return self
 
     @model_validator(mode="after")

@@ -517,7 +517,10 @@ async def status(request: web.Request) -> web.Response:
             }
         )
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop or asyncio
-    return web.json_response({"node": node.id, "event_loop": loop, "partitions": parts})
+    auth = "token" if node.token else "none (insecure_no_auth: peer and admin calls are open)"
+    return web.json_response(
+        {"node": node.id, "event_loop": loop, "auth": auth, "partitions": parts}
+    )
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -1,7 +1,8 @@
 """`raftlog-node`: run one node of a raftlog cluster.
 
     raftlog-node --node-id n1 --peers n1=http://127.0.0.1:7001,n2=...,n3=... \\
-                 --port 7001 --data-dir /var/lib/raftlog --partitions 2
+                 --port 7001 --data-dir /var/lib/raftlog --partitions 2 \\
+                 --auth-token-file /etc/raftlog/token
 
 Every flag can also come from the environment (`RAFTLOG_NODE_ID`, `RAFTLOG_PEERS` as JSON, ...,
 `RAFTLOG_RAFT__BACKFILL_THRESHOLD`) or a JSON file (`--config`); flags win, then the environment,
@@ -12,18 +13,22 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import signal
 import sys
+import textwrap
 from collections.abc import Coroutine
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 import uvloop
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
+from pydantic_core import PydanticUndefined
 
-from raftlog.node.config import describe_validation_error
+from raftlog.node.config import RaftConfig, describe_validation_error
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app
 from raftlog.node.server.fastpath import IDLE_S, Connections, FastPathProtocol
 from raftlog.node.server.node import Node
@@ -43,32 +48,65 @@ def parse_peers(text: str) -> dict[str, str]:
     return peers
 
 
+def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
+    """(argparse type, choices) of a settings field's annotation (None left out of unions)."""
+    args = [a for a in get_args(annotation) if a is not type(None)]
+    if get_origin(annotation) is Literal:
+        return str, [str(a) for a in args]
+    if args and get_origin(annotation) in (Union, UnionType):
+        return _flag_type(args[0])
+    if annotation in (int, float):
+        return annotation, None
+    return str, None
+
+
+def _shown(value: Any) -> str:
+    if value is PydanticUndefined:
+        return "required"
+    return "unset" if value is None else json.dumps(value, default=str)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="raftlog-node", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--config", help="JSON settings file")
-    ap.add_argument("--node-id")
-    ap.add_argument("--peers", type=parse_peers, help="NAME=URL,... for every member")
-    ap.add_argument("--host")
-    ap.add_argument("--port", type=int, help="client API port (and everything, alone)")
-    ap.add_argument("--peer-port", type=int, help="peer and admin port (split from clients)")
-    ap.add_argument("--partitions", type=int)
-    ap.add_argument("--data-dir")
-    ap.add_argument("--join", action="store_true", default=None, help="start empty, as a learner")
-    ap.add_argument("--tick-ms", type=int)
-    ap.add_argument("--auth-token-file")
-    ap.add_argument("--tls-cert-file", help="serve HTTPS with this certificate (PEM)")
-    ap.add_argument("--tls-key-file", help="its private key (PEM)")
-    ap.add_argument("--tls-ca-file", help="CA bundle to verify https peers against")
-    ap.add_argument(
-        "--no-fsync",
-        dest="durable",
-        action="store_false",
-        default=None,
-        help="skip fsync (tests and benchmarks only; logged)",
+    """Every setting of `NodeSettings` as a flag, its help generated from the model (meaning,
+    environment variable, default); the Raft settings, nested, are listed after them."""
+    ap = argparse.ArgumentParser(
+        prog="raftlog-node",
+        description=__doc__.split("\n\n")[0],
+        epilog=_raft_settings_help(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("--event-loop", choices=["uvloop", "asyncio"], help="default: uvloop")
+    ap.add_argument("--config", help="JSON settings file (env RAFTLOG_CONFIG)")
+    for name, field in NodeSettings.model_fields.items():
+        if name == "raft":
+            continue
+        env = f"RAFTLOG_{name.upper()}"
+        helptext = f"{field.description} [env {env}; default {_shown(field.default)}]"
+        helptext = helptext.replace("%", "%%")  # argparse formats help with %
+        flag = "--" + name.replace("_", "-")
+        if name == "peers":
+            ap.add_argument(flag, type=parse_peers, help=f"NAME=URL,... : {helptext}")
+        elif field.annotation is bool:
+            ap.add_argument(flag, action=argparse.BooleanOptionalAction, help=helptext)
+        else:
+            kind, choices = _flag_type(field.annotation)
+            ap.add_argument(flag, type=kind, choices=choices, help=helptext)
+    ap.add_argument(
+        "--no-fsync", dest="durable", action="store_false", help="the same as --no-durable"
+    )
     ap.add_argument("--log-level", default="INFO")
+    ap.set_defaults(**dict.fromkeys(NodeSettings.model_fields))
     return ap
+
+
+def _raft_settings_help() -> str:
+    lines = ['Raft settings, from the environment or the --config file\'s "raft" object:']
+    for name, field in RaftConfig.model_fields.items():
+        head = f"  RAFTLOG_RAFT__{name.upper()} (default {_shown(field.default)})"
+        lines.append(head)
+        lines += textwrap.wrap(
+            field.description or "", 96, initial_indent="      ", subsequent_indent="      "
+        )
+    return "\n".join(lines)
 
 
 async def serve(settings: NodeSettings) -> None:
@@ -116,6 +154,12 @@ async def serve(settings: NodeSettings) -> None:
             port,
         )
     log.info("node %s: %d partitions, data in %s", node.id, settings.partitions, settings.data_dir)
+    if settings.insecure_no_auth:
+        log.warning(
+            "node %s runs WITHOUT AUTHENTICATION (insecure_no_auth): anyone who reaches it can "
+            "send it Raft messages, change its members and rewrite its peer addresses",
+            node.id,
+        )
     fast_conns.start()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -161,26 +205,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     logging.getLogger("aiohttp.server").addFilter(OneLineBadRequests())
-    flags: dict[str, Any] = {
-        k: getattr(args, k)
-        for k in (
-            "node_id",
-            "peers",
-            "host",
-            "port",
-            "peer_port",
-            "partitions",
-            "data_dir",
-            "join",
-            "tick_ms",
-            "auth_token_file",
-            "durable",
-            "tls_cert_file",
-            "tls_key_file",
-            "tls_ca_file",
-            "event_loop",
-        )
-    }
+    flags: dict[str, Any] = {k: getattr(args, k) for k in NodeSettings.model_fields}
     try:
         settings = load_settings(flags, args.config)
         run(serve(settings), settings.event_loop)

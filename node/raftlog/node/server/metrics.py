@@ -121,3 +121,8 @@ class _StateCollector(Collector):
             sent_bytes.add_metric(lp, c.snapshot_bytes_sent)
         yield from (term, leader, hwm, applied, last, floor, snap, failed, lag, required)
         yield from (elections, rounds, entries, installed, sent, sent_bytes)
+        insecure = GaugeMetricFamily(
+            "raftlog_insecure_no_auth", "1 when the node runs without a token (insecure_no_auth)"
+        )
+        insecure.add_metric([], 0 if self.node.token else 1)
+        yield insecure
