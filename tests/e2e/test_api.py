@@ -340,7 +340,7 @@ def test_send_snapshot_to_a_member_that_is_down_names_it(tmp_path):
 
 def metrics_text(c: LocalCluster) -> str:
     with urllib.request.urlopen(c.nodes["n1"].url + "/metrics", timeout=5) as r:
-        return r.read().decode()
+        return str(r.read().decode())
 
 
 def test_the_auth_mode_is_shown_in_status_metrics_and_log(node, tmp_path):
