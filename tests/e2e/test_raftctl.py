@@ -55,6 +55,19 @@ def test_idempotent_append_and_refusals(cluster, capsys):
     assert code == 1 and "404" in err
 
 
+def test_tail_prints_the_last_records_like_tail(cluster, capsys):
+    values = [f"t{i}" for i in range(25)]
+    assert ctl(cluster, capsys, "append", "-p", "0", "--key", "tail", *values)[0] == 0
+    code, out, _ = ctl(cluster, capsys, "tail", "-p", "0")  # lines are index, term, key, value
+    assert code == 0 and [line.split("\t")[2:] for line in out.splitlines()] == [
+        ["tail", v] for v in values[-10:]
+    ], out
+    code, out, _ = ctl(cluster, capsys, "tail", "-p", "0", "-n", "3")
+    assert code == 0 and [line.split("\t")[3] for line in out.splitlines()] == values[-3:], out
+    code, out, _ = ctl(cluster, capsys, "tail", "-p", "0", "-n", "0")
+    assert code == 0 and out == ""
+
+
 def test_local_up_status_and_down(tmp_path, capsys):
     proc = subprocess.Popen(
         [sys.executable, "-m", "raftlog.cli.main", "local", "up", "--replicas", "3",

@@ -159,11 +159,32 @@ async def _read(args: argparse.Namespace) -> int:
 
 
 async def _tail(args: argparse.Namespace) -> int:
+    """The last `--lines` committed records (as `tail`), then with -f every new one."""
     async with _client(args) as c:
         start = args.start
         if start is None:
-            page = await c.read(args.partition, 1, 1)
-            start = page["high_water_mark"] + 1
+            hwm = (await c.read(args.partition, 1, 1))["high_water_mark"]
+            # Entries that are not records (a leader's no-op, a member change) are few: read
+            # a few times more entries than the records wanted, and keep the last ones.
+            last: list[dict[str, Any]] = []
+            at = max(1, hwm - 4 * args.lines + 1)
+            while at <= hwm:
+                try:
+                    page = await c.read(args.partition, at, 1000)
+                except ClientError as e:
+                    if e.status != 410:
+                        raise
+                    at = int(e.body["compaction_floor"])  # older ones are compacted away
+                    continue
+                last = (last + list(page["records"]))[-args.lines :] if args.lines else []
+                at = page["next"]
+                if not page["records"] and at > page["high_water_mark"]:
+                    break
+            for r in last:
+                print(json.dumps(r) if args.json else _line(r), flush=True)
+            if not args.follow:
+                return 0
+            start = at
         while True:
             page = await c.read(args.partition, start, 1000, wait_ms=10_000 if args.follow else 0)
             for r in page["records"]:
@@ -314,11 +335,16 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--limit", type=int, default=100)
     p.set_defaults(run=lambda a: _run(_read(a)))
 
-    p = sub.add_parser("tail", help="print committed records as they arrive")
+    p = sub.add_parser(
+        "tail", help="print the last committed records, and with -f each new one as it commits"
+    )
     add_common(p)
     p.add_argument("-p", "--partition", type=int, default=0)
-    p.add_argument("--from", dest="start", type=int, default=None)
-    p.add_argument("-f", "--follow", action="store_true")
+    p.add_argument("-n", "--lines", type=int, default=10, help="how many of the last records")
+    p.add_argument(
+        "--from", dest="start", type=int, default=None, help="every record from this index on"
+    )
+    p.add_argument("-f", "--follow", action="store_true", help="then wait for new records")
     p.set_defaults(run=lambda a: _run(_tail(a)))
 
     p = sub.add_parser("lag", help="one follower's lag behind the leader")
