@@ -351,3 +351,21 @@ def test_the_auth_mode_is_shown_in_status_metrics_and_log(node, tmp_path):
         assert open_node.status("n1")["auth"].startswith("none (insecure_no_auth")
         assert "raftlog_insecure_no_auth 1.0" in metrics_text(open_node)
         assert "WITHOUT AUTHENTICATION" in open_node.nodes["n1"].log_path.read_text()
+
+
+def test_an_idempotent_producer_takes_concurrent_appends_in_order(node):
+    from raftlog.client import AsyncClient, IdempotentProducer
+
+    async def run() -> list[int]:
+        async with AsyncClient([node.nodes["n1"].url]) as c:
+            prod = IdempotentProducer(c, "concurrent")
+            done = await asyncio.gather(
+                *(prod.append(0, [{"key": "c", "value": f"v{i}"}]) for i in range(20))
+            )
+            return [r.first_index for r in done]
+
+    indexes = asyncio.run(run())
+    assert indexes == sorted(indexes) and len(set(indexes)) == 20, indexes
+    code, page = node.get("n1", f"/v1/partitions/0/records?from={indexes[0]}&limit=20")
+    assert code == 200
+    assert [r["value"] for r in page["records"]] == [f"v{i}" for i in range(20)]

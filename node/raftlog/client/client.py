@@ -205,7 +205,9 @@ class IdempotentProducer:
 
     Each partition's records get consecutive sequence numbers under this producer's id; a failed
     append keeps its sequence numbers, so calling `append` again with the same records retries
-    it safely. Use one producer id per writer, and a new id after losing its state.
+    it safely. Concurrent appends to one partition go one at a time, in the order they were
+    called (the node takes a producer's sequences in order). Use one producer id per writer,
+    and a new id after losing its state.
     """
 
     def __init__(self, client: AsyncClient, producer_id: str) -> None:
@@ -213,19 +215,21 @@ class IdempotentProducer:
         self.producer_id = producer_id
         self._next: dict[int, int] = {}
         self._pending: dict[int, list[dict[str, Any]]] = {}
+        self._turns: dict[int, asyncio.Lock] = {}  # asyncio's Lock wakes its waiters in order
 
     async def append(self, partition: int, records: list[dict[str, Any]]) -> AppendResult:
-        pending = self._pending.get(partition)
-        if pending is not None and pending != records:
-            raise ValueError(
-                "the previous append to this partition failed: retry it with the same records "
-                "before appending others"
+        async with self._turns.setdefault(partition, asyncio.Lock()):
+            pending = self._pending.get(partition)
+            if pending is not None and pending != records:
+                raise ValueError(
+                    "the previous append to this partition failed: retry it with the same "
+                    "records before appending others"
+                )
+            self._pending[partition] = records
+            seq = self._next.get(partition, 0)
+            result = await self.client.append(
+                partition, records, producer_id=self.producer_id, sequence=seq
             )
-        self._pending[partition] = records
-        seq = self._next.get(partition, 0)
-        result = await self.client.append(
-            partition, records, producer_id=self.producer_id, sequence=seq
-        )
-        self._next[partition] = seq + len(records)
-        del self._pending[partition]
-        return result
+            self._next[partition] = seq + len(records)
+            del self._pending[partition]
+            return result
