@@ -7,6 +7,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ from raftlog.client import AsyncClient
 pytestmark = [pytest.mark.e2e]
 
 CLIENT, PEER = 7001, 7002
+CLIENT_CAP = 16  # the client listener's max_client_connections here
 TOKEN = "split-secret"
 
 
@@ -62,9 +64,12 @@ def split_cluster(tmp_path: Path) -> Iterator[list[str]]:
             "--peers", peers, "--host", host, "--port", str(CLIENT), "--peer-port", str(PEER),
             "--data-dir", str(tmp_path / f"n{i}"), "--auth-token-file", str(token), "--no-fsync",
         ]  # fmt: skip
+        env = {**os.environ, "RAFTLOG_MAX_CLIENT_CONNECTIONS": str(CLIENT_CAP)}
         with (tmp_path / f"n{i}.log").open("ab") as log:
             procs.append(
-                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+                )
             )
     try:
         yield hosts
@@ -128,3 +133,34 @@ def test_clients_and_peers_are_served_on_their_own_ports(split_cluster):
         assert call(f"http://{follower}:{port}/healthz") == 200
         assert call(f"http://{follower}:{port}/metrics") == 200
         assert call(f"http://{follower}:{port}/v1/status") == 200
+
+
+def test_a_full_client_listener_refuses_clearly_and_leaves_peers_and_admin_answering(
+    split_cluster,
+):
+    hosts = split_cluster
+    leader = hosts[leader_of(hosts)]
+    idle = [socket.create_connection((leader, CLIENT), timeout=5) for _ in range(CLIENT_CAP)]
+    try:
+        with socket.create_connection((leader, CLIENT), timeout=5) as extra:
+            extra.settimeout(5)
+            answer = b""
+            while chunk := extra.recv(4096):  # answered, then closed by the node
+                answer += chunk
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503 "), answer
+        reply = json.loads(body)
+        assert reply["error"] == "too_many_connections", reply
+        assert "max_client_connections" in reply["reason"], reply
+        # The peer and admin listener has its own cap: it answers, and Raft goes on.
+        assert get_json(f"http://{leader}:{PEER}/v1/admin/peers", TOKEN)["peers"]
+        metrics = urllib.request.urlopen(f"http://{leader}:{PEER}/metrics", timeout=5).read()
+        assert b'raftlog_connections_refused_total{listener="client"} 1.0' in metrics
+    finally:
+        for s in idle:
+            s.close()
+    # Closed connections free their places.
+    deadline = time.monotonic() + 10
+    while call(f"http://{leader}:{CLIENT}/healthz") != 200:
+        assert time.monotonic() < deadline, "the client listener stayed full"
+        time.sleep(0.1)

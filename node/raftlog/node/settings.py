@@ -93,6 +93,21 @@ class NodeSettings(BaseSettings):
         None, description="CA bundle that peers' certificates are verified against (https peers)"
     )
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
+    max_client_connections: int = Field(
+        4096,
+        ge=8,
+        le=1_000_000,
+        description="connections the client listener holds at once (the only listener without "
+        "peer_port); one more is answered 503 and closed. The node raises its open-files limit "
+        "to cover both listeners' caps where it can",
+    )
+    max_peer_connections: int = Field(
+        1024,
+        ge=8,
+        le=1_000_000,
+        description="connections the peer and admin listener (peer_port) holds at once, apart "
+        "from the client listener's, so a full client listener leaves it answering",
+    )
     max_record_bytes: int = Field(1024 * 1024, ge=1, description="largest record value")
     append_timeout_s: float = Field(
         10.0, gt=0, description="how long an append waits for its commit before 503"

@@ -31,6 +31,7 @@ from typing import cast
 
 from raftlog.node.server.api_common import ApiError, partition_driver
 from raftlog.node.server.app import append_body
+from raftlog.node.server.connlimit import ConnectionLimit
 from raftlog.node.server.node import Node
 from raftlog.node.server.peer_frames import FrameReceiver
 from raftlog.node.transport import frames
@@ -176,12 +177,14 @@ class FastPathProtocol(asyncio.Protocol):
         node: Node,
         fallback: Callable[[], asyncio.Protocol],
         conns: Connections,
+        admission: ConnectionLimit,
         appends: bool = True,
         frames: bool = False,
     ) -> None:
         self.node = node
         self.fallback = fallback  # aiohttp's protocol factory (`web.Server`)
         self.conns = conns
+        self.admission = admission
         self.appends = appends
         self.frames = frames
         self.buf = bytearray()
@@ -198,16 +201,21 @@ class FastPathProtocol(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's do not subclass asyncio.Transport, hence no isinstance).
-        self.transport = t = cast(asyncio.Transport, transport)
+        t = cast(asyncio.Transport, transport)
         if self.conns.draining:
             t.close()
             return
+        if not self.admission.admit(t):
+            return  # answered 503 and closed: the listener is full
+        self.transport = t
         frames.small_writes_and_keepalive(t)  # answers are small; clients may vanish
         self.conns.open.add(self)
         self.last_data = asyncio.get_running_loop().time()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conns.open.discard(self)
+        if self.transport is not None:
+            self.admission.release(self.transport)
         self.transport = None
 
     def data_received(self, data: bytes) -> None:

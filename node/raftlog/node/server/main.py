@@ -30,6 +30,7 @@ from pydantic_core import PydanticUndefined
 
 from raftlog.node.config import RaftConfig, describe_validation_error
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app
+from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors
 from raftlog.node.server.fastpath import IDLE_S, Connections, FastPathProtocol
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings, load_settings
@@ -121,7 +122,10 @@ async def serve(settings: NodeSettings) -> None:
     fast_servers: list[asyncio.Server] = []
     fast_conns = Connections()
     loop = asyncio.get_running_loop()
-    for port, planes in listeners:
+    limits = {"client": settings.max_client_connections, "peer": settings.max_peer_connections}
+    names = ["client" if "client" in planes else "peer" for _, planes in listeners]
+    ensure_descriptors(sum(limits[n] for n in names), settings.partitions)
+    for (port, planes), name in zip(listeners, names, strict=True):
         # aiohttp closes silent connections after IDLE_S, as the fast path does.
         runner = web.AppRunner(build_app(node, planes), access_log=None, keepalive_timeout=IDLE_S)
         await runner.setup()
@@ -129,21 +133,21 @@ async def serve(settings: NodeSettings) -> None:
         assert aiohttp_server is not None
         appends = "client" in planes and settings.client_fast_path
         frames = "peer" in planes and settings.peer_frames
-        if appends or frames:
-            fast_servers.append(
-                await loop.create_server(
-                    lambda fallback=aiohttp_server, a=appends, f=frames: FastPathProtocol(
-                        node, fallback, fast_conns, appends=a, frames=f
-                    ),
-                    settings.host,
-                    port,
-                    ssl=settings.server_ssl(),
-                    backlog=128,
-                )
+        # Every connection starts on the fast path's protocol, which admits it (or not) under
+        # the listener's cap and hands whatever it does not serve itself to aiohttp.
+        setting = "max_client_connections" if name == "client" else "max_peer_connections"
+        admission = ConnectionLimit(name, limits[name], setting, node.metrics.connections_refused)
+        fast_servers.append(
+            await loop.create_server(
+                lambda fallback=aiohttp_server, a=appends, f=frames, lim=admission: (
+                    FastPathProtocol(node, fallback, fast_conns, lim, appends=a, frames=f)
+                ),
+                settings.host,
+                port,
+                ssl=settings.server_ssl(),
+                backlog=128,
             )
-        else:
-            site = web.TCPSite(runner, settings.host, port, ssl_context=settings.server_ssl())
-            await site.start()
+        )
         runners.append(runner)
         log.info(
             "node %s serving %s on %s://%s:%d",

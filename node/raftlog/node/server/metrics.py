@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -36,6 +36,12 @@ class NodeMetrics:
             "Time to answer an HTTP request",
             ["route", "method", "status"],
             buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self.connections_refused = Counter(
+            "raftlog_connections_refused",
+            "Connections answered 503 and closed because their listener was full",
+            ["listener"],
             registry=self.registry,
         )
         self._request_children: dict[tuple[str, str, int], Histogram] = {}
