@@ -93,6 +93,21 @@ class NodeSettings(BaseSettings):
         None, description="CA bundle that peers' certificates are verified against (https peers)"
     )
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
+    request_head_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="a request's head must arrive within this many seconds of its first byte, "
+        "however slowly it trickles in; else 408 and the connection is closed",
+    )
+    request_body_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="a request's body must arrive within this many seconds of its head (a "
+        "body of max_request_bytes then needs at least that many bytes over it per second); "
+        "else 408 and the connection is closed",
+    )
     max_client_connections: int = Field(
         4096,
         ge=8,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import time
@@ -75,9 +76,21 @@ def make_guard(token: str | None) -> Middleware:
                 )
                 resp.force_close()
             else:
+                if request.body_exists:
+                    # The whole body in time however it trickles in (handlers then read it
+                    # from aiohttp's cache); the fast path holds its own bodies to the same.
+                    within = node_of(request).settings.request_body_timeout_s
+                    try:
+                        await asyncio.wait_for(request.read(), within)
+                    except TimeoutError:
+                        raise ApiError(
+                            408, "timeout", f"the body was not sent within {within} s"
+                        ) from None
                 resp = await handler(request)
         except ApiError as e:
             resp = web.json_response(e.body, status=e.status)
+            if e.status == 408:
+                resp.force_close()
         except web.HTTPException as e:
             resp = e
         except Exception:  # a bug: logged with its trace, answered without internals

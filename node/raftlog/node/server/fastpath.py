@@ -128,7 +128,12 @@ class Connections:
     IDLE_S while it waits for no answer is closed; at shutdown, each is closed once its answer
     under way is written (`drain`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, head_timeout_s: float = 10.0, body_timeout_s: float = 30.0) -> None:
+        # A request's head must be complete this long after its first byte, and its body this
+        # long after its head, however the bytes trickle in (a byte every few seconds kept a
+        # connection, and a buffered body, forever): answered 408 and closed.
+        self.head_timeout_s = head_timeout_s
+        self.body_timeout_s = body_timeout_s
         self.open: set[FastPathProtocol] = set()
         self.answers: set[asyncio.Task[None]] = set()
         self.streams: set[asyncio.Transport] = set()  # peers' frame streams
@@ -140,11 +145,15 @@ class Connections:
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
+        every = min(SWEEP_S, self.head_timeout_s / 2, self.body_timeout_s / 2)
         while True:
-            await asyncio.sleep(SWEEP_S)
-            cutoff = loop.time() - IDLE_S
-            for conn in [c for c in self.open if not c.busy and c.last_data < cutoff]:
-                conn.close()
+            await asyncio.sleep(every)
+            now = loop.time()
+            for conn in [c for c in self.open if not c.busy]:
+                if conn.overdue(now):
+                    conn.time_out()
+                elif conn.last_data < now - IDLE_S:
+                    conn.close()
 
     async def drain(self, timeout: float) -> None:
         """Stop taking requests; close each connection once its answer under way is written,
@@ -198,6 +207,7 @@ class FastPathProtocol(asyncio.Protocol):
         self.limit = self.max_body + MAX_HEAD  # bytes buffered before reading pauses
         self.head: tuple[int, int, int, bool] | None = None  # (body start, p, length, close)
         self.scanned = 0  # where the search for the end of the head resumes
+        self.since = 0.0  # loop time the request being read began (its head, then its body)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's do not subclass asyncio.Transport, hence no isinstance).
@@ -258,10 +268,29 @@ class FastPathProtocol(asyncio.Protocol):
             transport.resume_reading()
             self.read_paused = False
 
+    def overdue(self, now: float) -> bool:
+        """A request read for longer than its head or body may take."""
+        if self.head is not None:
+            return now - self.since > self.conns.body_timeout_s
+        return bool(self.buf) and self.since > 0 and now - self.since > self.conns.head_timeout_s
+
+    def time_out(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        body = b'{"error": "timeout", "reason": "the request was not sent in time"}'
+        transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        transport.close()
+
     def _next(self) -> None:
         """Start answering the next complete request in the buffer, if any."""
         if self.transport is None or self.write_paused or self.conns.draining or not self.buf:
             return
+        if self.since == 0.0:
+            self.since = asyncio.get_running_loop().time()
         if self.head is None:
             end = self.buf.find(b"\r\n\r\n", self.scanned, MAX_HEAD + 4)
             if end < 0:
@@ -281,12 +310,13 @@ class FastPathProtocol(asyncio.Protocol):
                 self._hand_over()
                 return
             self.head = (end + 4, *parsed)
+            self.since = asyncio.get_running_loop().time()  # the body's time starts
         start, partition, length, close = self.head
         if len(self.buf) < start + length:
             return  # the rest of the body is on its way
         body = bytes(self.buf[start : start + length])
         del self.buf[: start + length]
-        self.head, self.scanned = None, 0
+        self.head, self.scanned, self.since = None, 0, 0.0
         self.busy = True
         task = asyncio.get_running_loop().create_task(self._answer(partition, body, close))
         self.conns.answers.add(task)

@@ -120,14 +120,18 @@ async def serve(settings: NodeSettings) -> None:
     )
     runners = []
     fast_servers: list[asyncio.Server] = []
-    fast_conns = Connections()
+    fast_conns = Connections(settings.request_head_timeout_s, settings.request_body_timeout_s)
     loop = asyncio.get_running_loop()
     limits = {"client": settings.max_client_connections, "peer": settings.max_peer_connections}
     names = ["client" if "client" in planes else "peer" for _, planes in listeners]
     ensure_descriptors(sum(limits[n] for n in names), settings.partitions)
     for (port, planes), name in zip(listeners, names, strict=True):
         # aiohttp closes silent connections after IDLE_S, as the fast path does.
-        runner = web.AppRunner(build_app(node, planes), access_log=None, keepalive_timeout=IDLE_S)
+        # An early answer (413, 408) is read for at most a second more, not aiohttp's ten, by
+        # a client still sending: it sees the answer, and trickling holds nothing for long.
+        runner = web.AppRunner(
+            build_app(node, planes), access_log=None, keepalive_timeout=IDLE_S, lingering_time=1.0
+        )
         await runner.setup()
         aiohttp_server = runner.server  # the protocol factory the fast path hands over to
         assert aiohttp_server is not None
