@@ -16,6 +16,28 @@ def test_snapshot_every_n_operations() -> None:
     assert should_snapshot(applied=100, last_snapshot_index=0, config=CFG)
 
 
+def test_snapshot_also_after_so_many_bytes() -> None:
+    cfg = CFG.model_copy(update={"compact_every_bytes": 1000})
+    assert not should_snapshot(applied=10, last_snapshot_index=0, config=cfg, bytes_since=999)
+    assert should_snapshot(applied=10, last_snapshot_index=0, config=cfg, bytes_since=1000)
+    assert not should_snapshot(applied=10, last_snapshot_index=10, config=cfg, bytes_since=5000)
+    off = CFG.model_copy(update={"compact_every_bytes": 0})
+    assert not should_snapshot(applied=10, last_snapshot_index=0, config=off, bytes_since=10**9)
+
+
+def test_the_table_counts_the_bytes_applied_since_its_last_capture() -> None:
+    from raftlog.node.core.types import Entry, EntryKind
+    from raftlog.node.statemachine import KeyedTable
+
+    t = KeyedTable()
+    t.apply(Entry(1, 1, EntryKind.NORMAL, b"x" * 300))
+    t.apply(Entry(2, 1, EntryKind.NOOP))
+    t.apply(Entry(1, 1, EntryKind.NORMAL, b"y" * 999))  # already applied: not counted again
+    assert t.bytes_since_capture == 300
+    t.capture()
+    assert t.bytes_since_capture == 0
+
+
 def test_compaction_keeps_recent_entries_and_never_passes_the_snapshot() -> None:
     # Snapshot at 100, applied 150: keep the last 20 applied entries -> remove up to 100.
     assert compaction_floor(first_index=1, snapshot_index=100, applied=150, config=CFG) == 101

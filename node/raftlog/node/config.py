@@ -75,6 +75,14 @@ class RaftConfig(BaseModel):
         "every 10,000, etcd 3.4 and ZooKeeper every 100,000) keeps it to a few passes a second "
         "at 50,000 appends/s, where 1,000 made it about 35 a second.",
     )
+    compact_every_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=0,
+        description="Bytes of applied entries that also make a snapshot-and-compaction pass "
+        "due, whichever of this and compact_every_operations comes first (0: operations only). "
+        "10,000 records of 64 KiB are 640 MiB of log between two passes otherwise; at a WAL "
+        "segment's size, the log holds a few segments whatever the record size.",
+    )
     compact_number_entries: int = Field(
         1_000,
         ge=0,

@@ -56,11 +56,14 @@ class KeyedTable:
         self.undecodable = 0  # entries kept in the log but not indexed (not a Record)
         self.producers: dict[str, deque[tuple[int, int, int]]] = {}
         self.duplicates = 0
+        # Bytes of the entries applied since the last `capture` (snapshots are also due by bytes)
+        self.bytes_since_capture = 0
 
     def apply(self, entry: Entry) -> None:
         if entry.index <= self.applied_index:
             return  # already covered (e.g. by the snapshot this table was restored from)
         self.applied_index = entry.index
+        self.bytes_since_capture += len(entry.data)
         if entry.kind != EntryKind.NORMAL:
             return
         try:
@@ -104,6 +107,7 @@ class KeyedTable:
         """A consistent copy for a snapshot encoded elsewhere: a shallow copy of the rows
         (keys and values are immutable bytes), about 2 ms for 100,000 keys here."""
         producers = {p: list(seen) for p, seen in self.producers.items()}
+        self.bytes_since_capture = 0
         return TableCapture(self.applied_index, dict(self.rows), producers)
 
     @classmethod

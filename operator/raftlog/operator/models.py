@@ -95,6 +95,9 @@ class RaftSettings(_Model):
     compact_every_operations: int = Field(
         _default("compact_every_operations"), ge=1, description=_doc("compact_every_operations")
     )
+    compact_every_bytes: int = Field(
+        _default("compact_every_bytes"), ge=0, description=_doc("compact_every_bytes")
+    )
     compact_number_entries: int = Field(
         _default("compact_number_entries"), ge=0, description=_doc("compact_number_entries")
     )

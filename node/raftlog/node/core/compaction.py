@@ -1,6 +1,7 @@
 """When and how far to compact: a pure function of the partition's counters and the config.
 
-- `compact_every_operations`: applied operations between two snapshot-and-compaction passes.
+- `compact_every_operations`: applied operations between two snapshot-and-compaction passes;
+  `compact_every_bytes`: or that many bytes of entries, whichever comes first.
 - `compact_number_entries`: the most recent applied entries always kept after a compaction, so
   briefly lagging followers are caught up by backfill rather than by a snapshot.
 - `max_entries_per_compaction`: the most entries one pass removes.
@@ -12,8 +13,16 @@ from __future__ import annotations
 from raftlog.node.config import RaftConfig
 
 
-def should_snapshot(applied: int, last_snapshot_index: int, config: RaftConfig) -> bool:
-    return applied - last_snapshot_index >= config.compact_every_operations
+def should_snapshot(
+    applied: int, last_snapshot_index: int, config: RaftConfig, bytes_since: int = 0
+) -> bool:
+    """Due after `compact_every_operations` entries, or `compact_every_bytes` of them (large
+    records would otherwise fill gigabytes of log between two snapshots)."""
+    if applied <= last_snapshot_index:
+        return False
+    return applied - last_snapshot_index >= config.compact_every_operations or (
+        config.compact_every_bytes > 0 and bytes_since >= config.compact_every_bytes
+    )
 
 
 def compaction_floor(

@@ -57,7 +57,8 @@ def begin_snapshot(
     table goes on applying."""
     applied = table.applied_index
     taken = storage.snapshot_meta().index
-    if not should_snapshot(applied, taken, config) and not (force and applied > taken):
+    due = should_snapshot(applied, taken, config, table.bytes_since_capture)
+    if not due and not (force and applied > taken):
         return None
     if applied < storage.first_index():
         return None  # the table was just restored from a snapshot: nothing new to cover
