@@ -4,13 +4,19 @@ Appends go to the partition's leader: the client remembers it per partition, fol
 `not_leader` answer's hint, and otherwise tries the other endpoints. Transient failures (a node
 down, no leader yet, an election) are retried with exponential back-off up to `retries` times;
 a client mistake (4xx other than 421) is raised at once as `ClientError`.
+
+Appends are idempotent by default, as Kafka's producers are since 3.0: a retry after a lost
+answer (a timeout, a dropped connection, a leader deposed mid-append) must not add the records
+twice, so each append carries a producer id and sequence (see `_Lanes`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
@@ -39,6 +45,30 @@ class AppendResult:
 _RETRYABLE = {421, 502, 503, 504}
 
 
+@dataclass
+class _Lane:
+    producer_id: str
+    next_sequence: int = 0
+
+
+@dataclass
+class _Lanes:
+    """The producer ids one client's plain appends to one partition go under.
+
+    The node admits a producer's sequences strictly in order, so a lane carries one append at a
+    time; concurrent appends each take a free lane (made on demand), so they still run in
+    parallel. A lane whose append failed is dropped: whether its records landed is unknown, and a
+    fresh producer id never collides with them.
+    """
+
+    prefix: str
+    free: list[_Lane] = field(default_factory=list)
+    made: itertools.count[int] = field(default_factory=itertools.count)
+
+    def take(self) -> _Lane:
+        return self.free.pop() if self.free else _Lane(f"{self.prefix}.{next(self.made)}")
+
+
 class AsyncClient(SessionHolder):
     def __init__(
         self,
@@ -49,7 +79,10 @@ class AsyncClient(SessionHolder):
         backoff_s: float = 0.05,
         timeout_s: float = 15.0,
         ca_file: str | None = None,
+        idempotent: bool = True,
     ) -> None:
+        """`idempotent=False` sends plain appends without a producer id (as Kafka's
+        `enable.idempotence=false`): a retry after a lost answer may then add records twice."""
         if not endpoints:
             raise ValueError("endpoints: at least one node URL is needed")
         super().__init__(
@@ -60,6 +93,9 @@ class AsyncClient(SessionHolder):
         self.backoff_s = backoff_s
         self._leaders: dict[int, str] = {}
         self._partitions: int | None = None
+        self.idempotent = idempotent
+        self._producer = f"client-{uuid.uuid4().hex}"  # unique per client: never shared
+        self._lanes: dict[int, _Lanes] = {}
 
     async def _request(self, method: str, url: str, **kw: Any) -> tuple[int, dict[str, Any]]:
         async with self.session.request(method, url, **kw) as resp:
@@ -79,9 +115,27 @@ class AsyncClient(SessionHolder):
     ) -> AppendResult:
         """Append records (each `{"key": ..., "value": ...}`) as one batch; returns after commit.
 
-        With `producer_id` and `sequence` (of the first record) the append is idempotent: the
-        retries this method makes, and any retry of the same call, land exactly once.
+        The retries this method makes land the records exactly once: under this client's own
+        producer ids (unless made with `idempotent=False`), or under `producer_id` and
+        `sequence` (of the first record) when given, which also makes a retry of the same call
+        by the caller land once.
         """
+        if producer_id is not None or not self.idempotent:
+            return await self._append(partition, records, producer_id, sequence)
+        lanes = self._lanes.setdefault(partition, _Lanes(f"{self._producer}.p{partition}"))
+        lane = lanes.take()
+        result = await self._append(partition, records, lane.producer_id, lane.next_sequence)
+        lane.next_sequence += len(records)  # not reached on failure: the lane is dropped
+        lanes.free.append(lane)
+        return result
+
+    async def _append(
+        self,
+        partition: int,
+        records: list[dict[str, Any]],
+        producer_id: str | None,
+        sequence: int | None,
+    ) -> AppendResult:
         body: dict[str, Any] = {"records": records}
         if producer_id is not None:
             body["producer_id"], body["sequence"] = producer_id, sequence

@@ -6,7 +6,7 @@ to the compaction floor.
 
 from __future__ import annotations
 
-from collections import deque
+from collections import OrderedDict, deque
 from dataclasses import dataclass
 
 import msgspec
@@ -15,6 +15,10 @@ from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import decode_record
 
 PRODUCER_MEMORY = 64  # records per producer whose index a retry can still be told
+# Producers remembered per partition: past this, the one that appended least recently is
+# forgotten (every client makes producer ids, so without a bound the table grows with every
+# client ever connected). The same on every replica: it is part of the applied state.
+MAX_PRODUCERS = 4096
 
 
 class _TableImage(msgspec.Struct, array_like=True):
@@ -54,7 +58,8 @@ class KeyedTable:
         self.rows: dict[bytes, bytes] = {}
         self.applied_index = 0
         self.undecodable = 0  # entries kept in the log but not indexed (not a Record)
-        self.producers: dict[str, deque[tuple[int, int, int]]] = {}
+        # Least recently appended first, so the one to forget is at the front.
+        self.producers: OrderedDict[str, deque[tuple[int, int, int]]] = OrderedDict()
         self.duplicates = 0
         # Bytes of the entries applied since the last `capture` (snapshots are also due by bytes)
         self.bytes_since_capture = 0
@@ -72,10 +77,16 @@ class KeyedTable:
             self.undecodable += 1
             return
         if record.producer_id is not None:
-            seen = self.producers.setdefault(record.producer_id, deque(maxlen=PRODUCER_MEMORY))
-            if seen and record.sequence <= seen[-1][0]:
+            seen = self.producers.get(record.producer_id)
+            if seen is None:
+                seen = self.producers[record.producer_id] = deque(maxlen=PRODUCER_MEMORY)
+                if len(self.producers) > MAX_PRODUCERS:
+                    self.producers.popitem(last=False)
+            elif record.sequence <= seen[-1][0]:
                 self.duplicates += 1  # never appended by a correct leader; kept out of the table
                 return
+            else:
+                self.producers.move_to_end(record.producer_id)
             seen.append((record.sequence, entry.index, entry.term))
         if record.key is None:
             return
@@ -117,8 +128,11 @@ class KeyedTable:
             image = _image_decoder.decode(data)
             table.applied_index = image.applied_index
             table.rows = dict(image.rows)
-            table.producers = {
-                p: deque((tuple(x) for x in seen), maxlen=PRODUCER_MEMORY)  # type: ignore[misc]
-                for p, seen in image.producers.items()
-            }
+            # Stored by name (the same bytes on every replica); the order of recency is that of
+            # each producer's last index.
+            recent = sorted(image.producers.items(), key=lambda kv: kv[1][-1][1] if kv[1] else 0)
+            table.producers = OrderedDict(
+                (p, deque((tuple(x) for x in seen), maxlen=PRODUCER_MEMORY))  # type: ignore[misc]
+                for p, seen in recent
+            )
         return table

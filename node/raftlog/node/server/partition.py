@@ -236,7 +236,7 @@ class PartitionDriver:
         previous = self._inflight_seq.get(producer, -1)
         self._inflight_seq[producer] = end
         try:
-            return await self.propose(records, timeout)
+            done = await self.propose(records, timeout)
         except (NotLeader, ProposalRefused, NotCommitted, StorageFailed):
             # Not in the log (refused, or replaced by another leader's entry): a retry may
             # propose the same sequences again. A timeout keeps the mark: the entries may still
@@ -244,6 +244,11 @@ class PartitionDriver:
             if self._inflight_seq.get(producer) == end:
                 self._inflight_seq[producer] = previous
             raise
+        # Applied now (the table is ahead of the mark): the mark is no longer needed, and every
+        # client's producer ids would otherwise pile up here for the whole term.
+        if self._inflight_seq.get(producer) == end:
+            del self._inflight_seq[producer]
+        return done
 
     async def linearizable_point(self) -> int:
         """A ReadIndex read point, once applied: reading the table now is linearizable."""

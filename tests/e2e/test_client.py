@@ -1,0 +1,123 @@
+"""The Python client against a real node whose answers get lost on the way back."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from urllib.parse import urlsplit
+
+import pytest
+
+from raftlog.client import AsyncClient
+from raftlog.node.local import LocalCluster
+
+pytestmark = [pytest.mark.e2e]
+TOKEN = "client-test-token"
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory):
+    d = tmp_path_factory.mktemp("client")
+    (d / "token").write_text(TOKEN)
+    with LocalCluster(d, replicas=1, partitions=2, auth_token_file=d / "token", durable=False) as c:
+        c.wait_ready()
+        yield c
+
+
+class AnswerEater:
+    """A TCP proxy to the node that forwards the first `eat` connections' requests but never
+    their answers: once the node has answered, it closes the client's side, as a connection
+    reset after the server committed would."""
+
+    def __init__(self, target: str, eat: int = 1) -> None:
+        u = urlsplit(target)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        self.eat = eat
+        self.eaten = 0
+        self.server: asyncio.Server | None = None
+
+    @property
+    def url(self) -> str:
+        assert self.server is not None
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def __aenter__(self) -> AnswerEater:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self.server is not None
+        self.server.close()
+
+    async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
+        up_r, up_w = await asyncio.open_connection(self.host, self.port)
+        eat = self.eaten < self.eat
+        self.eaten += eat
+
+        async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            with contextlib.suppress(ConnectionError):
+                while data := await r.read(65536):
+                    w.write(data)
+                    await w.drain()
+
+        forward = asyncio.create_task(pump(client_r, up_w))
+        try:
+            if eat:
+                await up_r.read(1)  # the node answered: the append is in the log
+            else:
+                await pump(up_r, client_w)
+        finally:
+            forward.cancel()
+            for w in (client_w, up_w):
+                w.close()
+
+
+def values(c: LocalCluster, partition: int) -> list[str]:
+    code, page = c.get("n1", f"/v1/partitions/{partition}/records?from=1&limit=1000")
+    assert code == 200, page
+    return [r["value"] for r in page["records"]]
+
+
+@pytest.mark.parametrize("idempotent", [True, False], ids=["default", "idempotence-off"])
+def test_a_retry_after_a_lost_answer_lands_once_by_default(node, idempotent):
+    """The append commits, its answer is lost, the client retries: by default the node knows
+    the retry (producer id and sequence) and answers it with the first attempt's indexes.
+    Without idempotence the same retry adds the record a second time: the fault is real."""
+    value = f"lost-answer-{idempotent}"
+
+    async def run() -> None:
+        async with (
+            AnswerEater(node.nodes["n1"].url) as proxy,
+            AsyncClient([proxy.url], token=TOKEN, idempotent=idempotent) as c,
+        ):
+            result = await c.append(1, [{"key": "k", "value": value}])
+            assert proxy.eaten == 1
+            assert result.duplicate is idempotent
+            after = await c.append(1, [{"key": "k", "value": value + "-next"}])
+            assert after.first_index > result.last_index and not after.duplicate
+
+    asyncio.run(run())
+    assert values(node, 1).count(value) == (1 if idempotent else 2)
+    assert values(node, 1).count(value + "-next") == 1
+
+
+def test_concurrent_appends_to_one_partition_all_land_once(node):
+    """Plain appends from one client to one partition run side by side (each under a producer
+    id of its own), none refused for its sequence."""
+
+    async def run() -> list[int]:
+        async with AsyncClient([node.nodes["n1"].url], token=TOKEN) as c:
+            done = await asyncio.gather(
+                *(c.append(0, [{"key": f"c{i}", "value": f"c{i}"}]) for i in range(30))
+            )
+            again = await asyncio.gather(
+                *(c.append(0, [{"key": f"d{i}", "value": f"d{i}"}]) for i in range(30))
+            )
+            return [r.first_index for r in done + again]
+
+    indexes = asyncio.run(run())
+    assert len(set(indexes)) == 60
+    got = values(node, 0)
+    for i in range(30):
+        assert got.count(f"c{i}") == 1 and got.count(f"d{i}") == 1
