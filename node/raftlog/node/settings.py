@@ -123,6 +123,20 @@ class NodeSettings(BaseSettings):
         description="connections the peer and admin listener (peer_port) holds at once, apart "
         "from the client listener's, so a full client listener leaves it answering",
     )
+    max_answer_buffer_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes of large answers (reads of records, columns, WAL pages) the node "
+        "holds at once until their readers' sockets take them; a read past it is answered 503 "
+        "busy (retry), so slow or stalled readers cannot fill the node's memory",
+    )
+    answer_send_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        description="a large answer must be taken by its reader's socket within this many "
+        "seconds, else the connection is closed and its bytes let go",
+    )
     max_record_bytes: int = Field(1024 * 1024, ge=1, description="largest record value")
     append_timeout_s: float = Field(
         10.0, gt=0, description="how long an append waits for its commit before 503"

@@ -105,6 +105,8 @@ def make_guard(token: str | None) -> Middleware:
         )
         if isinstance(resp, web.HTTPException):
             raise resp
+        if isinstance(resp, web.Response):
+            return await node_of(request).answers.send(request, resp)
         return resp
 
     return guard

@@ -132,3 +132,19 @@ class _StateCollector(Collector):
         )
         insecure.add_metric([], 0 if self.node.token else 1)
         yield insecure
+        answers = self.node.answers
+        held = GaugeMetricFamily(
+            "raftlog_answer_bytes_held",
+            "Bytes of large answers waiting for their readers' sockets (max_answer_buffer_bytes)",
+        )
+        held.add_metric([], answers.held)
+        refused = CounterMetricFamily(
+            "raftlog_answers_refused", "Reads answered 503 busy: max_answer_buffer_bytes was full"
+        )
+        refused.add_metric([], answers.refused)
+        stalled = CounterMetricFamily(
+            "raftlog_answers_timed_out",
+            "Connections closed because their reader took no answer in answer_send_timeout_s",
+        )
+        stalled.add_metric([], answers.timed_out)
+        yield from (held, refused, stalled)

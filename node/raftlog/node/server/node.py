@@ -10,6 +10,7 @@ import random
 from raftlog.node.core.messages import Message
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
+from raftlog.node.server.answers import AnswerBudget
 from raftlog.node.server.metrics import NodeMetrics
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
@@ -44,6 +45,9 @@ class Node:
             settings.frame_budget,
         )
         self.metrics = NodeMetrics()
+        self.answers = AnswerBudget(
+            settings.max_answer_buffer_bytes, settings.answer_send_timeout_s
+        )
         self.sync_gate = SyncGate()  # the partitions' fsyncs: in the loop only one at a time
         bootstrap = None if settings.join else Membership(frozenset(settings.peers))
         self.drivers: dict[int, PartitionDriver] = {}
