@@ -99,6 +99,17 @@ INVALID = [
     ({"storage": {"size": "ten gigs"}}, "spec.storage.size", "should match"),
     ({"storage": {"reclaimPolicy": "Keep"}}, "spec.storage.reclaimPolicy", "Unsupported value"),
     ({"authSecretName": "Not_A_Name"}, "spec.authSecretName", "should match"),
+    # The spec's CEL rule (the models' `_tls_for_cert_auth`).
+    (
+        {"peerClientCertAuth": True},
+        "spec.peerClientCertAuth",
+        "peerClientCertAuth needs tlsSecretName",
+    ),
+    (
+        {"peerClientCertAuth": True, "tlsSecretName": None},
+        "spec.peerClientCertAuth",
+        "peerClientCertAuth needs tlsSecretName",
+    ),
 ]
 
 

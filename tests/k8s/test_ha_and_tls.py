@@ -152,3 +152,43 @@ def test_a_cluster_with_a_tls_secret_serves_https_and_the_operator_verifies_it(
     url = f"https://{kube.get('pod', leader, ns)['status']['podIP']}:7001"
     assert asyncio.run(append()) >= 1
     asyncio.run(plain_refused())
+
+    # Mutual TLS on the peer port: the members roll, and still elect and commit (they show
+    # each other the secret's certificate), and the operator still reads and changes them
+    # (it shows it too): the cluster settles again with every member a ready voter.
+    kube.kubectl(
+        "patch", "raftcluster", "t", "-n", ns, "--type=merge",
+        "-p", json.dumps({"spec": {"peerClientCertAuth": True}}),
+    )  # fmt: skip
+
+    def rolled() -> bool:
+        pods = {p["metadata"]["name"]: p for p in kube.items("pods", ns, "raftlog.dev/cluster=t")}
+        flagged = [
+            n
+            for n, p in pods.items()
+            if "--peer-client-cert-auth" in p["spec"]["containers"][0]["args"]
+        ]
+        return len(flagged) == 3 and settled(ns, "t", 3)
+
+    kube.until("rolled to mutual TLS and settled", rolled, 300)
+    leader = kube.get("raftcluster", "t", ns)["status"]["leaders"]["0"]
+    ip = kube.get("pod", leader, ns)["status"]["podIP"]
+    url = f"https://{ip}:7001"
+    assert asyncio.run(append()) >= 2  # the client port asks for no certificate
+
+    async def peer_port(client: trustme.LeafCert | None) -> int:
+        peer_ctx = ssl.create_default_context(cadata=ca.cert_pem.bytes().decode())
+        peer_ctx.check_hostname = False
+        if client is not None:
+            client.configure_cert(peer_ctx)
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"https://{ip}:7002/v1/admin/partitions/0/holds", ssl=peer_ctx) as r,
+        ):
+            return r.status
+
+    with pytest.raises(aiohttp.ClientError):  # no certificate: the handshake fails
+        asyncio.run(peer_port(None))
+    with pytest.raises(aiohttp.ClientError):  # one another CA signed: refused too
+        asyncio.run(peer_port(trustme.CA().issue_cert("mallory")))
+    assert asyncio.run(peer_port(ca.issue_cert("someone"))) == 401  # past TLS: the token next

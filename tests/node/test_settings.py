@@ -66,6 +66,17 @@ def test_tls_needs_certificate_and_key_together(tmp_path):
         load_settings({**base, "tls_cert_file": str(cert)})
 
 
+def test_client_certificates_need_the_ca_a_certificate_and_a_peer_port(tmp_path):
+    pem = tmp_path / "c.pem"
+    pem.write_text("x")
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path), **OPEN}
+    with pytest.raises(ValidationError, match="needs tls_cert_file and tls_ca_file and peer_port"):
+        load_settings({**base, "peer_client_cert_auth": True})
+    tls = {"tls_cert_file": str(pem), "tls_key_file": str(pem), "tls_ca_file": str(pem)}
+    with pytest.raises(ValidationError, match="peer_client_cert_auth: needs peer_port"):
+        load_settings({**base, **tls, "peer_client_cert_auth": True})
+
+
 def test_the_node_refuses_to_start_on_bad_settings(tmp_path, capsys):
     code = main(
         ["--node-id", "n9", "--peers", "n1=http://127.0.0.1:1", "--data-dir", str(tmp_path)]

@@ -81,6 +81,13 @@ def test_an_incoherent_pair_of_raft_settings_is_refused_with_both_names():
         RaftClusterSpec.model_validate({"raft": {"electionTicks": 10, "heartbeatTicks": 10}})
 
 
+def test_client_certificates_need_the_clusters_tls_secret():
+    with pytest.raises(ValidationError, match="peerClientCertAuth: needs tlsSecretName"):
+        RaftClusterSpec.model_validate({"peerClientCertAuth": True})
+    spec = RaftClusterSpec.model_validate({"peerClientCertAuth": True, "tlsSecretName": "t"})
+    assert spec.peer_client_cert_auth
+
+
 @pytest.mark.parametrize(
     "text, message",
     [

@@ -106,6 +106,9 @@ def test_the_pod_carries_the_spec_to_the_node():
     assert args[args.index("--peer-port") + 1] == "7002"
     assert {p["name"]: p["containerPort"] for p in c["ports"]} == {"client": 7001, "peer": 7002}
     assert "--tls-cert-file" in args and "--auth-token-file" in args
+    assert "--peer-client-cert-auth" not in args
+    mtls = FULL.model_copy(update={"peer_client_cert_auth": True})
+    assert "--peer-client-cert-auth" in objects(mtls)[0]["spec"]["containers"][0]["args"]
     env = {e["name"]: e["value"] for e in c["env"]}
     assert env == node_env(FULL)
     assert env["RAFTLOG_RAFT__BACKFILL_THRESHOLD"] == "20"

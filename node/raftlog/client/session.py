@@ -14,10 +14,18 @@ class SessionHolder:
         *,
         token: str | None = None,
         ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
     ) -> None:
+        """`ca_file` verifies the nodes; `cert_file` and `key_file` are shown to a listener that
+        asks for a client certificate (a peer listener with peer_client_cert_auth)."""
         self.headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._ssl = ssl.create_default_context(cafile=ca_file) if ca_file else None
+        if cert_file is not None:
+            if self._ssl is None:
+                self._ssl = ssl.create_default_context()
+            self._ssl.load_cert_chain(cert_file, key_file)
         self._timeout = timeout or aiohttp.ClientTimeout(total=15.0)
         self._session: aiohttp.ClientSession | None = None
 

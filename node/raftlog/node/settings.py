@@ -92,6 +92,12 @@ class NodeSettings(BaseSettings):
     tls_ca_file: Path | None = Field(
         None, description="CA bundle that peers' certificates are verified against (https peers)"
     )
+    peer_client_cert_auth: bool = Field(
+        False,
+        description="the peer and admin listener (peer_port) admits only clients with a "
+        "certificate signed by tls_ca_file (mutual TLS, as etcd's --peer-client-cert-auth), "
+        "besides the bearer token; the node presents its own certificate to its peers",
+    )
     max_request_bytes: int = Field(8 * 1024 * 1024, ge=1024, description="largest request body")
     request_head_timeout_s: float = Field(
         10.0,
@@ -228,6 +234,17 @@ class NodeSettings(BaseSettings):
         for f in (self.tls_cert_file, self.tls_key_file, self.tls_ca_file):
             if f is not None and not f.is_file():
                 raise ValueError(f"{f} is not a file")
+        if self.peer_client_cert_auth:
+            missing = [
+                name
+                for name in ("tls_cert_file", "tls_ca_file", "peer_port")
+                if getattr(self, name) is None
+            ]
+            if missing:
+                raise ValueError(
+                    f"peer_client_cert_auth: needs {' and '.join(missing)} (client certificates "
+                    "are asked for on the peer listener only, and checked against the CA)"
+                )
         return self
 
     @property
@@ -252,18 +269,27 @@ class NodeSettings(BaseSettings):
         host = f"[{u.hostname}]" if ":" in u.hostname else u.hostname
         return urlunsplit((u.scheme, f"{host}:{self.port}", u.path, "", ""))
 
-    def server_ssl(self) -> ssl.SSLContext | None:
+    def server_ssl(self, peer: bool = False) -> ssl.SSLContext | None:
+        """How a listener serves HTTPS; `peer`: the peer listener, which with
+        peer_client_cert_auth refuses a handshake without a certificate the CA signed."""
         if self.tls_cert_file is None or self.tls_key_file is None:
             return None
         ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        if peer and self.peer_client_cert_auth:
+            ctx.load_verify_locations(cafile=str(self.tls_ca_file))
+            ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 
     def client_ssl(self) -> ssl.SSLContext | None:
-        """How this node verifies https peers (the system's CAs unless `tls_ca_file`)."""
+        """How this node verifies https peers (the system's CAs unless `tls_ca_file`), and the
+        certificate it shows them when they ask for one (peer_client_cert_auth)."""
         if self.tls_ca_file is None:
             return None
-        return ssl.create_default_context(cafile=str(self.tls_ca_file))
+        ctx = ssl.create_default_context(cafile=str(self.tls_ca_file))
+        if self.tls_cert_file is not None and self.tls_key_file is not None:
+            ctx.load_cert_chain(self.tls_cert_file, self.tls_key_file)
+        return ctx
 
     def token(self) -> str | None:
         if self.auth_token_file is None:

@@ -9,9 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import kopf
@@ -23,7 +21,7 @@ from raftlog.operator import metrics
 from raftlog.operator.actions import ChangeMembership, InstallSnapshot
 from raftlog.operator.kube import KubeRuntime
 from raftlog.operator.models import GROUP, PLURAL, VERSION, RaftClusterSpec, RaftClusterStatus
-from raftlog.operator.nodeapi import NodeApi
+from raftlog.operator.nodeapi import MemberTls, NodeApi
 from raftlog.operator.runtime import reconcile_pass
 from raftlog.operator.settings import OperatorSettings, api_client
 
@@ -119,7 +117,7 @@ async def reconcile(
     runtime = _runtime(name, namespace, body)
     current = RaftClusterStatus.model_validate(dict(status))
     node_api: NodeApi | None = None
-    node_api_for: tuple[str, str | None] | None = None
+    node_api_for: tuple[str, MemberTls | None] | None = None
 
     saved: list[RaftClusterStatus] = []
     version: list[str | None] = [meta.get("resourceVersion")]
@@ -144,11 +142,11 @@ async def reconcile(
                 continue
             try:
                 token = await runtime.ensure_shared(desired)
-                ca = await runtime.ca_bundle(desired)
-                if node_api is None or (token, ca) != node_api_for:
+                tls = await runtime.member_tls(desired)
+                if node_api is None or (token, tls) != node_api_for:
                     if node_api is not None:
                         await node_api.close()
-                    node_api, node_api_for = _node_api(token, ca, name, namespace), (token, ca)
+                    node_api, node_api_for = _node_api(token, tls, name, namespace), (token, tls)
                 result = await reconcile_pass(
                     name, desired, current, runtime, node_api, save, meta.get("generation")
                 )
@@ -182,14 +180,13 @@ async def reconcile(
             await node_api.close()
 
 
-def _node_api(token: str, ca: str | None, name: str, namespace: str) -> NodeApi:
-    """Calls to the members, verifying them against the cluster's CA when it has TLS."""
-    ca_file = None
-    if ca is not None:
-        path = Path(tempfile.gettempdir()) / f"raftlog-ca-{namespace}-{name}.crt"
-        path.write_text(ca)
-        ca_file = str(path)
-    return NodeApi(token=token, ca_file=ca_file)
+def _node_api(token: str, tls: MemberTls | None, name: str, namespace: str) -> NodeApi:
+    """Calls to the members: with TLS, verifying them against the cluster's CA and showing
+    the cluster's certificate to a member that asks for one."""
+    if tls is None:
+        return NodeApi(token=token)
+    ca, cert, key = tls.write(f"{namespace}-{name}")
+    return NodeApi(token=token, ca_file=ca, cert_file=cert, key_file=key)
 
 
 def _count(action: object, ok: bool) -> None:

@@ -21,6 +21,7 @@ from kubernetes.client.exceptions import ApiException
 
 from raftlog.operator import manifests
 from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.nodeapi import MemberTls
 from raftlog.operator.observed import PodState
 from raftlog.operator.reconciler import config_hash
 from raftlog.operator.runtime import PodInfo
@@ -131,8 +132,9 @@ class KubeRuntime:
         )  # fmt: skip
         self._applied[(kind, name)] = (text, now)
 
-    async def ca_bundle(self, spec: RaftClusterSpec) -> str | None:
-        """The `ca.crt` of the cluster's TLS secret (what the operator verifies members with)."""
+    async def member_tls(self, spec: RaftClusterSpec) -> MemberTls | None:
+        """The cluster's TLS secret as the operator uses it: `ca.crt` to verify members with,
+        and `tls.crt`/`tls.key` to show them when they ask (spec.peerClientCertAuth)."""
         if spec.tls_secret_name is None:
             return None
         try:
@@ -148,9 +150,14 @@ class KubeRuntime:
                 ) from None
             raise
         data = _json(resp).get("data") or {}
-        if "ca.crt" not in data:
-            raise RuntimeError(f"secret {spec.tls_secret_name} has no key `ca.crt`")
-        return base64.b64decode(data["ca.crt"]).decode()
+        missing = [k for k in ("ca.crt", "tls.crt", "tls.key") if k not in data]
+        if missing:
+            keys = ", ".join(f"`{k}`" for k in missing)
+            raise RuntimeError(f"spec.tlsSecretName: secret {spec.tls_secret_name} has no {keys}")
+        ca, cert, key = (
+            base64.b64decode(data[k]).decode() for k in ("ca.crt", "tls.crt", "tls.key")
+        )
+        return MemberTls(ca, cert, key)
 
     async def _token(self, spec: RaftClusterSpec) -> str:
         name = manifests.auth_secret(self.cluster, spec)

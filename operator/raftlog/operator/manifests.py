@@ -94,6 +94,8 @@ def pod(
             "--tls-ca-file",
             f"{TLS_DIR}/ca.crt",
         ]
+        if spec.peer_client_cert_auth:
+            args.append("--peer-client-cert-auth")
     env = [{"name": k, "value": v} for k, v in sorted(node_env(spec).items())]
     scheme = "HTTPS" if tls else "HTTP"
     mounts = [

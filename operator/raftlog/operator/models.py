@@ -217,6 +217,20 @@ class PodTemplate(_Model):
 
 
 class RaftClusterSpec(_Model):
+    # Refused at admission too (`_tls_for_cert_auth`): without the secret there is no CA to
+    # check the members' certificates against, nor a certificate to show.
+    model_config = ConfigDict(
+        json_schema_extra=_rules(
+            {
+                "rule": "!has(self.peerClientCertAuth) || !self.peerClientCertAuth"
+                " || has(self.tlsSecretName)",
+                "fieldPath": ".peerClientCertAuth",
+                "message": "peerClientCertAuth needs tlsSecretName (the CA that signs the "
+                "members' certificates)",
+            }
+        )
+    )
+
     replicas: int = Field(3, ge=1, le=15, description="Voting members of every partition.")
     partitions: int = Field(
         1,
@@ -275,9 +289,25 @@ class RaftClusterSpec(_Model):
         description="Secret of type kubernetes.io/tls (with `ca.crt`): members serve and verify "
         "https when set.",
     )
+    peer_client_cert_auth: bool = Field(
+        False,
+        description="Members admit on their peer port (Raft traffic, snapshots, the admin API) "
+        "only clients showing a certificate signed by the CA of tlsSecretName, besides the "
+        "token (mutual TLS, as etcd's --peer-client-cert-auth). The secret's certificate must "
+        "allow client authentication too: members and the operator show it.",
+    )
     pod_template: PodTemplate = Field(
         default_factory=PodTemplate, description="Overrides of the members' pods."
     )
+
+    @model_validator(mode="after")
+    def _tls_for_cert_auth(self) -> RaftClusterSpec:
+        if self.peer_client_cert_auth and self.tls_secret_name is None:
+            raise ValueError(
+                "peerClientCertAuth: needs tlsSecretName (the CA that signs the members' "
+                "certificates)"
+            )
+        return self
 
     def with_image(self, default_image: str) -> RaftClusterSpec:
         """This spec with `image` resolved: its own, or the operator's default."""

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -23,6 +27,29 @@ class NodeApiError(Exception):
     pass
 
 
+@dataclass(frozen=True)
+class MemberTls:
+    """A cluster's TLS secret: its CA verifies the members, and its certificate is what the
+    operator shows a peer listener that asks for one (peer_client_cert_auth)."""
+
+    ca: str
+    cert: str
+    key: str
+
+    def write(self, name: str) -> tuple[str, str, str]:
+        """The three as files (ssl reads files only), the key readable by this user alone."""
+        folder = Path(tempfile.gettempdir()) / f"raftlog-tls-{name}"
+        folder.mkdir(mode=0o700, exist_ok=True)
+        paths = []
+        for file, text in (("ca.crt", self.ca), ("tls.crt", self.cert), ("tls.key", self.key)):
+            path = folder / file
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            paths.append(str(path))
+        return paths[0], paths[1], paths[2]
+
+
 class NodeApi(SessionHolder):
     def __init__(
         self,
@@ -30,9 +57,17 @@ class NodeApi(SessionHolder):
         ca_file: str | None = None,
         timeout_s: float = 3.0,
         install_timeout_s: float = 600.0,
+        cert_file: str | None = None,
+        key_file: str | None = None,
     ) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
-        super().__init__(token=token, ca_file=ca_file, timeout=self.timeout)
+        super().__init__(
+            token=token,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            timeout=self.timeout,
+        )
         # A snapshot install answers when the whole snapshot is streamed.
         self.install_timeout = aiohttp.ClientTimeout(total=install_timeout_s)
 

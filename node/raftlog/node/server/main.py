@@ -148,7 +148,7 @@ async def serve(settings: NodeSettings) -> None:
                 ),
                 settings.host,
                 port,
-                ssl=settings.server_ssl(),
+                ssl=settings.server_ssl(peer=name == "peer"),
                 backlog=128,
             )
         )
