@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import ssl
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -19,7 +15,7 @@ from typing import Any
 
 import pytest
 import trustme
-from tests.loopback import free_loopback_net
+from tests.loopback import free_loopback_net, kill_nodes, start_split_nodes
 
 from raftlog.client import AsyncClient
 
@@ -44,27 +40,15 @@ def mtls_cluster(tmp_path: Path) -> Iterator[tuple[list[str], trustme.CA, Path]]
     hosts = [f"127.{net}.{i}.1" for i in range(3)]
     ca = trustme.CA()
     cert, key, ca_file = pem_files(ca, tmp_path / "tls", hosts)
-    (tmp_path / "token").write_text(TOKEN)
-    peers = ",".join(f"n{i}=https://{h}:{PEER}" for i, h in enumerate(hosts))
-    procs = []
-    for i, host in enumerate(hosts):
-        cmd = [
-            sys.executable, "-m", "raftlog.node.server.main", "--node-id", f"n{i}",
-            "--peers", peers, "--host", host, "--port", str(CLIENT), "--peer-port", str(PEER),
-            "--data-dir", str(tmp_path / f"n{i}"), "--auth-token-file", str(tmp_path / "token"),
-            "--no-fsync", "--tls-cert-file", str(cert), "--tls-key-file", str(key),
-            "--tls-ca-file", str(ca_file), "--peer-client-cert-auth",
-        ]  # fmt: skip
-        with (tmp_path / f"n{i}.log").open("ab") as log:
-            procs.append(
-                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-            )
+    tls = ("--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-file", str(ca_file))
+    procs = start_split_nodes(
+        tmp_path, hosts, (CLIENT, PEER), TOKEN, scheme="https",
+        args=(*tls, "--peer-client-cert-auth"),
+    )  # fmt: skip
     try:
         yield hosts, ca, ca_file
     finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        kill_nodes(procs)
 
 
 def context(ca_file: Path, client: trustme.LeafCert | None = None) -> ssl.SSLContext:

@@ -5,11 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import signal
 import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -19,7 +15,7 @@ from typing import Any
 
 import pytest
 from tests.frames import open_frame_stream
-from tests.loopback import free_loopback_net
+from tests.loopback import free_loopback_net, kill_nodes, start_split_nodes
 
 from raftlog.client import AsyncClient
 
@@ -54,29 +50,12 @@ def get_json(url: str, token: str | None = None) -> Any:
 def split_cluster(tmp_path: Path) -> Iterator[list[str]]:
     net = free_loopback_net(members=3, ports=(CLIENT, PEER))
     hosts = [f"127.{net}.{i}.1" for i in range(3)]
-    token = tmp_path / "token"
-    token.write_text(TOKEN)
-    peers = ",".join(f"n{i}=http://{h}:{PEER}" for i, h in enumerate(hosts))
-    procs = []
-    for i, host in enumerate(hosts):
-        cmd = [
-            sys.executable, "-m", "raftlog.node.server.main", "--node-id", f"n{i}",
-            "--peers", peers, "--host", host, "--port", str(CLIENT), "--peer-port", str(PEER),
-            "--data-dir", str(tmp_path / f"n{i}"), "--auth-token-file", str(token), "--no-fsync",
-        ]  # fmt: skip
-        env = {**os.environ, "RAFTLOG_MAX_CLIENT_CONNECTIONS": str(CLIENT_CAP)}
-        with (tmp_path / f"n{i}.log").open("ab") as log:
-            procs.append(
-                subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
-                )
-            )
+    env = {"RAFTLOG_MAX_CLIENT_CONNECTIONS": str(CLIENT_CAP)}
+    procs = start_split_nodes(tmp_path, hosts, (CLIENT, PEER), TOKEN, env=env)
     try:
         yield hosts
     finally:
-        for p in procs:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        kill_nodes(procs)
 
 
 def leader_of(hosts: list[str]) -> int:
