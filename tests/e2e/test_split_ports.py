@@ -102,6 +102,13 @@ def test_clients_and_peers_are_served_on_their_own_ports(split_cluster):
         s.close()
         assert got == status, port
     assert call(f"http://{follower}:{CLIENT}/peer/v1/messages", "POST", TOKEN, {}) == 404
+    # Retention holds are on both (a reader holds through the port it reads from), token first.
+    hold = f"http://{follower}:{CLIENT}/v1/admin/partitions/0/holds/reader"
+    assert call(hold, "PUT", None, {"min_index": 1, "ttl_seconds": 60}) == 401
+    assert call(hold, "PUT", TOKEN, {"min_index": 1, "ttl_seconds": 60}) == 200
+    holds = get_json(f"http://{follower}:{PEER}/v1/admin/partitions/0/holds", TOKEN)["holds"]
+    assert [h["holder"] for h in holds] == ["reader"]
+    assert call(hold, "DELETE", TOKEN) == 204
     # The peer port has no client routes; its admin API wants the token.
     assert call(f"http://{follower}:{PEER}/v1/partitions/0/records?from=1") == 404
     assert call(f"http://{follower}:{PEER}/v1/admin/peers") == 401

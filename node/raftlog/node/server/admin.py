@@ -212,8 +212,15 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(f"{base}/compact", compact)
     app.router.add_post(f"{base}/snapshot-install", snapshot_install)
     app.router.add_get(f"{base}/followers/{{follower}}/lag", lag)
+    app.router.add_get("/v1/admin/peers", peers)
+    app.router.add_post("/v1/admin/peers", peers)
+
+
+def add_hold_routes(app: web.Application) -> None:
+    """Retention holds, on every listener (with the token, as all of /v1/admin): a reader holds
+    what it has not read yet through the client port it reads from, which a NetworkPolicy on
+    the peer port, or its client certificates, leave open to it."""
+    base = "/v1/admin/partitions/{partition}"
     app.router.add_get(f"{base}/holds", holds_list)
     app.router.add_put(f"{base}/holds/{{holder}}", hold_set)
     app.router.add_delete(f"{base}/holds/{{holder}}", hold_delete)
-    app.router.add_get("/v1/admin/peers", peers)
-    app.router.add_post("/v1/admin/peers", peers)

@@ -625,7 +625,8 @@ ALL_PLANES: frozenset[Plane] = frozenset({"client", "peer"})
 
 def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Application:
     """The routes of the given planes: `client` (the `/v1` client API) and `peer` (Raft traffic,
-    snapshot streams and the admin API). Status, metrics and health are on every listener."""
+    snapshot streams and the admin API). Status, metrics, health and retention holds are on
+    every listener."""
     middlewares: list[Any] = [make_guard(node.token)]
     app = web.Application(middlewares=middlewares, client_max_size=node.settings.max_request_bytes)
     app[NODE_KEY] = node
@@ -633,6 +634,7 @@ def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Applicat
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    admin.add_hold_routes(app)
     if "client" in planes:
         app.router.add_post("/v1/partitions/{partition}/records", append)
         app.router.add_post("/v1/records", append_by_key)
