@@ -32,6 +32,7 @@ from cluster import layout
 
 IMAGES = layout.CACHE / "images"
 RAFTLOG_REF = "ghcr.io/raftlog/raftlog:0.1.0"
+SPARK_REF = "ghcr.io/raftlog/raftlog-spark:0.1.0"
 PAUSE_REF = "localhost/raftlog/pause:catatonit"
 COREDNS_REF = f"localhost/raftlog/coredns:{layout.COREDNS}"
 LOCAL_PATH_REF = f"localhost/raftlog/local-path-provisioner:{layout.LOCAL_PATH}"
@@ -58,6 +59,16 @@ RAFTLOG_ENV = {
     "PYTHONDONTWRITEBYTECODE": "1",
     "PYTHONUNBUFFERED": "1",
     "HOME": "/tmp",
+}
+SPARK_INSTALL = layout.ROOT / "image" / "install-spark.sh"
+SPARK_ENTRYPOINT = layout.ROOT / "image" / "spark-entrypoint.sh"
+SPARK_ENV = {
+    **RAFTLOG_ENV,
+    "HOME": "/opt/spark/work-dir",
+    "SPARK_HOME": "/opt/spark-home",
+    "JAVA_HOME": "/usr/lib/jvm/java-17-openjdk-amd64",
+    "PYSPARK_PYTHON": "/opt/raftlog/bin/python",
+    "PYSPARK_DRIVER_PYTHON": "/opt/raftlog/bin/python",
 }
 PASSWD = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n"
 GROUP = b"root:x:0:\nnobody:x:65534:\n"
@@ -282,56 +293,123 @@ def _source_hash() -> str:
     return h.hexdigest()
 
 
-def raftlog_image(ref: str = RAFTLOG_REF) -> Image:
-    """The project's image: bookworm's python3 with raftlog in a venv at /opt/raftlog, as the
-    Dockerfile builds it, run as 10001:10001 in /var/lib/raftlog."""
+class _VenvImage(NamedTuple):
+    """An image of bookworm with a venv of raftlog's wheels, installed by a recipe of image/."""
+
+    name: str
+    ref: str
+    packages: list[str]
+    recipe: Path  # run in the chroot as `sh RECIPE /tmp/wheels FILES...`
+    files: list[Path]  # copied into the chroot's /tmp for the recipe
+    target: str  # what `pip wheel` builds: "." or ".[spark]"
+    cmd: list[str] | None
+    entrypoint: list[str] | None
+    user: str
+    workdir: str
+    env: dict[str, str]
+
+
+def _venv_image(spec: _VenvImage) -> Image:
     python = layout.ROOT / ".venv" / "bin" / "python"
     # The versions the dev venv was tested with pin the image's dependencies (and key it).
     pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check"]
     pins = _run(*pip, "list", "--format=freeze", "--exclude-editable", capture=True)
-    recipe = INSTALL.read_text()
-    key = _key(ref, *MIRRORS, *PACKAGES, *DPKG_OPTS, recipe, pins, _source_hash())
-    out, done = _cached("raftlog", key)
+    contents = [f.read_bytes() for f in (spec.recipe, *spec.files)]
+    # Not the paths: the same image from any checkout is the same cache entry.
+    shape = [
+        spec.packages,
+        spec.target,
+        spec.cmd,
+        spec.entrypoint,
+        spec.user,
+        spec.workdir,
+        spec.env,
+    ]
+    key = _key(
+        spec.name, spec.ref, repr(shape), *MIRRORS, *DPKG_OPTS, *contents, pins, _source_hash()
+    )
+    out, done = _cached(spec.name, key)
     if done:
-        return Image(out, ref)
+        return Image(out, spec.ref)
     started = time.monotonic()
-    with tempfile.TemporaryDirectory(dir=IMAGES, prefix=".raftlog-") as tmp_name:
+    with tempfile.TemporaryDirectory(dir=IMAGES, prefix=f".{spec.name}-") as tmp_name:
         tmp = Path(tmp_name)
-        wheels, script, rootfs = tmp / "wheels", tmp / INSTALL.name, tmp / "rootfs.tar"
-        constraints = tmp / "constraints.txt"
+        wheels, rootfs, constraints = tmp / "wheels", tmp / "rootfs.tar", tmp / "constraints.txt"
         constraints.write_text(pins)
-        script.write_text(recipe)
-        _log("raftlog: pip wheel (raftlog and its runtime dependencies)")
-        _run(*pip, "wheel", "-q", "-w", wheels, "-c", constraints, layout.ROOT, timeout=1200)
-        _log(f"raftlog: mmdebstrap bookworm minbase + {' '.join(PACKAGES)}, venv, wheels")
+        _log(f"{spec.name}: pip wheel ({spec.target} and its runtime dependencies)")
+        target = f"{layout.ROOT}{spec.target[1:]}"
+        _run(*pip, "wheel", "-q", "-w", wheels, "-c", constraints, target, timeout=1800)
+        _log(f"{spec.name}: mmdebstrap bookworm minbase + {' '.join(spec.packages)}, venv, wheels")
+        chroot_files = " ".join(f"/tmp/{f.name}" for f in spec.files)
         # unshare mode as root: a private mount namespace, so a killed build leaves no mounts.
         # (TMPDIR: mmdebstrap's scratch space, next to the rest, removed with it.)
         mmdebstrap = ["env", f"TMPDIR={tmp}", "mmdebstrap", "--quiet", "--mode=unshare"]
+        copied = " ".join(str(f) for f in (wheels, spec.recipe, *spec.files))
         options = [f"--dpkgopt={o}" for o in DPKG_OPTS] + [
             "--variant=minbase",
-            f"--include={','.join(PACKAGES)}",
-            f"--customize-hook=copy-in {wheels} {script} /tmp",
+            f"--include={','.join(spec.packages)}",
+            # Java's packages register man pages with update-alternatives, which fails when
+            # their folder is missing (the man pages themselves are excluded above).
+            '--essential-hook=mkdir -p "$1/usr/share/man/man1"',
+            f"--customize-hook=copy-in {copied} /tmp",
             # A clean environment: the host's PIP_* and PYTHON* settings stay out.
-            f'--customize-hook=chroot "$1" env -i sh /tmp/{INSTALL.name} /tmp/wheels',
-            f'--customize-hook=rm -rf "$1/tmp/wheels" "$1/tmp/{INSTALL.name}"',
+            f'--customize-hook=chroot "$1" env -i sh /tmp/{spec.recipe.name} /tmp/wheels '
+            + chroot_files,
+            '--customize-hook=rm -rf "$1"/tmp/*',
         ]
         _run(*mmdebstrap, *options, "bookworm", rootfs, *MIRRORS, timeout=1800)
         size = _mb(rootfs)
-        _log(f"raftlog: umoci, rootfs {size}")
+        _log(f"{spec.name}: umoci, rootfs {size}")
         oci_from_rootfs(
-            rootfs,
-            out,
-            ref,
-            entrypoint=None,
-            cmd=["raftlog-node", "--help"],
-            user="10001:10001",
-            workdir="/var/lib/raftlog",
-            env=RAFTLOG_ENV,
-        )
+            rootfs, out, spec.ref, entrypoint=spec.entrypoint, cmd=spec.cmd, user=spec.user,
+            workdir=spec.workdir, env=spec.env,
+        )  # fmt: skip
     elapsed = time.monotonic() - started
-    _log(f"raftlog: built {out} ({_mb(out)}, rootfs {size}) in {elapsed:.0f} s")
-    _prune("raftlog", out)
-    return Image(out, ref)
+    _log(f"{spec.name}: built {out} ({_mb(out)}, rootfs {size}) in {elapsed:.0f} s")
+    _prune(spec.name, out)
+    return Image(out, spec.ref)
+
+
+def raftlog_image(ref: str = RAFTLOG_REF) -> Image:
+    """The project's image: bookworm's python3 with raftlog in a venv at /opt/raftlog, as the
+    Dockerfile builds it, run as 10001:10001 in /var/lib/raftlog."""
+    spec = _VenvImage(
+        name="raftlog",
+        ref=ref,
+        packages=PACKAGES,
+        recipe=INSTALL,
+        files=[],
+        target=".",
+        cmd=["raftlog-node", "--help"],
+        entrypoint=None,
+        user="10001:10001",
+        workdir="/var/lib/raftlog",
+        env=RAFTLOG_ENV,
+    )
+    return _venv_image(spec)
+
+
+def spark_image(ref: str = SPARK_REF) -> Image:
+    """Spark's image for raftlog (examples/spark/Dockerfile's, without Docker): bookworm's
+    python3 and Java 17, raftlog[spark] in /opt/raftlog (pyspark's Spark), raftlog-jvm's jar
+    among Spark's jars, and the entrypoint Spark's Kubernetes pods call; run as 185:185."""
+    jar = layout.ROOT / "spark" / "raftlog" / "spark" / "jars" / "raftlog-spark.jar"
+    if not jar.is_file():
+        raise RuntimeError(f"{jar} is missing: `make jvm` builds it")
+    spec = _VenvImage(
+        name="raftlog-spark",
+        ref=ref,
+        packages=[*PACKAGES, "openjdk-17-jre-headless"],
+        recipe=SPARK_INSTALL,
+        files=[jar, SPARK_ENTRYPOINT, layout.ROOT / "examples" / "spark" / "archive_main.py"],
+        target=".[spark]",
+        cmd=None,
+        entrypoint=["/opt/entrypoint.sh"],
+        user="185:185",
+        workdir="/opt/spark/work-dir",
+        env=SPARK_ENV,
+    )
+    return _venv_image(spec)
 
 
 def digest(tar: Path) -> str:

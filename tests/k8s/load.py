@@ -12,28 +12,28 @@ from tests.k8s import kube
 
 IMAGE = "ghcr.io/raftlog/raftlog:0.1.0"
 
-# argv: service URL, producer tag, count (0: single records until /tmp/stop exists).
+# argv: service URL, producer tag, count (0: single records until /tmp/stop exists), partition.
 LOADER = r"""
 import asyncio, json, os, sys
 from raftlog.client import AsyncClient, IdempotentProducer
 
-async def main(url, tag, count):
+async def main(url, tag, count, partition):
     async with AsyncClient([url], retries=60) as client:
         producer, i = IdempotentProducer(client, tag), 0
         while (i < count) if count else not os.path.exists("/tmp/stop"):
             n = min(25, count - i) if count else 1
             batch = [{"key": f"{tag}{j}", "value": f"{tag}-v{j}"} for j in range(i, i + n)]
-            await producer.append(0, batch)
+            await producer.append(partition, batch)
             for r in batch:
                 print(json.dumps([r["key"], r["value"]]), flush=True)
             i += n
 
-asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3])))
+asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
 """
 
 
-def start(ns: str, cluster: str, tag: str, count: int = 0) -> str:
-    """A loader pod writing `count` records (0: until `stop`); returns its name."""
+def start(ns: str, cluster: str, tag: str, count: int = 0, partition: int = 0) -> str:
+    """A loader pod writing `count` records (0: until `stop`) to `partition`; returns its name."""
     name = f"load-{tag}"
     restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
                   "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
@@ -45,7 +45,7 @@ def start(ns: str, cluster: str, tag: str, count: int = 0) -> str:
             "containers": [{
                 "name": "load", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
                 "command": ["python", "-c", LOADER, f"http://{cluster}.{ns}.svc:7001", tag,
-                            str(count)],
+                            str(count), str(partition)],
                 "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
                 "securityContext": restricted,
             }],
