@@ -8,6 +8,7 @@ import io
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,12 +38,15 @@ def test_archive_is_exactly_once_across_a_restart_and_partitioned(spark, tmp_pat
         for p in (0, 1):
             acked += append(cluster, p, records(20, f"second{p}", keys=4))
             wait_replicated(cluster, p, acked[-1][1])
-        # The restart is the command itself (its own Spark, local[*]): it resumes from the
+        # The restart is the command itself, as the README gives it (its own Spark, local[*],
+        # the venv not activated: Spark's workers must still find raftlog): it resumes from the
         # checkpoint and writes only what came after.
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("PYSPARK", "VIRTUAL_ENV"))}
+        venv_bin = str(Path(sys.executable).parent)
+        env["PATH"] = ":".join(d for d in env["PATH"].split(":") if d != venv_bin)
         done = subprocess.run(
             [sys.executable, "-m", "raftlog.spark.jobs.archive", *argv],
-            capture_output=True, text=True, timeout=300,
-            env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+            capture_output=True, text=True, timeout=300, env=env,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr[-3000:]
         assert "archive batch" in done.stdout

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import pytest
 import yaml
+from cluster import images
 
+from raftlog.operator import manifests
+from raftlog.operator.models import RaftClusterSpec
 from raftlog.spark.jobs import archive
 
 pytestmark = [pytest.mark.spark]
@@ -29,8 +32,19 @@ def test_the_spark_application_runs_the_archive_job_with_valid_arguments():
     mounts = {m["mountPath"] for m in spec["driver"]["volumeMounts"]}
     assert {"/data", "/etc/raftlog"} <= mounts
     assert "/data" in {m["mountPath"] for m in spec["executor"]["volumeMounts"]}
-    docker = (EXAMPLES / "Dockerfile").read_text()
-    assert "/opt/raftlog/archive_main.py" in docker
+    # The names the operator gives: members under <cluster>-peers, the token in <cluster>-auth.
+    ns, cluster = app["metadata"]["namespace"], "orders"
+    peers = manifests.peers_service(cluster)
+    assert args.endpoints.split(",") == [
+        f"http://{cluster}-{i}.{peers}.{ns}.svc:7001" for i in range(3)
+    ]
+    secrets = {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+    assert secrets == {manifests.auth_secret(cluster, RaftClusterSpec())}
+    for role in ("driver", "executor"):  # Pod Security "restricted"
+        assert spec[role]["podSecurityContext"]["runAsNonRoot"] is True
+        assert spec[role]["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert spec["image"] == images.SPARK_REF
+    assert "archive_main.py" in images.SPARK_INSTALL.read_text()
 
 
 def test_the_spark_submit_script_is_valid_bash_with_valid_job_arguments():
@@ -41,4 +55,5 @@ def test_the_spark_submit_script_is_valid_bash_with_valid_job_arguments():
     words = shlex.split(line.replace('"${ENDPOINTS}"', "http://n1:7001"))
     assert words[words.index("--master") + 1].startswith("k8s://")
     job = words[words.index("local:///opt/raftlog/archive_main.py") + 1 :]
-    archive.parse_args(job)
+    assert job[-1] == "$@"  # the caller's own job arguments come last
+    archive.parse_args(job[:-1])

@@ -182,9 +182,14 @@ def run(spark: SparkSession, args: argparse.Namespace, out: TextIO = sys.stdout)
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     builder = SparkSession.builder.appName("raftlog-archive")
+    if "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit, which sets it
+        # Spark's Python workers run `python3` from PATH unless told: not the interpreter that
+        # has raftlog (a venv not activated), and they fail to import the source.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if args.master:
         builder = builder.master(args.master)
-    elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit, which sets it
+    elif "PYSPARK_GATEWAY_PORT" not in os.environ:
         builder = builder.master("local[*]")
     # Dates of the `date=` folders in UTC, whatever the machine's zone: the same record
     # always lands in the same folder.
