@@ -51,6 +51,7 @@ _DOC = (
     "timeoutSeconds",
     "pageRecords",
 )
+READ_OPTIONS = _DOC
 KNOWN = {name.lower() for name in _DOC} | {"path"}  # Spark passes load(path) as "path"
 
 

@@ -22,6 +22,8 @@ from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
     InputPartition,
 )
 from pyspark.sql.streaming.datasource import (
@@ -32,7 +34,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from raftlog.spark import arrow
+from raftlog.spark import arrow, sink
 from raftlog.spark.nodes import (
     ClusterView,
     DataLoss,
@@ -456,7 +458,8 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 # ====================================================================== the source
 class RaftlogDataSource(DataSource):
-    """`spark.read.format("raftlog")` / `spark.readStream.format("raftlog")`."""
+    """`spark.read.format("raftlog")` / `spark.readStream.format("raftlog")`, and
+    `df.write.format("raftlog")` / `writeStream.format("raftlog")` (`raftlog.spark.sink`)."""
 
     @classmethod
     def name(cls) -> str:
@@ -470,3 +473,16 @@ class RaftlogDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return RaftlogStreamReader(parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        _appends_only(overwrite)
+        return sink.writer(self.options, schema)
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        _appends_only(overwrite)
+        return sink.stream_writer(self.options, schema)
+
+
+def _appends_only(overwrite: bool) -> None:
+    if overwrite:
+        raise OptionError("mode", "a raftlog log is appended to, never overwritten: use append")

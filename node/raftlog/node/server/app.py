@@ -38,6 +38,7 @@ from raftlog.node.server.api_common import (
 )
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import (
+    AlreadyAppended,
     LeadershipLost,
     NotCommitted,
     PartitionDriver,
@@ -319,6 +320,8 @@ async def _append_to(
         raise ApiError(503, "refused", str(e)) from None
     except ProducerBusy as e:
         raise ApiError(503, "producer_busy", str(e)) from None
+    except AlreadyAppended as e:
+        raise ApiError(409, "already_appended", str(e), "sequence") from None
     except SequenceConflict as e:
         raise ApiError(409, "sequence_conflict", str(e), "sequence") from None
     except NotCommitted as e:

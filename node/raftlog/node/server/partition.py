@@ -71,6 +71,11 @@ class SequenceConflict(Exception):
     """An idempotent append whose sequence numbers do not follow the producer's last ones."""
 
 
+class AlreadyAppended(SequenceConflict):
+    """A retry of sequences the producer appended long ago: in the log, once, but too old for
+    their indexes to be remembered (PRODUCER_MEMORY)."""
+
+
 class SnapshotTooOld(Exception):
     """This member has not applied far enough to give a target the snapshot it needs."""
 
@@ -221,7 +226,7 @@ class PartitionDriver:
         if end <= applied:
             first, last = self.table.placed(producer, first_seq), self.table.placed(producer, end)
             if first is None or last is None:
-                raise SequenceConflict(
+                raise AlreadyAppended(
                     f"sequences {first_seq}..{end} of {producer} were appended long ago "
                     f"(last is {applied}); too old to report their indexes"
                 )

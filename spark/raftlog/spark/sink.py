@@ -1,0 +1,294 @@
+"""`df.write.format("raftlog")` and `writeStream.format("raftlog")`: rows appended to a cluster,
+exactly once across task and micro-batch retries.
+
+Each write task appends its rows to each raftlog partition as an idempotent producer: the
+producer id is made of the write (a batch write's id, fixed when it was planned; a stream's query
+id and micro-batch id, which a restarted query replays unchanged) and the task's Spark
+partition; sequences count the task's rows per raftlog partition, in chunks of `batchRecords`.
+A retried task recomputes the same rows in the same order (a deterministic input, as Spark's
+own retries assume), so every chunk it sends again is answered as a duplicate by the node and
+lands once. Rows are visible to readers as soon as they are committed, before the write ends: a
+failed batch write leaves what its tasks appended (as Kafka's sink does); run it again under the
+same `writeId` to finish it without duplicates.
+
+Input columns: `value` (string or binary, required, null for a tombstone), `key` (string or
+binary), `partition` (int: the raftlog partition; else the key's partition, as the node's
+`/v1/records` routes it, or partition 0 for rows without a key), `headers`
+(map<string,string>), `timestamp` (timestamp: the record's `timestamp_ms`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import logging
+import time
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import TaskContext
+from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
+from pyspark.sql.types import BinaryType, StringType, StructType
+
+from raftlog.node.routing import partition_for
+from raftlog.spark.nodes import NodeError, Nodes
+from raftlog.spark.options import READ_OPTIONS, OptionError, Options, parse
+
+log = logging.getLogger("raftlog.spark.sink")
+WRITE_OPTIONS = ("endpoints", "token", "tokenFile", "caFile", "timeoutSeconds")
+_WRITE_ONLY = ("batchRecords", "writeId")
+# Spark's local properties of a micro-batch's tasks (StreamExecution's QUERY_ID_KEY and
+# MicroBatchExecution's BATCH_ID_KEY): the query id survives restarts (it is in the checkpoint).
+QUERY_ID, BATCH_ID = "sql.streaming.queryId", "streaming.sql.batchId"
+
+
+@dataclass(frozen=True)
+class WriteOptions:
+    nodes: Options
+    batch_records: int
+    write_id: str | None
+
+
+def parse_write(raw: Mapping[str, str]) -> WriteOptions:
+    opts = {str(k).lower(): v for k, v in raw.items()}
+    known = {n.lower() for n in (*WRITE_OPTIONS, *_WRITE_ONLY)}
+    unknown = sorted(set(opts) - known - {"path", "checkpointlocation"})  # (Spark's own)
+    if unknown:
+        # Spark hands options over lower-cased: named back as documented.
+        names = {n.lower(): n for n in (*READ_OPTIONS, *WRITE_OPTIONS, *_WRITE_ONLY)}
+        name = names.get(unknown[0], unknown[0])
+        what = "a read option" if unknown[0] in names else "not an option"
+        writes = ", ".join((*WRITE_OPTIONS, *_WRITE_ONLY))
+        raise OptionError(name, f"is {what}; a write takes {writes}")
+    batch = opts.pop("batchrecords", "500")
+    try:
+        batch_records = int(str(batch).strip())
+    except ValueError:
+        raise OptionError("batchRecords", f"must be an integer, got {batch!r}") from None
+    if not 1 <= batch_records <= 10_000:
+        raise OptionError("batchRecords", f"must be between 1 and 10000, got {batch_records}")
+    write_id = opts.pop("writeid", None)
+    if write_id is not None and not 0 < len(str(write_id)) <= 100:
+        raise OptionError("writeId", "must be 1 to 100 characters")
+    opts.pop("checkpointlocation", None)
+    return WriteOptions(parse(opts, streaming=False), batch_records, write_id)
+
+
+def _check_schema(schema: StructType) -> None:
+    """The DataFrame's columns, refused naming the column and the reason."""
+    names = {f.name: f for f in schema.fields}
+    if "value" not in names:
+        raise ValueError("raftlog write: the DataFrame needs a `value` column (string or binary)")
+    for column in ("key", "value"):
+        kind = names[column].dataType if column in names else None
+        if kind is not None and not isinstance(kind, StringType | BinaryType):
+            raise ValueError(
+                f"raftlog write: column `{column}` must be string or binary, not "
+                f"{kind.simpleString()}"
+            )
+    extra = set(names) - {"key", "value", "partition", "headers", "timestamp"}
+    if extra:
+        raise ValueError(
+            f"raftlog write: column `{sorted(extra)[0]}` is not one a write takes (key, value, "
+            "partition, headers, timestamp)"
+        )
+
+
+@dataclass
+class Written(WriterCommitMessage):
+    records: int
+    duplicates: int  # chunks a retry sent again, answered with their first indexes
+
+
+def _field(record: dict[str, Any], name: str, v: Any) -> None:
+    if v is None:
+        record[name] = None
+    elif isinstance(v, bytes | bytearray):
+        record[f"{name}_b64"] = base64.b64encode(bytes(v)).decode()
+    else:
+        record[name] = str(v)
+
+
+def _record(row: Any, fields: set[str]) -> dict[str, Any]:
+    r: dict[str, Any] = {}
+    if "key" in fields and row["key"] is not None:
+        _field(r, "key", row["key"])
+    _field(r, "value", row["value"])
+    if "headers" in fields and row["headers"]:
+        r["headers"] = {str(k): str(v) for k, v in row["headers"].items()}
+    if "timestamp" in fields and row["timestamp"] is not None:
+        ts: dt.datetime = row["timestamp"]
+        r["timestamp_ms"] = int(ts.timestamp() * 1000)
+    return r
+
+
+def _key_bytes(v: Any) -> bytes:
+    return bytes(v) if isinstance(v, bytes | bytearray) else str(v).encode()
+
+
+class _Appender:
+    """One task's appends: per raftlog partition, chunks under the producer id and the next
+    sequence; to the partition's leader, found by following the nodes' hints."""
+
+    def __init__(self, opts: WriteOptions, producer: str) -> None:
+        self.opts = opts
+        self.nodes = Nodes(opts.nodes)
+        self.producer = producer
+        self.partitions = self._partition_count()
+        self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.sequence: dict[int, int] = {}
+        self.leaders: dict[int, str] = {}
+        self.written = self.duplicates = 0
+
+    def _partition_count(self) -> int:
+        last: Exception | None = None
+        for base in self.opts.nodes.endpoints:
+            try:
+                return len(self.nodes.json(base, "GET", "/v1/status")["partitions"])
+            except NodeError as e:
+                last = e
+        raise RuntimeError(f"raftlog option 'endpoints': no node answered /v1/status ({last})")
+
+    def add(self, row: Any, fields: set[str]) -> None:
+        if "partition" in fields and row["partition"] is not None:
+            p = int(row["partition"])
+            if not 0 <= p < self.partitions:
+                raise ValueError(
+                    f"column partition: {p} is not a partition of the cluster "
+                    f"(0..{self.partitions - 1})"
+                )
+        elif "key" in fields and row["key"] is not None:
+            p = partition_for(_key_bytes(row["key"]), self.partitions)
+        else:
+            p = 0
+        chunk = self.pending.setdefault(p, [])
+        chunk.append(_record(row, fields))
+        if len(chunk) >= self.opts.batch_records:
+            self.flush(p)
+
+    def flush(self, p: int) -> None:
+        chunk = self.pending.pop(p, [])
+        if not chunk:
+            return
+        seq = self.sequence.get(p, 0)
+        body = {"records": chunk, "producer_id": f"{self.producer}-r{p}", "sequence": seq}
+        reply = self._append(p, body)
+        self.sequence[p] = seq + len(chunk)
+        self.written += len(chunk)
+        self.duplicates += bool(reply.get("duplicate"))
+
+    def _append(self, p: int, body: dict[str, Any]) -> dict[str, Any]:
+        deadline = time.monotonic() + self.opts.nodes.timeout_s
+        endpoints = self.opts.nodes.endpoints
+        attempt = 0
+        while True:
+            base = self.leaders.get(p) or endpoints[attempt % len(endpoints)]
+            try:
+                return self.nodes.json(base, "POST", f"/v1/partitions/{p}/records", body)
+            except NodeError as e:
+                if e.status == 409 and e.body.get("error") == "already_appended":
+                    # A retried task's early chunks: in the log once already.
+                    return {"duplicate": True}
+                self.leaders.pop(p, None)
+                hint = e.body.get("leader_url")
+                if e.status == 421 and hint:
+                    self.leaders[p] = str(hint)
+                elif not e.retryable:
+                    raise RuntimeError(f"raftlog write to partition {p}: {e}") from None
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"raftlog write to partition {p}: not appended within timeoutSeconds "
+                        f"({self.opts.nodes.timeout_s} s): {e}"
+                    ) from None
+            attempt += 1
+            time.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)))
+
+    def finish(self) -> Written:
+        try:
+            for p in sorted(self.pending):
+                self.flush(p)
+        finally:
+            self.nodes.close()
+        return Written(self.written, self.duplicates)
+
+
+def _write(opts: WriteOptions, producer: str, fields: set[str], rows: Iterator[Any]) -> Written:
+    appender = _Appender(opts, producer)
+    for row in rows:
+        appender.add(row, fields)
+    return appender.finish()
+
+
+def _report(what: str, messages: list[WriterCommitMessage | None]) -> None:
+    done = [m for m in messages if isinstance(m, Written)]
+    log.info(
+        "%s: %d records appended by %d tasks, %d chunks of them answered as duplicates (sent "
+        "again by retried tasks, appended once)",
+        what,
+        sum(m.records for m in done),
+        len(done),
+        sum(m.duplicates for m in done),
+    )
+
+
+def _task() -> TaskContext:
+    ctx = TaskContext.get()
+    if ctx is None:
+        raise RuntimeError("a raftlog write runs in a Spark task")
+    return ctx
+
+
+class RaftlogWriter(DataSourceWriter):
+    """A batch write: `writeId` (a fresh one unless given) and the task's partition make each
+    task's producer id, the same on every attempt of the task."""
+
+    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.fields = {f.name for f in schema.fields}
+        self.write_id = opts.write_id or f"spark-{uuid.uuid4().hex}"
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        producer = f"{self.write_id}-t{_task().partitionId()}"
+        return _write(self.opts, producer, self.fields, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None]) -> None:
+        _report(f"raftlog write {self.write_id}", messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None]) -> None:
+        _report(f"raftlog write {self.write_id} failed (run it again with this writeId)", messages)
+
+
+class RaftlogStreamWriter(DataSourceStreamWriter):
+    """A micro-batch's write: the query id (kept in the checkpoint), the batch id (replayed
+    unchanged after a restart) and the task's partition make each task's producer id."""
+
+    def __init__(self, opts: WriteOptions, schema: StructType) -> None:
+        self.opts = opts
+        self.fields = {f.name for f in schema.fields}
+
+    def write(self, iterator: Iterator[Any]) -> Written:
+        ctx = _task()
+        query, batch = ctx.getLocalProperty(QUERY_ID), ctx.getLocalProperty(BATCH_ID)
+        if not query or batch is None:
+            raise RuntimeError(f"a raftlog stream write needs Spark's {QUERY_ID} and {BATCH_ID}")
+        producer = f"{self.opts.write_id or query}-b{batch}-t{ctx.partitionId()}"
+        return _write(self.opts, producer, self.fields, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        # Every record is in the log once its append was answered: nothing more to do.
+        _report(f"raftlog stream write, micro-batch {batchId}", messages)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # what was appended stays; the batch's retry lands the rest, once
+
+
+def writer(options: Mapping[str, str], schema: StructType) -> RaftlogWriter:
+    _check_schema(schema)
+    return RaftlogWriter(parse_write(options), schema)
+
+
+def stream_writer(options: Mapping[str, str], schema: StructType) -> RaftlogStreamWriter:
+    _check_schema(schema)
+    return RaftlogStreamWriter(parse_write(options), schema)

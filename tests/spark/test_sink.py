@@ -1,0 +1,254 @@
+"""Writing to raftlog from Spark: `df.write.format("raftlog")` and `writeStream.format("raftlog")`
+land every row once, routed by key or by a `partition` column, across a task retried after it
+had appended part of its rows and a micro-batch replayed after the query died in it."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from raftlog.node.local import LocalCluster
+from raftlog.node.routing import partition_for
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(
+        tmp_path_factory.mktemp("sink"), replicas=3, partitions=3, durable=False
+    ) as c:
+        c.wait_ready()
+        yield c
+
+
+def log_of(c: LocalCluster, partition: int) -> list[dict[str, Any]]:
+    out, start = [], 1
+    while True:
+        code, page = c.get("n1", f"/v1/partitions/{partition}/records?from={start}&limit=10000")
+        assert code == 200, page
+        out += page["records"]
+        if page["next"] > page["high_water_mark"]:
+            return out
+        start = page["next"]
+
+
+def written(c: LocalCluster, tag: str) -> dict[int, list[dict[str, Any]]]:
+    """The records whose value starts with `tag`, per partition."""
+    return {
+        p: [r for r in log_of(c, p) if str(r.get("value", "")).startswith(tag)] for p in range(3)
+    }
+
+
+def test_a_batch_write_routes_by_key_or_partition_and_lands_each_row_once(
+    spark: SparkSession, cluster: LocalCluster
+):
+    eps = ",".join(cluster.endpoints)
+    df = spark.range(0, 300, numPartitions=3).select(
+        F.concat(F.lit("k"), (F.col("id") % 17).cast("string")).alias("key"),
+        F.concat(F.lit("keyed-"), F.col("id").cast("string")).alias("value"),
+    )
+    df.write.format("raftlog").option("endpoints", eps).option("batchRecords", "40").mode(
+        "append"
+    ).save()
+    got = written(cluster, "keyed-")
+    values = collections.Counter(r["value"] for rs in got.values() for r in rs)
+    assert values == collections.Counter(f"keyed-{i}" for i in range(300))
+    for p, rs in got.items():  # as the node's /v1/records routes keys
+        assert all(partition_for(r["key"].encode(), 3) == p for r in rs)
+
+    by_column = spark.createDataFrame(
+        [(2, None, b"\x00\xffbin"), (1, "a", None), (0, "b", b"zero")],
+        "partition int, key string, value binary",
+    )
+    by_column.write.format("raftlog").option("endpoints", eps).mode("append").save()
+    logs = {p: log_of(cluster, p) for p in range(3)}
+    assert any(r.get("value_b64") == "AP9iaW4=" and r.get("key") is None for r in logs[2]), logs[2][
+        -3:
+    ]
+    assert any(r.get("key") == "a" and r.get("value") is None for r in logs[1])  # tombstone
+    assert any(r.get("key") == "b" and r.get("value") == "zero" for r in logs[0])
+
+
+def test_a_write_refuses_what_it_cannot_do_naming_it(spark: SparkSession, cluster: LocalCluster):
+    eps = ",".join(cluster.endpoints)
+    ok = spark.createDataFrame([("k", "v")], "key string, value string")
+    cases = [
+        (
+            ok.write.format("raftlog").option("endpoints", eps).mode("overwrite"),
+            "never overwritten",
+        ),
+        (
+            ok.write.format("raftlog")
+            .option("endpoints", eps)
+            .option("startingOffsets", "earliest")
+            .mode("append"),
+            "startingOffsets",
+        ),
+        (
+            ok.write.format("raftlog")
+            .option("endpoints", eps)
+            .option("batchRecords", "0")
+            .mode("append"),
+            "batchRecords",
+        ),
+        (
+            spark.createDataFrame([(1,)], "value int")
+            .write.format("raftlog")
+            .option("endpoints", eps)
+            .mode("append"),
+            "column `value` must be string or binary",
+        ),
+        (
+            spark.createDataFrame([("v", 1)], "value string, other int")
+            .write.format("raftlog")
+            .option("endpoints", eps)
+            .mode("append"),
+            "column `other`",
+        ),
+        (
+            spark.createDataFrame([(7, "v")], "partition int, value string")
+            .write.format("raftlog")
+            .option("endpoints", eps)
+            .mode("append"),
+            "7 is not a partition",
+        ),
+    ]
+    for writer, reason in cases:
+        with pytest.raises(Exception, match=reason):
+            writer.save()
+
+
+def python_workers(root: int) -> list[int]:
+    """The Python workers of the Spark under process `root`: the processes pyspark's daemon
+    forked (the daemon itself stays, and starts new ones)."""
+    cmd, parent = {}, {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                cmd[int(d.name)] = (d / "cmdline").read_bytes()
+                parent[int(d.name)] = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+
+    def under(pid: int) -> bool:
+        while pid > 1:
+            if pid == root:
+                return True
+            pid = parent.get(pid, 1)
+        return False
+
+    daemon = b"pyspark.daemon"
+    return [
+        pid for pid, c in cmd.items()
+        if daemon in c and daemon in cmd.get(parent.get(pid, 1), b"") and under(pid)
+    ]  # fmt: skip
+
+
+def count(c: LocalCluster, prefix: str) -> int:
+    return sum(len(rs) for rs in written(c, prefix).values())
+
+
+def kill_workers_midway(c: LocalCluster, root: int, prefix: str, at: int, total: int) -> int:
+    """Once `at` of the write's `total` records are in the log (and not all), SIGKILL the
+    Python workers writing them: the task dies after appending part of its rows."""
+    deadline = time.monotonic() + 120
+    while (done := count(c, prefix)) < at:
+        assert time.monotonic() < deadline, f"{done} of {at} records of {prefix} appended"
+        time.sleep(0.02)
+    workers = python_workers(root)
+    assert workers, "no Python worker to kill"
+    for pid in workers:
+        os.kill(pid, signal.SIGKILL)
+    assert done < total, "the write finished before its workers were killed"
+    return done
+
+
+# A batch write in a Spark of its own that retries failed tasks (local[2,3]): one task, small
+# appends, so that it is killed with part of its rows appended; its retry sends the same rows
+# under the same producer ids.
+RETRY = """
+import sys
+from pyspark.sql import SparkSession, functions as F
+from raftlog.spark import register
+spark = (SparkSession.builder.master("local[2,3]").config("spark.ui.enabled", "false")
+         .config("spark.ui.showConsoleProgress", "false").getOrCreate())
+register(spark)
+df = spark.range(0, 3000, numPartitions=1).select(
+    F.lit(0).alias("partition"), F.concat(F.lit("retried-"), F.col("id")).alias("value"))
+df.write.format("raftlog").option("endpoints", sys.argv[1]).option("batchRecords", "5") \\
+    .mode("append").save()
+spark.stop()
+"""
+
+
+def test_a_task_killed_after_appending_part_of_its_rows_is_retried_and_lands_each_once(
+    cluster: LocalCluster, tmp_path: Path
+):
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    job = subprocess.Popen(
+        [sys.executable, "-c", RETRY, ",".join(cluster.endpoints)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+    )  # fmt: skip
+    try:
+        killed_at = kill_workers_midway(cluster, job.pid, "retried-", 300, 3000)
+        out, _ = job.communicate(timeout=300)
+    finally:
+        job.kill()
+    assert job.returncode == 0, out.decode()[-3000:]
+    got = collections.Counter(r["value"] for r in written(cluster, "retried-")[0])
+    assert got == collections.Counter(f"retried-{i}" for i in range(3000)), (
+        killed_at,
+        [v for v, n in got.items() if n > 1][:5],
+    )
+
+
+def test_a_stream_replays_the_batch_it_died_in_and_lands_each_row_once(
+    spark: SparkSession, cluster: LocalCluster, tmp_path: Path
+):
+    """The query's Python workers are killed while its second micro-batch is being written
+    (this Spark does not retry tasks: the query dies); started again from its checkpoint, it
+    replays that micro-batch (the same batch id: the same producer ids), then the rest."""
+    source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
+    source.mkdir()
+    for n in range(3):  # three files: three micro-batches of 1,000 rows
+        rows = [{"key": f"s{n}-{i}", "value": f"streamed-{n}-{i}"} for i in range(1000)]
+        (source / f"part-{n}.json").write_text("\n".join(json.dumps(r) for r in rows))
+
+    def start() -> Any:
+        stream = (
+            spark.readStream.schema("key string, value string")
+            .option("maxFilesPerTrigger", 1)
+            .json(str(source))
+        )
+        return (
+            stream.writeStream.format("raftlog")
+            .option("endpoints", ",".join(cluster.endpoints))
+            .option("batchRecords", "5")
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+
+    query = start()
+    killed_at = kill_workers_midway(cluster, os.getpid(), "streamed-1-", 100, 1000)
+    with pytest.raises(StreamingQueryException):  # its workers died
+        query.awaitTermination(120)
+    start().awaitTermination(300)  # from the checkpoint: micro-batch 1 again, then 2
+    got = collections.Counter(
+        r["value"] for rs in written(cluster, "streamed-").values() for r in rs
+    )
+    expected = collections.Counter(f"streamed-{n}-{i}" for n in range(3) for i in range(1000))
+    assert got == expected, (killed_at, sorted(v for v, c in got.items() if c > 1)[:5])
