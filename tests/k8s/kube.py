@@ -127,3 +127,45 @@ def release_objects(ns: str) -> list[str]:
             if (o["metadata"].get("annotations") or {}).get("meta.helm.sh/release-namespace")
             == ns]  # fmt: skip
     return namespaced.split() + mine
+
+
+def start_pod(
+    ns: str,
+    name: str,
+    image: str,
+    command: list[str],
+    uid: int,
+    *,
+    requests: dict[str, str] | None = None,
+    volumes: list[dict[str, Any]] | None = None,
+    mounts: list[dict[str, Any]] | None = None,
+) -> None:
+    """A pod that runs `command` once as `uid`, under Pod Security "restricted"."""
+    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                  "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
+    container: dict[str, Any] = {
+        "name": "main", "image": image, "imagePullPolicy": "IfNotPresent", "command": command,
+        "securityContext": restricted, "volumeMounts": mounts or [],
+    }  # fmt: skip
+    if requests:
+        container["resources"] = {"requests": requests}
+    pod = {
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
+        "spec": {
+            "restartPolicy": "Never", "automountServiceAccountToken": False,
+            "securityContext": {"runAsUser": uid, "runAsGroup": uid},
+            "containers": [container], "volumes": volumes or [],
+        },
+    }  # fmt: skip
+    kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(pod))
+
+
+def pod_output(ns: str, name: str, timeout: float) -> str:
+    """Waits for a pod of `start_pod` to finish; it must succeed. Its log."""
+    started = time.monotonic()
+    phase = until(f"{name} finished", lambda: (
+        p if (p := get("pod", name, ns)["status"].get("phase")) in ("Succeeded", "Failed")
+        else None), timeout)  # fmt: skip
+    out = kubectl("logs", "-n", ns, name)
+    assert phase == "Succeeded", f"{name} {phase} after {time.monotonic() - started:.0f} s:\n{out}"
+    return out

@@ -6,7 +6,6 @@ its log is a record the cluster acknowledged."""
 from __future__ import annotations
 
 import json
-import time
 
 from tests.k8s import kube
 
@@ -35,23 +34,9 @@ asyncio.run(main(sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))
 def start(ns: str, cluster: str, tag: str, count: int = 0, partition: int = 0) -> str:
     """A loader pod writing `count` records (0: until `stop`) to `partition`; returns its name."""
     name = f"load-{tag}"
-    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                  "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
-    pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never", "automountServiceAccountToken": False,
-            "securityContext": {"runAsUser": 10001, "runAsGroup": 10001},
-            "containers": [{
-                "name": "load", "image": IMAGE, "imagePullPolicy": "IfNotPresent",
-                "command": ["python", "-c", LOADER, f"http://{cluster}.{ns}.svc:7001", tag,
-                            str(count), str(partition)],
-                "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}},
-                "securityContext": restricted,
-            }],
-        },
-    }  # fmt: skip
-    kube.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(pod))
+    url = f"http://{cluster}.{ns}.svc:7001"
+    command = ["python", "-c", LOADER, url, tag, str(count), str(partition)]
+    kube.start_pod(ns, name, IMAGE, command, 10001, requests={"cpu": "50m", "memory": "64Mi"})
     return name
 
 
@@ -61,10 +46,5 @@ def stop(ns: str, name: str) -> None:
 
 def acked(ns: str, name: str, timeout: float = 300) -> list[tuple[str, str]]:
     """Waits for the loader to finish (it must succeed); the records it saw acknowledged."""
-    started = time.monotonic()
-    phase = kube.until(f"{name} finished", lambda: (
-        p if (p := kube.get("pod", name, ns)["status"].get("phase")) in ("Succeeded", "Failed")
-        else None), timeout)  # fmt: skip
-    out = kube.kubectl("logs", "-n", ns, name)
-    assert phase == "Succeeded", f"{name} {phase} after {time.monotonic() - started:.0f} s:\n{out}"
+    out = kube.pod_output(ns, name, timeout)
     return [tuple(json.loads(line)) for line in out.splitlines() if line.startswith("[")]

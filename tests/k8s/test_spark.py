@@ -100,29 +100,11 @@ spark.stop()
 def archived_rows(ns: str, image: str) -> list[tuple[int, int, str, str]]:
     """Every row of the Parquet archive, read in the cluster (`CHECK`)."""
     name = f"check-{int(time.time())}"
-    restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                  "runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}  # fmt: skip
-    pod = {
-        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-        "spec": {
-            "restartPolicy": "Never", "automountServiceAccountToken": False,
-            "securityContext": {"runAsUser": 185, "runAsGroup": 185},
-            "containers": [{
-                "name": "check", "image": image, "imagePullPolicy": "IfNotPresent",
-                "command": ["/opt/raftlog/bin/python", "-c", CHECK],
-                "volumeMounts": [{"name": "archive", "mountPath": "/data", "readOnly": True}],
-                "securityContext": restricted,
-            }],
-            "volumes": [{"name": "archive",
-                         "persistentVolumeClaim": {"claimName": "raftlog-archive"}}],
-        },
-    }  # fmt: skip
-    kube.kubectl("apply", "-n", ns, "-f", "-", stdin=json.dumps(pod))
-    phase = kube.until(f"{name} finished", lambda: (
-        p if (p := kube.get("pod", name, ns)["status"].get("phase")) in ("Succeeded", "Failed")
-        else None), 300)  # fmt: skip
-    out = kube.kubectl("logs", "-n", ns, name)
-    assert phase == "Succeeded", out[-3000:]
+    volume = {"name": "archive", "persistentVolumeClaim": {"claimName": "raftlog-archive"}}
+    mount = {"name": "archive", "mountPath": "/data", "readOnly": True}
+    command = ["/opt/raftlog/bin/python", "-c", CHECK]
+    kube.start_pod(ns, name, image, command, 185, volumes=[volume], mounts=[mount])
+    out = kube.pod_output(ns, name, 300)
     rows = [json.loads(line[4:]) for line in out.splitlines() if line.startswith("ROW ")]
     return [(int(p), int(i), str(k), str(v)) for p, i, k, v in rows]
 
