@@ -18,7 +18,7 @@ from functools import partial
 from bench import compare as compare_bench
 from bench import spark as spark_bench
 from bench import storage as storage_bench
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.messages import Message
 from raftlog.node.core.raft import Raft, Role
 from raftlog.node.core.types import Membership

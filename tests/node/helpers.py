@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import Callable
 from pathlib import Path
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.types import Membership, SnapshotMeta
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver

@@ -10,7 +10,7 @@ import time
 import pytest
 from tests.node.helpers import offer_empty_snapshot, until
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.messages import AppendRequest, PreVoteResponse, VoteResponse
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry

@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from raftlog.node.config import describe_validation_error
+from raftlog.node.core.config import describe_validation_error
 from raftlog.node.server.main import main
 from raftlog.node.settings import load_settings
 
@@ -113,7 +113,7 @@ def test_a_node_without_a_token_refuses_to_start_unless_told_it_is_insecure(tmp_
 
 
 def test_help_documents_every_setting_with_its_flag_environment_and_default(capsys):
-    from raftlog.node.config import RaftConfig
+    from raftlog.node.core.config import RaftConfig
     from raftlog.node.settings import NodeSettings
 
     with pytest.raises(SystemExit):

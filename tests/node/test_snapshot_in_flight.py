@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from tests.node.helpers import compacting_node, offer_empty_snapshot, until
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.messages import AppendRequest
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry

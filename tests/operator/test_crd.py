@@ -111,7 +111,7 @@ def test_a_bad_manifest_is_refused_with_the_reason(text, message):
 
 def test_a_raft_setting_left_out_of_the_spec_runs_as_the_node_default():
     # A cluster that says nothing about a setting must get what a bare node would run with.
-    from raftlog.node.config import RaftConfig
+    from raftlog.node.core.config import RaftConfig
     from raftlog.operator.models import RaftSettings
 
     shared = set(RaftSettings.model_fields) & set(RaftConfig.model_fields)

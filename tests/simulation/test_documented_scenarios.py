@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.messages import AppendRequest, HeartbeatRequest
 from raftlog.node.core.progress import ProgressState
 from raftlog.node.core.raft import Role

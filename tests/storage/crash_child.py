@@ -14,7 +14,7 @@ import hashlib
 import random
 import sys
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.raft import Raft, Role
 from raftlog.node.core.types import Membership
 from raftlog.node.record import Record, encode_record

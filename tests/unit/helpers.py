@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.messages import Message
 from raftlog.node.core.raft import Raft, Ready
 from raftlog.node.core.types import Entry, EntryKind, HardState, Membership

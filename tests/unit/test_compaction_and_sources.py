@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from raftlog.node.config import RaftConfig
 from raftlog.node.core.compaction import compaction_floor, should_snapshot
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.progress import ProgressState
 from raftlog.node.core.raft import FollowerStatus
 from raftlog.node.core.snapshot_source import rank_snapshot_sources

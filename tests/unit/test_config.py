@@ -3,7 +3,7 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from raftlog.node.config import RaftConfig, describe_validation_error
+from raftlog.node.core.config import RaftConfig, describe_validation_error
 
 
 def test_defaults_are_the_source_documents_values() -> None:

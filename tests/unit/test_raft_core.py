@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import InvalidMessage, MembershipError, NotLeader, ProposalRefused
 from raftlog.node.core.host import PartitionHost
 from raftlog.node.core.messages import (

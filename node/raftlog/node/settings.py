@@ -22,7 +22,7 @@ from pydantic_settings import (
     SettingsConfigDict,
 )
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 
 _config_file: ContextVar[str | None] = ContextVar("raftlog_config_file", default=None)
 

@@ -14,7 +14,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 
 GROUP = "raftlog.dev"
 VERSION = "v1alpha1"

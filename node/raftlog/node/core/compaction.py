@@ -10,7 +10,7 @@ Only entries covered by a durable snapshot are removed, and never past a retenti
 
 from __future__ import annotations
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 
 
 def should_snapshot(

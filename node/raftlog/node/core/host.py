@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import InvalidMessage
 from raftlog.node.core.raft import Raft, Ready
-from raftlog.node.storage.base import LogStorage
+from raftlog.node.core.storage import LogStorage
 
 
 class PartitionHost:

@@ -8,8 +8,8 @@ floor are gone; the entry just below the floor is still known by its term (the s
 from __future__ import annotations
 
 from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
+from raftlog.node.core.storage import LogStorage
 from raftlog.node.core.types import Entry, SnapshotMeta
-from raftlog.node.storage.base import LogStorage
 
 
 class RaftLog:

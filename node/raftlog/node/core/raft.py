@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import (
     InvalidMessage,
     MembershipError,
@@ -43,6 +43,7 @@ from raftlog.node.core.messages import (
     VoteResponse,
 )
 from raftlog.node.core.progress import Progress, ProgressState
+from raftlog.node.core.storage import LogStorage
 from raftlog.node.core.types import (
     Entry,
     EntryKind,
@@ -55,7 +56,6 @@ from raftlog.node.core.types import (
     within_bytes,
 )
 from raftlog.node.core.validate import validate_message
-from raftlog.node.storage.base import LogStorage
 
 MembershipOp = Literal["add_learner", "promote", "remove"]
 

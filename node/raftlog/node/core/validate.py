@@ -6,7 +6,7 @@ partition and never changes its log.
 
 from __future__ import annotations
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import InvalidMessage
 from raftlog.node.core.messages import (
     MESSAGE_TYPES,

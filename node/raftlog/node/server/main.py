@@ -28,7 +28,7 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 from pydantic_core import PydanticUndefined
 
-from raftlog.node.config import RaftConfig, describe_validation_error
+from raftlog.node.core.config import RaftConfig, describe_validation_error
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app
 from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors
 from raftlog.node.server.fastpath import IDLE_S, Connections, FastPathProtocol

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import NotLeader, ProposalRefused
 from raftlog.node.core.messages import AppendRequest, HeartbeatRequest, InstallSnapshot, Message
 from raftlog.node.core.raft import Raft, Ready, Role

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import (
     Compacted,
     MembershipError,
@@ -26,11 +26,11 @@ from raftlog.node.core.host import PartitionHost
 from raftlog.node.core.messages import InstallSnapshot, Message
 from raftlog.node.core.raft import MembershipOp, Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
+from raftlog.node.core.storage import WritableStorage
 from raftlog.node.core.types import Membership, SnapshotMeta
 from raftlog.node.sim.invariants import ClusterChecker, InvariantViolation
 from raftlog.node.sim.network import Faults, Network
 from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.base import WritableStorage
 from raftlog.node.storage.compactor import (
     PendingSnapshot,
     applied_snapshot_meta,

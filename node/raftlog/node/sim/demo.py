@@ -12,7 +12,7 @@ import sys
 import tempfile
 import time
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.record import Record, encode_record
 from raftlog.node.sim.cluster import Cluster, SimNode
 from raftlog.node.sim.invariants import InvariantViolation

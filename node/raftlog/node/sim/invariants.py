@@ -20,8 +20,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from raftlog.node.core.raft import Raft, Role
+from raftlog.node.core.storage import LogStorage
 from raftlog.node.core.types import Entry, EntryKind
-from raftlog.node.storage.base import LogStorage
 
 if TYPE_CHECKING:
     from raftlog.node.sim.cluster import Cluster

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from raftlog.node.config import RaftConfig
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import SafetyViolation
 from raftlog.node.core.raft import Raft, Role
 from raftlog.node.record import Record, encode_record

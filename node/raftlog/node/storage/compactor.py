@@ -11,12 +11,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from raftlog.node.config import RaftConfig
 from raftlog.node.core.compaction import compaction_floor, should_snapshot
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.raft import Raft
+from raftlog.node.core.storage import WritableStorage
 from raftlog.node.core.types import SnapshotMeta
 from raftlog.node.statemachine import KeyedTable, TableCapture
-from raftlog.node.storage.base import WritableStorage
 
 
 @dataclass(frozen=True, slots=True)
