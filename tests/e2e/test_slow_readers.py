@@ -77,9 +77,13 @@ def test_stalled_readers_hold_at_most_the_budget_and_are_let_go(node):
         # One page of ~12 MB fits the 16 MiB budget; every other read is refused at once,
         # and none of them keeps its page in memory (30 pages would be ~360 MB).
         assert grown < 120 << 20, f"the node grew by {grown >> 20} MiB"  # 720 without a bound
-        assert statuses.count(b"HTTP/1.1 200") <= 1, statuses
-        assert statuses.count(b"HTTP/1.1 503") >= READERS - 2, statuses
-        assert 0 < held <= BUDGET
+        # One page of ~12 MB fits at a time: a second is answered only once a stalled one was
+        # let go (a slow machine can take answer_send_timeout_s to build the 30 pages).
+        let_go = int(metric(node, "raftlog_answers_timed_out_total"))
+        answered = statuses.count(b"HTTP/1.1 200")
+        assert answered <= 1 + let_go, (statuses, let_go)
+        assert answered + statuses.count(b"HTTP/1.1 503") == READERS, statuses
+        assert held <= BUDGET and (held > 0 or let_go > 0), (held, let_go)
         # Past answer_send_timeout_s the stalled answer's connection is closed, its bytes let go.
         while metric(node, "raftlog_answers_timed_out_total") < 1:
             assert time.monotonic() < deadline + 10, "the stalled reader was never let go"
