@@ -290,6 +290,17 @@ def test_a_lag_excursion_restarts_the_window():
     assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
 
 
+def test_a_learner_that_stops_answering_restarts_the_window_whatever_its_lag():
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    plan = step(st, w, s, now=T0 + window / 2)
+    w.follower(0, fv("c-3", lag=0, learner=True, recent_active=False))  # paused: lag frozen
+    plan = step(plan.status, w, s, now=T0 + window * 2)
+    pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+    assert isinstance(plan.action, Wait) and "not answering" in plan.action.reason
+    assert pr is not None and pr.window_started_at is None and pr.restarts == 1
+
+
 def test_an_unknown_lag_never_counts_as_within():
     w, st, s = learner_world(lag=3)
     w.follower(0, fv("c-3", lag=None, learner=True))

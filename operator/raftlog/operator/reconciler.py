@@ -323,11 +323,22 @@ def _promotion_windows(ps: _Pass) -> None:
         lags = {p: _lag(lv, m.name) for p, lv in sorted(ps.leaders.items())}
         known = [lag for lag in lags.values() if lag is not None]
         unknown = [p for p, lag in lags.items() if lag is None]
+        # A learner that stopped answering (a paused process) shows the lag it had: it must
+        # not be promoted on that (a voter that does not answer weakens the quorum).
+        silent = [
+            p
+            for p, lv in sorted(ps.leaders.items())
+            if lv is not None
+            and (f := lv.followers.get(m.name)) is not None
+            and not f.recent_active
+        ]
         pr.max_lag = max(known) if known else None
-        if unknown or any(lag > limit for lag in known):
+        if unknown or silent or any(lag > limit for lag in known):
             why = (
                 f"lag unknown in partitions {unknown}"
                 if unknown
+                else f"not answering the leader of partitions {silent}"
+                if silent
                 else f"lags by {pr.max_lag}, more than learnerPromotionLag={limit}"
             )
             if pr.window_started_at is not None:
