@@ -143,7 +143,7 @@ def test_the_archive_job_on_kubernetes_lands_every_record_once_across_lost_pods(
     # First run: small micro-batches, so that there is time to lose pods along the way.
     log = tmp_path / "spark-submit.log"
     started = time.monotonic()
-    first = submit(ns, spark_image, log, "--once", "--max-records-per-trigger", "60")
+    first = submit(ns, spark_image, log, "--once", "--max-offsets-per-trigger", "60")
     driver: str = kube.until(
         "the driver running", lambda: next(iter(running(ns, "driver")), None), 240
     )

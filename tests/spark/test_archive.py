@@ -28,7 +28,7 @@ def test_archive_is_exactly_once_across_a_restart_and_partitioned(spark, tmp_pat
             acked += append(cluster, p, records(30, f"first{p}", keys=4))
             wait_replicated(cluster, p, acked[-1][1])
         argv = ["--endpoints", ",".join(cluster.endpoints), "--output", str(out),
-                "--checkpoint", str(checkpoint), "--once", "--max-records-per-trigger", "25",
+                "--checkpoint", str(checkpoint), "--once", "--max-offsets-per-trigger", "25",
                 "--timeout-seconds", "120"]  # fmt: skip
         lines = io.StringIO()
         assert archive.run(spark, archive.parse_args(argv), lines) == 60
@@ -74,7 +74,7 @@ def test_the_archive_counts_every_micro_batch_not_only_the_recent_ones(spark, tm
         wait_replicated(cluster, 0, acked[-1][1])
         argv = ["--endpoints", ",".join(cluster.endpoints), "--output", str(tmp_path / "out"),
                 "--checkpoint", str(tmp_path / "checkpoint"), "--once",
-                "--max-records-per-trigger", "5", "--timeout-seconds", "120"]  # fmt: skip
+                "--max-offsets-per-trigger", "5", "--timeout-seconds", "120"]  # fmt: skip
         lines = io.StringIO()
         spark.conf.set("spark.sql.streaming.numRecentProgressUpdates", "2")
         try:

@@ -43,6 +43,13 @@ def test_batch_read_equals_what_the_cluster_acknowledged_across_partitions_and_s
     assert reader(spark, cluster, maxRecordsPerSplit="17").rdd.getNumPartitions() >= 3 * 8
 
 
+def test_min_partitions_cuts_the_ranges_into_at_least_that_many_spark_partitions(spark, cluster):
+    """Kafka's minPartitions: 3 raftlog partitions read by at least 50 tasks, every record once."""
+    df = reader(spark, cluster, minPartitions="50")
+    assert df.rdd.getNumPartitions() >= 50
+    assert rows_of(df) == cluster.acked
+
+
 def test_schema_is_the_documented_one(spark, cluster):
     df = reader(spark, cluster)
     assert df.schema.simpleString() == (

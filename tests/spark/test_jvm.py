@@ -116,20 +116,9 @@ def test_offsets_partitions_and_replicas_select_the_same_records_as_the_python_s
     assert rows_of(df) == acked
 
 
-def test_table_mode_and_streams_are_refused_naming_the_python_source(spark, cluster, tmp_path):
+def test_table_mode_is_refused_naming_the_python_source(spark, cluster):
     with pytest.raises(Exception, match="raftlog option 'mode': table is read by format raftlog"):
         jvm(spark, cluster, mode="table").collect()
-    stream = raftlog_df(spark, cluster, stream=True, fmt="raftlog-jvm")
-    with pytest.raises(Exception, match="for a stream use format raftlog"):
-        q = (
-            stream.writeStream.format("noop")
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .start()
-        )
-        try:
-            q.processAllAvailable()
-        finally:
-            q.stop()
 
 
 def follower_of(cluster: LocalCluster, partitions: int = 3) -> dict[str, object]:

@@ -30,7 +30,23 @@ BAD = [
     ({**EP, "endingOffsets": "latest"}, True, "endingOffsets", "a stream has no end"),
     ({**EP, "maxRecordsPerSplit": "0"}, False, "maxRecordsPerSplit", "between 1 and"),
     ({**EP, "maxRecordsPerSplit": "lots"}, False, "maxRecordsPerSplit", "an integer"),
-    ({**EP, "maxRecordsPerTrigger": "10"}, False, "maxRecordsPerTrigger", "for streams"),
+    ({**EP, "maxOffsetsPerTrigger": "10"}, False, "maxOffsetsPerTrigger", "for streams"),
+    ({**EP, "maxRecordsPerTrigger": "10"}, True, "maxRecordsPerTrigger", "maxOffsetsPerTrigger"),
+    ({**EP, "minOffsetsPerTrigger": "10"}, False, "minOffsetsPerTrigger", "for streams"),
+    ({**EP, "maxTriggerDelay": "1m"}, True, "maxTriggerDelay", "set both"),
+    (
+        {**EP, "minOffsetsPerTrigger": "1", "maxTriggerDelay": "soon"},
+        True,
+        "maxTriggerDelay",
+        "a duration",
+    ),
+    (
+        {**EP, "minOffsetsPerTrigger": "9", "maxOffsetsPerTrigger": "8"},
+        True,
+        "minOffsetsPerTrigger",
+        "more than maxOffsetsPerTrigger",
+    ),
+    ({**EP, "minPartitions": "0"}, False, "minPartitions", "between 1 and"),
     ({**EP, "preferFollowers": "maybe"}, False, "preferFollowers", "true or false"),
     ({**EP, "partitions": "0,x"}, False, "partitions", "comma-separated"),
     ({**EP, "retentionHold": "a/b"}, True, "retentionHold", "without '/'"),
@@ -54,14 +70,18 @@ def test_good_options_parse():
         {
             "ENDPOINTS": "http://a:1/, https://b:2",
             "startingOffsets": '{"0": 5, "1": -2}',
-            "maxRecordsPerTrigger": "100",
+            "maxOffsetsPerTrigger": "100",
             "retentionHold": "archive",
         },
         streaming=True,
     )
     assert o.endpoints == ("http://a:1", "https://b:2")
     assert o.starting == {0: 5, 1: -2}
-    assert o.max_records_per_trigger == 100
+    assert o.max_offsets_per_trigger == 100
+    assert o.min_offsets_per_trigger is None and o.max_trigger_delay_s == 15 * 60
+    timed = parse({**EP, "minOffsetsPerTrigger": "5", "maxTriggerDelay": "90s"}, streaming=True)
+    assert (timed.min_offsets_per_trigger, timed.max_trigger_delay_s) == (5, 90.0)
+    assert parse({**EP, "minPartitions": "12"}, streaming=False).min_partitions == 12
     assert o.retention_hold == "archive"
     assert o.mode == "log" and o.prefer_followers and o.fail_on_data_loss
     assert parse(EP, streaming=False).starting == "earliest"
@@ -114,17 +134,28 @@ def test_unreachable_endpoints_fail_at_planning_naming_them(spark, fmt):
         assert f"127.0.0.1:{p}" in str(e.value)
 
 
-# A batch read of the log: the JVM reader refuses each of these as the Python source does.
-JVM_BAD = [case for case in BAD if not case[1] and case[0].get("mode") != "table"]
+# Reads of the log, batch and streaming: the JVM reader refuses each of these as the Python
+# source does.
+JVM_BAD = [case for case in BAD if case[0].get("mode") != "table"]
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("options", "streaming", "option", "reason"), JVM_BAD)
 def test_the_jvm_reader_refuses_the_same_options_with_the_same_reason_at_planning(
-    spark, options, streaming, option, reason
+    spark, tmp_path, options, streaming, option, reason
 ):
-    df = load(spark, "raftlog-jvm", **options)
     with pytest.raises(Exception, match="raftlog option") as e:
-        df.collect()
+        if not streaming:
+            load(spark, "raftlog-jvm", **options).collect()
+        else:
+            r = spark.readStream.format("raftlog-jvm")
+            for k, v in options.items():
+                r = r.option(k, v)
+            q = r.load().writeStream.format("noop")
+            q = q.option("checkpointLocation", str(tmp_path / "checkpoint")).start()
+            try:
+                q.processAllAvailable()
+            finally:
+                q.stop()
     assert f"raftlog option '{option}': " in str(e.value)
     assert reason in str(e.value)

@@ -4,6 +4,7 @@ from its checkpoint leaves every record in the sink exactly once."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -26,8 +27,13 @@ def cluster(tmp_path_factory):
         yield c
 
 
-def stream(spark: SparkSession, cluster: LocalCluster, **options: str) -> DataFrame:
-    return raftlog_df(spark, cluster, options, stream=True)
+def stream(
+    spark: SparkSession, cluster: LocalCluster, fmt: str = "raftlog", **options: str
+) -> DataFrame:
+    return raftlog_df(spark, cluster, options, stream=True, fmt=fmt)
+
+
+FORMATS = pytest.mark.parametrize("fmt", ["raftlog", "raftlog-jvm"])
 
 
 def starting_at(acked: list[Row]) -> str:
@@ -116,13 +122,87 @@ def test_new_records_in_later_batches_and_exactly_once_across_a_restart(spark, c
     assert got == sorted(acked, key=lambda r: (r[0], r[1]))
 
 
-def test_max_records_per_trigger_bounds_each_micro_batch(spark, cluster, tmp_path):
+@FORMATS
+def test_max_offsets_per_trigger_bounds_each_micro_batch(spark, cluster, tmp_path, fmt):
     acked = append(cluster, 0, records(30, "bounded")) + append(cluster, 1, records(20, "bounded"))
-    df = stream(spark, cluster, startingOffsets=starting_at(acked), maxRecordsPerTrigger="12")
+    df = stream(spark, cluster, fmt, startingOffsets=starting_at(acked), maxOffsetsPerTrigger="12")
     query = until_caught_up(df, tmp_path / "sink", tmp_path / "checkpoint")
     sizes = [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
     assert sum(sizes) == 50 and max(sizes) <= 12 and len(sizes) >= 5, sizes
     assert rows_of(spark.read.parquet(str(tmp_path / "sink"))) == acked
+
+
+def test_a_query_switches_between_the_python_and_the_jvm_source_on_one_checkpoint(
+    spark, cluster, tmp_path
+):
+    """Both formats write the same offsets: a query restarted from its checkpoint with the other
+    format goes on where the first stopped, every record in the sink once. The JVM source's
+    progress shows Kafka's offsets-behind-latest metrics and a readable description."""
+    sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
+    acked = append(cluster, 0, records(9, "py")) + append(cluster, 1, records(4, "py"))
+    starting = starting_at(acked)
+    seen: list[StreamingQuery] = []
+    for i, fmt in enumerate(["raftlog", "raftlog-jvm", "raftlog", "raftlog-jvm"]):
+        if i:
+            acked += append(cluster, i % 2, records(6, f"{fmt}-{i}"))
+        df = stream(spark, cluster, fmt, startingOffsets=starting, maxOffsetsPerTrigger="5")
+        seen.append(until_caught_up(df, sink, checkpoint))
+        got = rows_of(spark.read.parquet(str(sink)))
+        assert got == sorted(acked, key=lambda r: (r[0], r[1])), f"after leg {i} ({fmt})"
+    jvm_progress = [p for p in seen[1].recentProgress if p["numInputRows"]]
+    assert jvm_progress, "the JVM leg read its records"
+    source = jvm_progress[0]["sources"][0]
+    assert source["description"].startswith("raftlog-jvm["), source["description"]
+    metrics = source["metrics"]
+    assert int(metrics["maxOffsetsBehindLatest"]) >= int(metrics["minOffsetsBehindLatest"]) >= 0
+    assert float(metrics["avgOffsetsBehindLatest"]) >= 0
+    # The last batch read up to the latest offset: nothing behind it.
+    assert jvm_progress[-1]["sources"][0]["metrics"]["maxOffsetsBehindLatest"] == "0"
+
+
+def numbers_read(query: StreamingQuery) -> list[int]:
+    return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
+
+
+@FORMATS
+def test_min_offsets_per_trigger_waits_for_enough_records_or_for_max_trigger_delay(
+    spark, cluster, fmt
+):
+    """Kafka's minOffsetsPerTrigger: after the first batch (which never waits), a trigger with
+    fewer new records than the minimum reads nothing until enough have come; maxTriggerDelay
+    bounds the wait. The query's progress shows the latest offset of each partition."""
+    acked = append(cluster, 1, records(5, "first"))
+
+    def run(name: str, **options: str) -> StreamingQuery:
+        df = stream(spark, cluster, fmt, startingOffsets=starting_at(acked), **options)
+        return (
+            df.writeStream.format("memory")
+            .queryName(f"{name}_{fmt.replace('-', '_')}")
+            .trigger(processingTime="100 milliseconds")
+            .start()
+        )
+
+    query = run("least", minOffsetsPerTrigger="20", maxTriggerDelay="1h")
+    try:
+        wait_until("the first batch", lambda: numbers_read(query) == [5])
+        append(cluster, 1, records(8, "too-few"))
+        time.sleep(3)  # about 30 triggers (Spark reports no progress for those that read nothing)
+        assert numbers_read(query) == [5], "8 records are fewer than minOffsetsPerTrigger=20"
+        more = append(cluster, 1, records(12, "enough"))
+        wait_until("a batch of 20", lambda: numbers_read(query) == [5, 20])
+        latest = query.lastProgress["sources"][0]["latestOffset"]
+        assert json.loads(latest if isinstance(latest, str) else json.dumps(latest))["1"] == (
+            more[-1][1] + 1
+        )
+    finally:
+        query.stop()
+    query = run("delayed", minOffsetsPerTrigger="1000", maxTriggerDelay="2s")
+    try:
+        wait_until("the first batch", lambda: numbers_read(query) == [25])
+        append(cluster, 1, records(3, "late"))
+        wait_until("the 3 records after maxTriggerDelay", lambda: numbers_read(query) == [25, 3])
+    finally:
+        query.stop()
 
 
 @pytest.mark.parametrize("sink_logged", [True, False], ids=["sink-logged", "sink-not-logged"])
@@ -137,7 +217,7 @@ def test_a_crash_between_the_offset_log_and_the_commit_log_replays_the_same_batc
     starting = starting_at(acked)
 
     def run() -> None:
-        df = stream(spark, cluster, startingOffsets=starting, maxRecordsPerTrigger="10")
+        df = stream(spark, cluster, startingOffsets=starting, maxOffsetsPerTrigger="10")
         until_caught_up(df, sink, checkpoint)
 
     run()

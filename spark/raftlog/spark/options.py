@@ -8,6 +8,7 @@ exclusive), -2 means earliest and -1 latest.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,7 +45,10 @@ _DOC = (
     "tokenFile",
     "caFile",
     "maxRecordsPerSplit",
-    "maxRecordsPerTrigger",
+    "minPartitions",
+    "maxOffsetsPerTrigger",
+    "minOffsetsPerTrigger",
+    "maxTriggerDelay",
     "failOnDataLoss",
     "retentionHold",
     "retentionHoldTtlSeconds",
@@ -66,7 +70,10 @@ class Options:
     token: str | None
     ca_file: str | None
     max_records_per_split: int
-    max_records_per_trigger: int | None
+    min_partitions: int | None  # at least this many Spark partitions (splits cut smaller)
+    max_offsets_per_trigger: int | None
+    min_offsets_per_trigger: int | None
+    max_trigger_delay_s: float  # a batch smaller than the minimum runs after this long
     fail_on_data_loss: bool
     retention_hold: str | None  # the holder's name; None: no hold
     retention_hold_ttl_s: float
@@ -110,6 +117,21 @@ def _float(opts: Mapping[str, str], name: str, default: float, lo: float, hi: fl
     if not lo <= v <= hi:
         raise OptionError(name, f"must be between {lo} and {hi}, got {v}")
     return v
+
+
+# Spark's time strings (JavaUtils.timeStringAsMs), as Kafka's maxTriggerDelay takes them.
+_DURATION = re.compile(r"^\s*(\d+)\s*(us|ms|s|m|min|h|d)?\s*$", re.IGNORECASE)
+_UNIT_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(opts: Mapping[str, str], name: str, default_s: float) -> float:
+    raw = opts.get(name.lower())
+    if raw is None:
+        return default_s
+    m = _DURATION.match(str(raw))
+    if not m:
+        raise OptionError(name, f"must be a duration such as 30s, 15m or 1h, got {raw!r}")
+    return int(m.group(1)) * _UNIT_S[(m.group(2) or "ms").lower()]
 
 
 def parse_offsets(name: str, raw: str | None, default: OffsetSpec, *, ending: bool) -> OffsetSpec:
@@ -156,6 +178,10 @@ def parse_offsets(name: str, raw: str | None, default: OffsetSpec, *, ending: bo
 def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
     """Every option validated; OptionError names the first bad one."""
     opts = {str(k).lower(): v for k, v in raw_options.items()}
+    if "maxrecordspertrigger" in opts:
+        raise OptionError(
+            "maxRecordsPerTrigger", "is spelt maxOffsetsPerTrigger (the name of Kafka's source)"
+        )
     unknown = sorted(set(opts) - KNOWN)
     if unknown:
         raise OptionError(unknown[0], f"unknown option (known: {', '.join(sorted(_DOC))})")
@@ -227,9 +253,19 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
     assert per_split is not None
     page = _int(opts, "pageRecords", 20_000, 1, 50_000)
     assert page is not None
-    per_trigger = _int(opts, "maxRecordsPerTrigger", None, 1, 2**40)
-    if per_trigger is not None and not streaming:
-        raise OptionError("maxRecordsPerTrigger", "is for streams (readStream)")
+    per_trigger = _int(opts, "maxOffsetsPerTrigger", None, 1, 2**40)
+    min_per_trigger = _int(opts, "minOffsetsPerTrigger", None, 1, 2**40)
+    for name in ("maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay"):
+        if name.lower() in opts and not streaming:
+            raise OptionError(name, "is for streams (readStream)")
+    if "maxtriggerdelay" in opts and min_per_trigger is None:
+        raise OptionError("maxTriggerDelay", "bounds the wait of minOffsetsPerTrigger: set both")
+    if per_trigger is not None and min_per_trigger is not None and min_per_trigger > per_trigger:
+        raise OptionError(
+            "minOffsetsPerTrigger",
+            f"{min_per_trigger} is more than maxOffsetsPerTrigger ({per_trigger})",
+        )
+    min_partitions = _int(opts, "minPartitions", None, 1, 1_000_000)
     return Options(
         endpoints=endpoints,
         partitions=partitions,
@@ -240,7 +276,10 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
         token=str(token) if token else None,
         ca_file=str(ca_file) if ca_file else None,
         max_records_per_split=per_split,
-        max_records_per_trigger=per_trigger,
+        min_partitions=min_partitions,
+        max_offsets_per_trigger=per_trigger,
+        min_offsets_per_trigger=min_per_trigger,
+        max_trigger_delay_s=_duration(opts, "maxTriggerDelay", 15 * 60.0),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
         retention_hold=hold or None,
         retention_hold_ttl_s=_float(opts, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0),

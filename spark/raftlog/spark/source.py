@@ -12,6 +12,7 @@ log, so every record lands exactly once.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -140,6 +141,25 @@ def log_splits(
     for lo in range(start, stop, opts.max_records_per_split):
         hi = min(stop, lo + opts.max_records_per_split)
         out.append(LogSplit(view.partition, lo, hi, _order(view, opts, hi, first + len(out))))
+    return out
+
+
+def spread(splits: list[LogSplit], min_partitions: int | None) -> list[LogSplit]:
+    """`splits` with the largest halved until there are `min_partitions` of them (Kafka's
+    minPartitions), or every split holds one index."""
+    if not min_partitions or len(splits) >= min_partitions:
+        return splits
+    out = list(splits)
+    while len(out) < min_partitions:
+        big = max(range(len(out)), key=lambda i: out[i].stop - out[i].start)
+        s = out[big]
+        if s.stop - s.start < 2:
+            break
+        mid = s.start + (s.stop - s.start) // 2
+        out[big : big + 1] = [
+            LogSplit(s.partition, s.start, mid, s.replicas),
+            LogSplit(s.partition, mid, s.stop, s.replicas),
+        ]
     return out
 
 
@@ -298,7 +318,9 @@ class RaftlogBatchReader(DataSourceReader):
                 )
             start = _start_or_skip(opts, pv, start, "the starting offset")
             out.extend(log_splits(opts, pv, start, stop, len(out)))
-        return out
+        if any(isinstance(s, TableSplit) for s in out):
+            return out
+        return spread([s for s in out if isinstance(s, LogSplit)], opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, TableSplit):
@@ -347,10 +369,13 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._view: ClusterView | None = None
         self._target: dict[int, int] | None = None  # Trigger.AvailableNow's end
         self._holds = _Holds()
+        self._last_batch_at = -math.inf  # the first batch never waits for minOffsetsPerTrigger
+        self._latest: dict[int, int] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Only the options travel to the executors' `read`.
-        return {"opts": self.opts, "_view": None, "_target": None, "_holds": _Holds()}
+        return {"opts": self.opts, "_view": None, "_target": None, "_holds": _Holds(),
+                "_last_batch_at": -math.inf, "_latest": None}  # fmt: skip
 
     def _survey(self) -> ClusterView:
         nodes = Nodes(self.opts)
@@ -371,8 +396,23 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return _offsets(start)
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.opts.max_records_per_trigger
+        # minOffsetsPerTrigger is applied here from the options: Spark's Python sources take
+        # one limit, not Kafka's composite of both.
+        n = self.opts.max_offsets_per_trigger
         return ReadMaxRows(n) if n else ReadAllAvailable()
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return _offsets(self._latest) if self._latest is not None else None
+
+    def _too_few(self, begin: dict[int, int], end: dict[int, int]) -> bool:
+        """Whether to wait for minOffsetsPerTrigger (never past maxTriggerDelay, nor when
+        Trigger.AvailableNow reads to a fixed end)."""
+        least = self.opts.min_offsets_per_trigger
+        if least is None or self._target is not None:
+            return False
+        if time.monotonic() - self._last_batch_at >= self.opts.max_trigger_delay_s:
+            return False
+        return sum(end[p] - begin[p] for p in end) < least
 
     def prepareForTriggerAvailableNow(self) -> None:
         view = self._survey()
@@ -382,6 +422,7 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         view = self._survey()
         begin = _parse_offsets(start)
         end = {p: pv.high_water_mark + 1 for p, pv in view.partitions.items()}
+        self._latest = dict(end)
         if self._target is not None:
             end = {p: min(v, self._target.get(p, v)) for p, v in end.items()}
         # A partition new to the query starts at its earliest record (as Kafka's source does).
@@ -393,14 +434,18 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # with the batch after), is placed from the checkpoint on for a restarted query, and is
         # renewed while the stream idles.
         self._hold(begin)
+        if self._too_few(begin, end):
+            return dict(start)  # the same offset as `start`: no batch this trigger
         if isinstance(limit, ReadMaxRows):
             end = allot(begin, end, limit.max_rows)
+        if end != {p: begin[p] for p in end}:
+            self._last_batch_at = time.monotonic()
         return _offsets(end)
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         view = self._view or self._survey()
         begin, stop = _parse_offsets(start), _parse_offsets(end)
-        out: list[InputPartition] = []
+        out: list[LogSplit] = []
         for p, hi in sorted(stop.items()):
             pv = view.partitions.get(p)
             lo = begin.get(p, pv.earliest if pv else hi)
@@ -409,7 +454,7 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             lo = _start_or_skip(self.opts, pv, lo, "the checkpointed offset")
             if lo < hi:
                 out.extend(log_splits(self.opts, pv, lo, hi, len(out)))
-        return out
+        return spread(out, self.opts.min_partitions)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, LogSplit)

@@ -50,7 +50,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="where a new archive starts: earliest, latest or JSON")  # fmt: skip
     p.add_argument("--trigger-seconds", type=float, default=10.0,
                    help="seconds between micro-batches (default 10)")  # fmt: skip
-    p.add_argument("--max-records-per-trigger", type=int, default=None)
+    p.add_argument("--max-offsets-per-trigger", type=int, default=None)
     p.add_argument("--once", action="store_true",
                    help="archive what is committed now, then stop (AvailableNow)")  # fmt: skip
     p.add_argument("--retention-hold", default=None, metavar="NAME",
@@ -62,8 +62,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.trigger_seconds <= 0:
         p.error("--trigger-seconds: must be positive")
-    if args.max_records_per_trigger is not None and args.max_records_per_trigger < 1:
-        p.error("--max-records-per-trigger: must be at least 1")
+    if args.max_offsets_per_trigger is not None and args.max_offsets_per_trigger < 1:
+        p.error("--max-offsets-per-trigger: must be at least 1")
     return args
 
 
@@ -71,7 +71,7 @@ def source_options(args: argparse.Namespace) -> dict[str, str]:
     opts = {"endpoints": args.endpoints, "startingOffsets": args.starting_offsets}
     optional = {
         "partitions": args.partitions,
-        "maxRecordsPerTrigger": args.max_records_per_trigger,
+        "maxOffsetsPerTrigger": args.max_offsets_per_trigger,
         "retentionHold": args.retention_hold,
         "tokenFile": args.token_file,
         "caFile": args.ca_file,

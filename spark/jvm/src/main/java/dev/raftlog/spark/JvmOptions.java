@@ -9,23 +9,28 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
 
 /**
  * The options of the {@code raftlog-jvm} source: the names, defaults, checks and messages of the
- * Python source's ({@code raftlog.spark.options}) for a batch read of the log.
+ * Python source's ({@code raftlog.spark.options}) for reads of the log, batch and streaming.
  */
 final class JvmOptions implements Serializable {
   private static final long serialVersionUID = 1L;
 
-  // The Python source's documented options: the stream-only ones are known here too, so that
-  // they are refused with the reason rather than as unknown.
+  // The Python source's documented options.
   private static final Set<String> DOC =
       new TreeSet<>(
           Set.of(
               "endpoints", "partitions", "startingOffsets", "endingOffsets", "mode",
               "preferFollowers", "token", "tokenFile", "caFile", "maxRecordsPerSplit",
-              "maxRecordsPerTrigger", "failOnDataLoss", "retentionHold",
-              "retentionHoldTtlSeconds", "timeoutSeconds", "pageRecords"));
+              "minPartitions", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
+              "failOnDataLoss", "retentionHold", "retentionHoldTtlSeconds", "timeoutSeconds",
+              "pageRecords"));
+  // Spark's time strings (JavaUtils.timeStringAsMs), as Kafka's maxTriggerDelay takes them.
+  private static final Pattern DURATION =
+      Pattern.compile("^\\s*(\\d+)\\s*(us|ms|s|m|min|h|d)?\\s*$", Pattern.CASE_INSENSITIVE);
 
   final String[] endpoints;
   final int[] partitions; // null: all of them
@@ -35,11 +40,17 @@ final class JvmOptions implements Serializable {
   final String token; // null: none
   final String caFile; // null: the JVM's trust store
   final long maxRecordsPerSplit;
+  final int minPartitions; // 0: no minimum
+  final long maxOffsetsPerTrigger; // 0: no maximum
+  final long minOffsetsPerTrigger; // 0: no minimum
+  final double maxTriggerDelayS;
   final boolean failOnDataLoss;
+  final String retentionHold; // null: no hold
+  final double retentionHoldTtlS;
   final double timeoutS;
   final int pageRecords;
 
-  private JvmOptions(Map<String, String> o) {
+  private JvmOptions(Map<String, String> o, boolean streaming) {
     endpoints = endpoints(o);
     partitions = partitions(o);
     String mode = o.getOrDefault("mode", "log").strip().toLowerCase(Locale.ROOT);
@@ -52,7 +63,14 @@ final class JvmOptions implements Serializable {
               + "mode=log");
     }
     starting =
-        Offsets.parse("startingOffsets", o.get("startingoffsets"), Offsets.EARLIEST_ALL, false);
+        Offsets.parse(
+            "startingOffsets",
+            o.get("startingoffsets"),
+            streaming ? Offsets.LATEST_ALL : Offsets.EARLIEST_ALL,
+            false);
+    if (streaming && o.containsKey("endingoffsets")) {
+      throw new OptionException("endingOffsets", "is for batch reads; a stream has no end");
+    }
     ending = Offsets.parse("endingOffsets", o.get("endingoffsets"), Offsets.LATEST_ALL, true);
     token = token(o);
     String ca = o.get("cafile");
@@ -60,25 +78,55 @@ final class JvmOptions implements Serializable {
       throw new OptionException("caFile", ca + " is not a file");
     }
     caFile = ca == null || ca.isEmpty() ? null : ca;
-    if (o.get("retentionhold") != null) {
-      throw new OptionException("retentionHold", "holds are for streams (a batch range is fixed)");
+    String hold = o.get("retentionhold");
+    if (hold != null) {
+      hold = hold.strip();
+      if (!streaming) {
+        throw new OptionException(
+            "retentionHold", "holds are for streams (a batch range is fixed)");
+      }
+      if (hold.isEmpty() || hold.length() > 200 || hold.contains("/")) {
+        throw new OptionException(
+            "retentionHold", "must be a holder name of 1 to 200 characters without '/'");
+      }
     }
+    retentionHold = hold;
     maxRecordsPerSplit = integer(o, "maxRecordsPerSplit", 200_000, 1, 1L << 40);
     pageRecords = (int) integer(o, "pageRecords", 20_000, 1, 50_000);
-    if (o.get("maxrecordspertrigger") != null) {
-      integer(o, "maxRecordsPerTrigger", 1, 1, 1L << 40);
-      throw new OptionException("maxRecordsPerTrigger", "is for streams (readStream)");
+    maxOffsetsPerTrigger = integer(o, "maxOffsetsPerTrigger", 0, 1, 1L << 40);
+    minOffsetsPerTrigger = integer(o, "minOffsetsPerTrigger", 0, 1, 1L << 40);
+    for (String name : new String[] {"maxOffsetsPerTrigger", "minOffsetsPerTrigger",
+        "maxTriggerDelay"}) {
+      if (o.containsKey(name.toLowerCase(Locale.ROOT)) && !streaming) {
+        throw new OptionException(name, "is for streams (readStream)");
+      }
     }
+    if (o.containsKey("maxtriggerdelay") && minOffsetsPerTrigger == 0) {
+      throw new OptionException(
+          "maxTriggerDelay", "bounds the wait of minOffsetsPerTrigger: set both");
+    }
+    if (maxOffsetsPerTrigger > 0 && minOffsetsPerTrigger > maxOffsetsPerTrigger) {
+      throw new OptionException(
+          "minOffsetsPerTrigger",
+          minOffsetsPerTrigger + " is more than maxOffsetsPerTrigger (" + maxOffsetsPerTrigger
+              + ")");
+    }
+    minPartitions = (int) integer(o, "minPartitions", 0, 1, 1_000_000);
     preferFollowers = bool(o, "preferFollowers", true);
     failOnDataLoss = bool(o, "failOnDataLoss", true);
-    number(o, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0); // checked, as by raftlog
+    retentionHoldTtlS = number(o, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0);
+    maxTriggerDelayS = duration(o, "maxTriggerDelay", 15 * 60.0);
     timeoutS = number(o, "timeoutSeconds", 30.0, 0.1, 3600.0);
   }
 
   /** Every option checked; OptionException names the first bad one. */
-  static JvmOptions parse(Map<String, String> raw) {
+  static JvmOptions parse(Map<String, String> raw, boolean streaming) {
     Map<String, String> o = new TreeMap<>();
     raw.forEach((k, v) -> o.put(k.toLowerCase(Locale.ROOT), v));
+    if (o.containsKey("maxrecordspertrigger")) {
+      throw new OptionException(
+          "maxRecordsPerTrigger", "is spelt maxOffsetsPerTrigger (the name of Kafka's source)");
+    }
     Set<String> known = new TreeSet<>();
     DOC.forEach(d -> known.add(d.toLowerCase(Locale.ROOT)));
     known.add("path"); // Spark passes load(path) as "path"
@@ -93,7 +141,7 @@ final class JvmOptions implements Serializable {
       throw new OptionException(
           "path", "the raftlog source takes no path; give option('endpoints', ...)");
     }
-    return new JvmOptions(o);
+    return new JvmOptions(o, streaming);
   }
 
   private static String repr(String s) {
@@ -193,6 +241,29 @@ final class JvmOptions implements Serializable {
       throw new OptionException(name, "must be between " + lo + " and " + hi + ", got " + v);
     }
     return v;
+  }
+
+  private static double duration(Map<String, String> o, String name, double dfltS) {
+    String raw = o.get(name.toLowerCase(Locale.ROOT));
+    if (raw == null) {
+      return dfltS;
+    }
+    Matcher m = DURATION.matcher(raw);
+    if (!m.matches()) {
+      throw new OptionException(
+          name, "must be a duration such as 30s, 15m or 1h, got " + repr(raw));
+    }
+    String unit = m.group(2) == null ? "ms" : m.group(2).toLowerCase(Locale.ROOT);
+    double perUnit =
+        switch (unit) {
+          case "us" -> 1e-6;
+          case "ms" -> 1e-3;
+          case "s" -> 1.0;
+          case "m", "min" -> 60.0;
+          case "h" -> 3600.0;
+          default -> 86400.0;
+        };
+    return Long.parseLong(m.group(1)) * perUnit;
   }
 
   private static double number(

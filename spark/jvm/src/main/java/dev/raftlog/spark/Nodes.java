@@ -7,6 +7,7 @@ import java.io.IOException;
 import java.io.InputStream;
 import java.net.HttpURLConnection;
 import java.net.URI;
+import java.net.URLEncoder;
 import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Path;
@@ -72,11 +73,17 @@ final class Nodes {
     }
   }
 
-  /** GETs base + path: a 2xx answer's body in {@link #body}; else NodeException (0: no answer). */
   private void send(String base, String path, double timeoutS) throws NodeException {
+    send(base, "GET", path, null, timeoutS);
+  }
+
+  /** base + path: a 2xx answer's body in {@link #body}; else NodeException (0: no answer). */
+  private void send(String base, String method, String path, byte[] json, double timeoutS)
+      throws NodeException {
     HttpURLConnection c = null;
     try {
       c = (HttpURLConnection) URI.create(base + path).toURL().openConnection();
+      c.setRequestMethod(method);
       if (tls != null && c instanceof HttpsURLConnection https) {
         https.setSSLSocketFactory(tls);
       }
@@ -86,6 +93,14 @@ final class Nodes {
       c.setInstanceFollowRedirects(false); // a node's answer is the answer
       if (options.token != null) {
         c.setRequestProperty("Authorization", "Bearer " + options.token);
+      }
+      if (json != null) {
+        c.setDoOutput(true);
+        c.setRequestProperty("Content-Type", "application/json");
+        c.setFixedLengthStreamingMode(json.length);
+        try (var out = c.getOutputStream()) {
+          out.write(json);
+        }
       }
       int status = c.getResponseCode();
       boolean ok = status >= 200 && status < 300;
@@ -157,6 +172,21 @@ final class Nodes {
       throw new NodeException(
           base, 0, JsonNodeFactory.instance.objectNode().put("reason", "not JSON: " + e));
     }
+  }
+
+  /** The retention hold of {@code holder} on a partition moved to {@code minIndex}. */
+  void setHold(String base, int partition, String holder, long minIndex, double ttlS)
+      throws NodeException {
+    String path =
+        "/v1/admin/partitions/" + partition + "/holds/"
+            + URLEncoder.encode(holder, StandardCharsets.UTF_8).replace("+", "%20");
+    byte[] json =
+        JsonNodeFactory.instance.objectNode()
+            .put("min_index", minIndex)
+            .put("ttl_seconds", ttlS)
+            .toString()
+            .getBytes(StandardCharsets.UTF_8);
+    send(base, "PUT", path, json, options.timeoutS);
   }
 
   /**

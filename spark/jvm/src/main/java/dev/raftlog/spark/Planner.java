@@ -37,16 +37,44 @@ final class Planner {
             "startingOffsets", "partition " + p + ": " + start + " is after the ending offset "
                 + stop);
       }
-      start = startOrSkip(opts, pv, start);
-      for (long lo = start; lo < stop; lo += opts.maxRecordsPerSplit) {
-        long hi = Math.min(stop, lo + opts.maxRecordsPerSplit);
-        out.add(new LogSplit(p, lo, hi, pv.order(opts.preferFollowers, hi, out.size())));
+      start = startOrSkip(opts, pv, start, "the starting offset");
+      addSplits(opts, pv, start, stop, out);
+    }
+    return spread(out, opts.minPartitions);
+  }
+
+  /** [start, stop) of one partition cut into splits of at most maxRecordsPerSplit, to `out`. */
+  static void addSplits(JvmOptions opts, PartitionView pv, long start, long stop,
+      List<LogSplit> out) {
+    for (long lo = start; lo < stop; lo += opts.maxRecordsPerSplit) {
+      long hi = Math.min(stop, lo + opts.maxRecordsPerSplit);
+      out.add(new LogSplit(pv.partition, lo, hi, pv.order(opts.preferFollowers, hi, out.size())));
+    }
+  }
+
+  /** {@code splits} with the largest halved until there are {@code minPartitions} of them
+   * (Kafka's minPartitions), or every split holds one index. */
+  static List<LogSplit> spread(List<LogSplit> splits, int minPartitions) {
+    List<LogSplit> out = new ArrayList<>(splits);
+    while (out.size() < minPartitions) {
+      int big = 0;
+      for (int i = 1; i < out.size(); i++) {
+        if (out.get(i).stop - out.get(i).start > out.get(big).stop - out.get(big).start) {
+          big = i;
+        }
       }
+      if (out.isEmpty() || out.get(big).stop - out.get(big).start < 2) {
+        break;
+      }
+      LogSplit s = out.get(big);
+      long mid = s.start + (s.stop - s.start) / 2;
+      out.set(big, new LogSplit(s.partition, s.start, mid, s.replicas));
+      out.add(big + 1, new LogSplit(s.partition, mid, s.stop, s.replicas));
     }
     return out;
   }
 
-  private static void checkJsonPartitions(
+  static void checkJsonPartitions(
       String name, Offsets spec, TreeMap<Integer, PartitionView> views) {
     if (spec.perPartition == null) {
       return;
@@ -62,13 +90,13 @@ final class Planner {
 
   /** {@code start}, or the earliest index still held when it was compacted and
    * failOnDataLoss=false (DataLossException otherwise). */
-  private static long startOrSkip(JvmOptions opts, PartitionView pv, long start) {
+  static long startOrSkip(JvmOptions opts, PartitionView pv, long start, String where) {
     long earliest = pv.earliest();
     if (start >= earliest) {
       return start;
     }
     if (opts.failOnDataLoss) {
-      throw new DataLossException(pv.partition, start, earliest, "the starting offset");
+      throw new DataLossException(pv.partition, start, earliest, where);
     }
     LOG.warn(
         "raftlog partition {}: skipped records [{}, {}): compacted before they were read "

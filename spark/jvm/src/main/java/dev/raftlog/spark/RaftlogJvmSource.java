@@ -14,8 +14,9 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.util.CaseInsensitiveStringMap;
 
 /**
- * {@code spark.read.format("raftlog-jvm")}: a batch read of a raftlog cluster's committed log
- * (mode=log), planned and read in the JVM with the options of the Python source ({@code raftlog}).
+ * {@code spark.read.format("raftlog-jvm")} and {@code spark.readStream.format("raftlog-jvm")}:
+ * reads of a raftlog cluster's committed log (mode=log), planned and read in the JVM with the
+ * options, offsets and checkpoints of the Python source ({@code raftlog}).
  */
 public final class RaftlogJvmSource implements TableProvider, DataSourceRegister {
   @Override
@@ -48,8 +49,6 @@ public final class RaftlogJvmSource implements TableProvider, DataSourceRegister
 
     @Override
     public Set<TableCapability> capabilities() {
-      // MICRO_BATCH_READ only so that readStream reaches the scan's refusal, which names the
-      // source to use instead of Spark's generic "does not support streamed reading".
       return EnumSet.of(TableCapability.BATCH_READ, TableCapability.MICRO_BATCH_READ);
     }
 

@@ -13,8 +13,9 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /**
- * A batch read of the log: options checked when the scan is built, the ranges fixed when Spark
- * plans its partitions (a survey of the nodes), each split read in columns.
+ * A read of the log: a batch (options checked as a batch's, the ranges fixed when Spark plans its
+ * partitions from a survey of the nodes) or a stream ({@link LogStream}); each split read in
+ * columns.
  */
 final class RaftlogScan implements ScanBuilder, Scan, Batch {
   private final Map<String, String> options;
@@ -26,8 +27,7 @@ final class RaftlogScan implements ScanBuilder, Scan, Batch {
 
   @Override
   public Scan build() {
-    parsed = JvmOptions.parse(options);
-    return this;
+    return this; // the options are checked as a batch's or a stream's, once Spark says which
   }
 
   @Override
@@ -37,19 +37,20 @@ final class RaftlogScan implements ScanBuilder, Scan, Batch {
 
   @Override
   public String description() {
-    return "raftlog-jvm " + String.join(",", parsed.endpoints);
+    return "raftlog-jvm[" + options.entrySet().stream()
+        .filter(e -> e.getKey().equalsIgnoreCase("endpoints"))
+        .map(Map.Entry::getValue).findFirst().orElse("") + "]";
   }
 
   @Override
   public Batch toBatch() {
+    parsed = JvmOptions.parse(options, false);
     return this;
   }
 
   @Override
   public MicroBatchStream toMicroBatchStream(String checkpointLocation) {
-    throw new UnsupportedOperationException(
-        "raftlog-jvm reads batches (spark.read) only; for a stream use format raftlog "
-            + "(spark.readStream.format(\"raftlog\"))");
+    return new LogStream(JvmOptions.parse(options, true));
   }
 
   @Override
