@@ -190,7 +190,9 @@ def test_min_offsets_per_trigger_waits_for_enough_records_or_for_max_trigger_del
         assert numbers_read(query) == [5], "8 records are fewer than minOffsetsPerTrigger=20"
         more = append(cluster, 1, records(12, "enough"))
         wait_until("a batch of 20", lambda: numbers_read(query) == [5, 20])
-        latest = query.lastProgress["sources"][0]["latestOffset"]
+        last = query.lastProgress
+        assert last is not None
+        latest = last["sources"][0]["latestOffset"]
         assert json.loads(latest if isinstance(latest, str) else json.dumps(latest))["1"] == (
             more[-1][1] + 1
         )
