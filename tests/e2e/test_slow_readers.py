@@ -84,9 +84,10 @@ def test_stalled_readers_hold_at_most_the_budget_and_are_let_go(node):
         assert answered <= 1 + let_go, (statuses, let_go)
         assert answered + statuses.count(b"HTTP/1.1 503") == READERS, statuses
         assert held <= BUDGET and (held > 0 or let_go > 0), (held, let_go)
-        # Past answer_send_timeout_s the stalled answer's connection is closed, its bytes let go.
-        while metric(node, "raftlog_answers_timed_out_total") < 1:
-            assert time.monotonic() < deadline + 10, "the stalled reader was never let go"
+        # Past answer_send_timeout_s each stalled answer's connection is closed, its bytes let
+        # go (a loaded machine may have answered a second page once the first was let go).
+        while metric(node, "raftlog_answers_timed_out_total") < answered:
+            assert time.monotonic() < deadline + 10, "a stalled reader was never let go"
             time.sleep(0.2)
         assert metric(node, "raftlog_answer_bytes_held") == 0
     finally:

@@ -24,7 +24,7 @@ from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
 from raftlog.node.routing import partition_for
-from raftlog.node.server import admin, columnar, walpage
+from raftlog.node.server import admin, columnar, timeindex, walpage
 from raftlog.node.server.api_common import (
     NODE_KEY,
     ApiError,
@@ -430,6 +430,29 @@ async def read_columns(request: web.Request) -> web.Response:
     return web.Response(body=body, content_type=columnar.CONTENT_TYPE)
 
 
+async def index_for_time(request: web.Request) -> web.Response:
+    """The first committed index of a record stamped at or after `timestamp_ms` that this
+    replica holds (`timeindex`); `index` is null when there is none up to its high-water mark."""
+    d = driver_of(request)
+    if "timestamp_ms" not in request.query:
+        raise bad("timestamp_ms", "is required: milliseconds since the epoch")
+    t = int_param(request, "timestamp_ms", 0, 0, 2**63 - 1)
+    index_of_d = timeindex.of(d)
+    try:
+        index = await index_of_d.lookup(d, t)
+    except WalCorruption as e:
+        raise ApiError(503, "storage_corrupt", f"{e}; ask another replica") from None
+    return web.json_response(
+        {
+            "partition": d.p,
+            "timestamp_ms": t,
+            "index": index,
+            "high_water_mark": index_of_d.end,
+            "compaction_floor": d.storage.compaction_floor(),
+        }
+    )
+
+
 async def snapshot_table(request: web.Request) -> web.Response:
     """The keyed table of this replica's latest stored snapshot as a column page (index 0 and no
     rows when there is none): with the log after it, a reader rebuilds the table at any index."""
@@ -644,6 +667,7 @@ def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Applicat
         app.router.add_get("/v1/partitions/{partition}/records", read)
         app.router.add_get("/v1/partitions/{partition}/columns", read_columns)
         app.router.add_get("/v1/partitions/{partition}/snapshot/table", snapshot_table)
+        app.router.add_get("/v1/partitions/{partition}/index-for-time", index_for_time)
         app.router.add_get("/v1/partitions/{partition}/keys/{key}", get_key)
     if "peer" in planes:
         admin.add_routes(app)

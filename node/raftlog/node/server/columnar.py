@@ -85,7 +85,7 @@ class _Turn:
 
 
 @contextlib.asynccontextmanager
-async def _gate() -> AsyncIterator[_Turn]:
+async def read_turn() -> AsyncIterator[_Turn]:
     """A turn to build a page: at most BUILDERS at once on this event loop (a node runs one
     loop; tests, several), waiting at most GATE_WAIT_S (then 503 `busy`, which readers retry
     elsewhere or later; shorter than a reader's own timeout, so a reader that gave up does not
@@ -208,16 +208,22 @@ def record_page(
     return _encoder.encode(page)
 
 
+def rows_of(raws: list[RawRange], tail: Rows) -> Rows:
+    """In a worker thread: the records of `raws`, each checked, then those of `tail`."""
+    whole = Rows()
+    for raw in raws:
+        whole.add_raw(raw)
+    whole.index.extend(tail.index)
+    whole.term.extend(tail.term)
+    whole.data.extend(tail.data)
+    return whole
+
+
 def _build_record_page(
     partition: int, raws: list[RawRange], rows: Rows, hwm: int, next_index: int, floor: int
 ) -> bytes:
     """In a worker thread: check and decode the records read, then the page."""
-    whole = Rows()
-    for raw in raws:
-        whole.add_raw(raw)
-    whole.index.extend(rows.index)
-    whole.term.extend(rows.term)
-    whole.data.extend(rows.data)
+    whole = rows_of(raws, rows)
     return record_page(partition, whole, high_water_mark=hwm, next_index=next_index, floor=floor)
 
 
@@ -271,7 +277,7 @@ async def read_records(
     `max_bytes` of records, never above this replica's high-water mark. Raises Compacted
     below the floor, WalCorruption when a record read fails its checksum."""
     max_bytes = min(max_bytes, MAX_PAGE_BYTES)
-    async with _gate() as turn:
+    async with read_turn() as turn:
         # Taken once the page may be built; everything below, up to the thread, is one
         # event-loop step.
         r = committed_range(d, start, stop, limit, max_bytes)
@@ -316,7 +322,7 @@ def _build_table_page(d: PartitionDriver) -> bytes:
 async def read_table(d: PartitionDriver) -> bytes:
     """The keyed table of this replica's latest stored snapshot as a column page (index 0 and
     no rows when there is none), built off the event loop."""
-    async with _gate() as turn:
+    async with read_turn() as turn:
         try:
             return await turn.run(_build_table_page, d)
         except (SnapshotCorruption, OSError) as e:

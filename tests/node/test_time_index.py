@@ -1,0 +1,135 @@
+"""The time index (`server.timeindex`) in process on a one-node leader: for every time asked,
+the first committed record stamped at or after it that the replica holds, checked against a
+plain scan of what was appended, with timestamps that go back and forth, records with no
+timestamp, no-op entries between records, the index extended after later appends, and
+compaction moving the log's start under it (the answer then is the first retained record)."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from pathlib import Path
+
+import pytest
+from tests.node.helpers import compacting_node, until
+
+from raftlog.node.core.raft import Role
+from raftlog.node.record import Record, encode_record
+from raftlog.node.server import timeindex
+from raftlog.node.server.node import Node
+from raftlog.node.server.partition import PartitionDriver
+
+
+async def _leader(node: Node) -> PartitionDriver:
+    await node.start()
+    d = node.drivers[0]
+    await until(lambda: d.raft.role == Role.LEADER, "election")
+    return d
+
+
+async def _append(d: PartitionDriver, stamps: list[int]) -> list[tuple[int, int]]:
+    """(index, timestamp) of each record appended, in batches of 7."""
+    out: list[tuple[int, int]] = []
+    for i in range(0, len(stamps), 7):
+        batch = stamps[i : i + 7]
+        done = await d.propose([encode_record(Record(b"k", b"v", {}, ts)) for ts in batch])
+        out += list(zip(range(done.first_index, done.last_index + 1), batch, strict=True))
+    return out
+
+
+def _expected(appended: list[tuple[int, int]], floor: int, t: int) -> int | None:
+    return next((i for i, ts in appended if i >= floor and ts >= t), None)
+
+
+def _stamps(rng: random.Random, n: int, base: int) -> list[int]:
+    """Mostly rising times with some going back, some far ahead, some with no timestamp."""
+    out = []
+    for k in range(n):
+        roll = rng.random()
+        if roll < 0.1:
+            out.append(0)
+        elif roll < 0.2:
+            out.append(base + k * 10 - rng.randrange(500))
+        elif roll < 0.22:
+            out.append(base + k * 10 + 5_000)
+        else:
+            out.append(base + k * 10)
+    return out
+
+
+async def _check(d: PartitionDriver, appended: list[tuple[int, int]], times: list[int]) -> None:
+    floor = d.raft.log.first_index()
+    for t in times:
+        want = _expected(appended, floor, t)
+        assert await timeindex.of(d).lookup(d, t) == want, f"time {t} (floor {floor})"
+
+
+@pytest.mark.parametrize("sample_every", [4, 1024])
+def test_the_first_record_at_or_after_a_time_as_a_scan_finds_it(
+    tmp_path, monkeypatch, sample_every
+):
+    monkeypatch.setattr(timeindex, "SAMPLE_EVERY", sample_every)
+    rng = random.Random(7)
+
+    async def run() -> None:
+        node = compacting_node(tmp_path, every=10**9)  # no compaction here
+        try:
+            d = await _leader(node)
+            appended = await _append(d, _stamps(rng, 400, 1_000_000))
+            top = max(ts for _, ts in appended)
+            times = [0, 1, 999_999, 1_000_000, top, top + 1, *rng.sample(range(1_000_000, top), 60)]
+            await _check(d, appended, times)
+            # Later appends: the index extends from where it ended.
+            appended += await _append(d, _stamps(rng, 150, 1_004_000))
+            top = max(ts for _, ts in appended)
+            await _check(d, appended, [top, top + 1, *rng.sample(range(1_000_000, top), 60)])
+            assert timeindex.of(d).end == d.raft.commit
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_answers_follow_compaction_to_the_first_retained_record(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(timeindex, "SAMPLE_EVERY", 16)
+    rng = random.Random(11)
+
+    async def run() -> None:
+        node = compacting_node(tmp_path, every=50)
+        try:
+            d = await _leader(node)
+            appended = await _append(d, _stamps(rng, 300, 2_000_000))
+            top = max(ts for _, ts in appended)
+            await _check(d, appended, rng.sample(range(2_000_000, top), 40))  # built here
+            appended += await _append(d, _stamps(rng, 600, 2_003_000))
+            await until(lambda: d.raft.log.first_index() > 300, "compaction past the first build")
+            await d.compact_now()  # the floor still until the checks are done
+            top = max(ts for _, ts in appended)
+            await _check(d, appended, [0, 2_000_000, *rng.sample(range(2_000_000, top), 80)])
+            # Everything indexed is compacted, then records with times as old as the compacted
+            # ones come: answers must skip the compacted matches the samples still count.
+            await d.compact_now()
+            start = timeindex.of(d).start
+            appended += await _append(d, _stamps(rng, 40, 2_000_000))
+            await _check(d, appended, [0, 2_000_000, *rng.sample(range(2_000_000, top), 80)])
+            assert timeindex.of(d).start == start, "the index went on (no new pass from the floor)"
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_log_with_no_record_at_or_after_the_time_answers_none(tmp_path):
+    async def run() -> None:
+        node = compacting_node(tmp_path, every=10**9)
+        try:
+            d = await _leader(node)
+            assert await timeindex.of(d).lookup(d, 1) is None  # only the leader's no-op
+            appended = await _append(d, [0, 0, 5, 3])
+            assert await timeindex.of(d).lookup(d, 6) is None
+            assert await timeindex.of(d).lookup(d, 4) == appended[2][0]
+            assert await timeindex.of(d).lookup(d, 0) == appended[0][0]
+        finally:
+            await node.close()
+
+    asyncio.run(run())
