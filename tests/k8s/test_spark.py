@@ -23,6 +23,10 @@ from cluster.up import CTRD_SOCK
 
 from tests.k8s import kube, load
 
+# Its pods' CPU requests at most (tests/k8s/shares.py): 3 members, the Spark driver and 2
+# executors at 100m, the operator's 100m, a loader and a check pod.
+CPU_MILLIS = 900
+
 EXAMPLES = kube.ROOT / "examples" / "spark"
 SMALL = {"resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}
 RECORDS = {0: 1500, 1: 700}  # acknowledged records per partition, written before the job
@@ -87,6 +91,7 @@ def batches(ns: str, driver: str) -> int:
 CHECK = r"""
 import json
 from pyspark.sql import SparkSession, functions as F
+
 spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
          .config("spark.ui.showConsoleProgress", "false").getOrCreate())
 df = spark.read.parquet("/data/orders/records")

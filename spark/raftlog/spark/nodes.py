@@ -171,6 +171,25 @@ class PartitionView:
         return followers + leaders if prefer_followers else leaders + followers
 
 
+def index_for_time(nodes: Nodes, view: PartitionView, t: int) -> int | None:
+    """The first committed index of `view`'s partition stamped at or after `t` (ms), asked of
+    the replica that knows most first; None when there is none. NodeError when no replica
+    answers."""
+    last: NodeError | None = None
+    for r in sorted(view.replicas, key=lambda r: -r.high_water_mark):
+        path = f"/v1/partitions/{view.partition}/index-for-time?timestamp_ms={t}"
+        try:
+            index = nodes.json(r.url, "GET", path).get("index")
+        except NodeError as e:
+            if not e.retryable:
+                raise
+            last = e
+            continue
+        return None if index is None else int(index)
+    assert last is not None
+    raise last
+
+
 @dataclass
 class ClusterView:
     partitions: dict[int, PartitionView]

@@ -20,6 +20,8 @@ LATEST = -1
 Mode = Literal["log", "table"]
 # A position per partition: the next index to read, or EARLIEST / LATEST.
 OffsetSpec = Literal["earliest", "latest"] | dict[int, int]
+# A time (ms since the epoch) for every partition, or per partition.
+TimeSpec = int | dict[int, int]
 
 
 class OptionError(ValueError):
@@ -39,6 +41,11 @@ _DOC = (
     "partitions",
     "startingOffsets",
     "endingOffsets",
+    "startingTimestamp",
+    "startingOffsetsByTimestamp",
+    "startingOffsetsByTimestampStrategy",
+    "endingTimestamp",
+    "endingOffsetsByTimestamp",
     "mode",
     "preferFollowers",
     "token",
@@ -65,6 +72,10 @@ class Options:
     partitions: tuple[int, ...] | None  # None: all of them
     starting: OffsetSpec
     ending: OffsetSpec
+    # Start (end) at the first record stamped at or after a time; None: by offsets.
+    starting_times: TimeSpec | None
+    ending_times: TimeSpec | None
+    no_match_latest: bool  # a start time no record reaches: latest (else an error)
     mode: Mode
     prefer_followers: bool
     token: str | None
@@ -175,6 +186,42 @@ def parse_offsets(name: str, raw: str | None, default: OffsetSpec, *, ending: bo
     return out
 
 
+def _times(opts: Mapping[str, str], one: str, per: str, offsets: str) -> TimeSpec | None:
+    """`one` (a time for every partition) or `per` (JSON partition -> time), never with each
+    other nor with `offsets`."""
+    given = [name for name in (offsets, per, one) if name.lower() in opts]
+    if len(given) > 1:
+        raise OptionError(given[-1], f"give one of {', '.join(given)}, not both")
+    if one.lower() in opts:
+        raw = str(opts[one.lower()]).strip()
+        if not raw.isdigit():
+            raise OptionError(one, f"must be milliseconds since the epoch, got {raw!r}")
+        return int(raw)
+    if per.lower() not in opts:
+        return None
+    text = str(opts[per.lower()])
+    try:
+        parsed = json.loads(text)
+    except ValueError as e:
+        raise OptionError(per, f'must be a JSON object like {{"0": 1700000000000}}: {e}') from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise OptionError(per, "must be a non-empty JSON object of partition -> time in ms")
+    out: dict[int, int] = {}
+    for k, v in parsed.items():
+        try:
+            p = int(k)
+        except ValueError:
+            raise OptionError(per, f"partition {k!r} is not an integer") from None
+        if p < 0:
+            raise OptionError(per, f"partition {p} is negative")
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise OptionError(
+                per, f"the time of partition {p} must be milliseconds since the epoch, got {v!r}"
+            )
+        out[p] = v
+    return out
+
+
 def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
     """Every option validated; OptionError names the first bad one."""
     opts = {str(k).lower(): v for k, v in raw_options.items()}
@@ -221,7 +268,23 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
     if streaming and "endingoffsets" in opts:
         raise OptionError("endingOffsets", "is for batch reads; a stream has no end")
     ending = parse_offsets("endingOffsets", opts.get("endingoffsets"), "latest", ending=True)
+    starting_times = _times(
+        opts, "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsets"
+    )
+    ending_times = _times(opts, "endingTimestamp", "endingOffsetsByTimestamp", "endingOffsets")
+    if streaming and ending_times is not None:
+        name = "endingTimestamp" if "endingtimestamp" in opts else "endingOffsetsByTimestamp"
+        raise OptionError(name, "is for batch reads; a stream has no end")
+    strategy = str(opts.get("startingoffsetsbytimestampstrategy", "error")).strip().lower()
+    if strategy not in ("error", "latest"):
+        raise OptionError(
+            "startingOffsetsByTimestampStrategy", f"must be error or latest, got {strategy!r}"
+        )
     if mode == "table":
+        for name in ("startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
+                     "endingOffsetsByTimestamp"):  # fmt: skip
+            if name.lower() in opts:
+                raise OptionError(name, "mode=table reads the table as of latest")
         if starting != "earliest":
             raise OptionError("startingOffsets", "mode=table reads the whole table: leave it out")
         if ending != "latest":
@@ -271,6 +334,9 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
         partitions=partitions,
         starting=starting,
         ending=ending,
+        starting_times=starting_times,
+        ending_times=ending_times,
+        no_match_latest=strategy == "latest",
         mode="table" if mode == "table" else "log",
         prefer_followers=_bool(opts, "preferFollowers", True),
         token=str(token) if token else None,

@@ -43,9 +43,18 @@ from raftlog.spark.nodes import (
     Nodes,
     PartitionView,
     backoff,
+    index_for_time,
     survey,
 )
-from raftlog.spark.options import EARLIEST, LATEST, OffsetSpec, OptionError, Options, parse
+from raftlog.spark.options import (
+    EARLIEST,
+    LATEST,
+    OffsetSpec,
+    OptionError,
+    Options,
+    TimeSpec,
+    parse,
+)
 
 log = logging.getLogger("raftlog.spark")
 
@@ -91,6 +100,11 @@ def _resolve(spec: OffsetSpec, p: int, view: PartitionView, default: int) -> int
     return v
 
 
+def _starting_name(opts: Options) -> str:
+    return "startingTimestamp" if isinstance(opts.starting_times, int) else (
+        "startingOffsetsByTimestamp")  # fmt: skip
+
+
 def _check_json_partitions(name: str, spec: OffsetSpec, view: ClusterView) -> None:
     if isinstance(spec, dict):
         unknown = sorted(set(spec) - set(view.partitions))
@@ -100,6 +114,33 @@ def _check_json_partitions(name: str, spec: OffsetSpec, view: ClusterView) -> No
                 f"partition {unknown[0]} is not read (the partitions read are "
                 f"{sorted(view.partitions)})",
             )
+
+
+def _at_times(
+    nodes: Nodes, view: ClusterView, times: TimeSpec, option: str, *, ending: bool, latest: bool
+) -> dict[int, int]:
+    """The offsets of `times`: per partition, the first index stamped at or after its time (as
+    Kafka's offsetsForTimes). A time no record reaches ends at the latest offset; it starts
+    there only with `latest` (startingOffsetsByTimestampStrategy=latest), else it is an error."""
+    per = times if isinstance(times, dict) else dict.fromkeys(view.partitions, times)
+    _check_json_partitions(option, per, view)
+    out: dict[int, int] = {}
+    for p, t in sorted(per.items()):
+        pv = view.partitions[p]
+        try:
+            index = index_for_time(nodes, pv, t)
+        except NodeError as e:
+            raise OptionError(option, f"partition {p}: no replica answered ({e})") from None
+        if index is None and not (ending or latest):
+            raise OptionError(
+                option,
+                f"partition {p} has no record stamped at or after {t} (up to its high-water "
+                f"mark {pv.high_water_mark}); set startingOffsetsByTimestampStrategy=latest to "
+                "start such partitions at the latest offset",
+            )
+        latest_offset = pv.high_water_mark + 1  # what the survey saw: a batch's end at most
+        out[p] = latest_offset if index is None else min(index, latest_offset)
+    return out
 
 
 def _data_loss(p: int, start: int, floor: int, where: str) -> DataLoss:
@@ -294,18 +335,26 @@ class RaftlogBatchReader(DataSourceReader):
         nodes = Nodes(opts)
         try:
             view = survey(nodes)
+            starting, ending = opts.starting, opts.ending
+            if opts.starting_times is not None:
+                starting = _at_times(nodes, view, opts.starting_times, _starting_name(opts),
+                                     ending=False, latest=opts.no_match_latest)  # fmt: skip
+            if opts.ending_times is not None:
+                name = "endingTimestamp" if isinstance(opts.ending_times, int) else (
+                    "endingOffsetsByTimestamp")  # fmt: skip
+                ending = _at_times(nodes, view, opts.ending_times, name, ending=True, latest=True)
         finally:
             nodes.close()
-        _check_json_partitions("startingOffsets", opts.starting, view)
-        _check_json_partitions("endingOffsets", opts.ending, view)
+        _check_json_partitions("startingOffsets", starting, view)
+        _check_json_partitions("endingOffsets", ending, view)
         out: list[InputPartition] = []
         for p, pv in sorted(view.partitions.items()):
             hwm = pv.high_water_mark
             if opts.mode == "table":
                 out.append(TableSplit(p, hwm + 1, _order(pv, opts, hwm + 1, p)))
                 continue
-            start = _resolve(opts.starting, p, pv, pv.earliest)
-            stop = _resolve(opts.ending, p, pv, hwm + 1)
+            start = _resolve(starting, p, pv, pv.earliest)
+            stop = _resolve(ending, p, pv, hwm + 1)
             if stop > hwm + 1:
                 raise OptionError(
                     "endingOffsets",
@@ -387,9 +436,18 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         view = self._survey()
-        _check_json_partitions("startingOffsets", self.opts.starting, view)
+        starting = self.opts.starting
+        if self.opts.starting_times is not None:
+            nodes = Nodes(self.opts)
+            try:
+                starting = _at_times(nodes, view, self.opts.starting_times,
+                                     _starting_name(self.opts), ending=False,
+                                     latest=self.opts.no_match_latest)  # fmt: skip
+            finally:
+                nodes.close()
+        _check_json_partitions("startingOffsets", starting, view)
         start = {
-            p: _resolve(self.opts.starting, p, pv, pv.high_water_mark + 1)
+            p: _resolve(starting, p, pv, pv.high_water_mark + 1)
             for p, pv in view.partitions.items()
         }
         self._hold(start)

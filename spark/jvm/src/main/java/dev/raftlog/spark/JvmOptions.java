@@ -23,7 +23,9 @@ final class JvmOptions implements Serializable {
   private static final Set<String> DOC =
       new TreeSet<>(
           Set.of(
-              "endpoints", "partitions", "startingOffsets", "endingOffsets", "mode",
+              "endpoints", "partitions", "startingOffsets", "endingOffsets", "startingTimestamp",
+              "startingOffsetsByTimestamp", "startingOffsetsByTimestampStrategy",
+              "endingTimestamp", "endingOffsetsByTimestamp", "mode",
               "preferFollowers", "token", "tokenFile", "caFile", "maxRecordsPerSplit",
               "minPartitions", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
               "failOnDataLoss", "retentionHold", "retentionHoldTtlSeconds", "timeoutSeconds",
@@ -36,6 +38,9 @@ final class JvmOptions implements Serializable {
   final int[] partitions; // null: all of them
   final Offsets starting;
   final Offsets ending;
+  final Times startingTimes; // null: by offsets
+  final Times endingTimes; // null: by offsets
+  final boolean noMatchLatest; // a start time no record reaches: latest (else an error)
   final boolean preferFollowers;
   final String token; // null: none
   final String caFile; // null: the JVM's trust store
@@ -72,6 +77,20 @@ final class JvmOptions implements Serializable {
       throw new OptionException("endingOffsets", "is for batch reads; a stream has no end");
     }
     ending = Offsets.parse("endingOffsets", o.get("endingoffsets"), Offsets.LATEST_ALL, true);
+    startingTimes =
+        Times.parse(o, "startingTimestamp", "startingOffsetsByTimestamp", "startingOffsets");
+    endingTimes = Times.parse(o, "endingTimestamp", "endingOffsetsByTimestamp", "endingOffsets");
+    if (streaming && endingTimes != null) {
+      throw new OptionException(endingTimes.option, "is for batch reads; a stream has no end");
+    }
+    String strategy =
+        o.getOrDefault("startingoffsetsbytimestampstrategy", "error").strip()
+            .toLowerCase(Locale.ROOT);
+    if (!strategy.equals("error") && !strategy.equals("latest")) {
+      throw new OptionException(
+          "startingOffsetsByTimestampStrategy", "must be error or latest, got '" + strategy + "'");
+    }
+    noMatchLatest = strategy.equals("latest");
     token = token(o);
     String ca = o.get("cafile");
     if (ca != null && !ca.isEmpty() && !Files.isRegularFile(Path.of(ca))) {

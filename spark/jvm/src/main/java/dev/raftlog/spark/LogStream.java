@@ -51,14 +51,17 @@ final class LogStream
   @Override
   public Offset initialOffset() {
     TreeMap<Integer, PartitionView> views = survey();
-    Planner.checkJsonPartitions("startingOffsets", opts.starting, views);
+    Offsets starting =
+        opts.startingTimes == null
+            ? opts.starting
+            : opts.startingTimes.resolve(new Nodes(opts), views, false, opts.noMatchLatest);
+    Planner.checkJsonPartitions("startingOffsets", starting, views);
     Map<Integer, Long> start = new TreeMap<>();
     views.forEach(
         (p, pv) ->
             start.put(
                 p,
-                opts.starting.resolve(p, pv.earliest(), pv.highWaterMark(),
-                    pv.highWaterMark() + 1)));
+                starting.resolve(p, pv.earliest(), pv.highWaterMark(), pv.highWaterMark() + 1)));
     hold(start);
     return new LogOffset(start);
   }

@@ -164,6 +164,10 @@ final class Nodes {
     return new NodeException(base, status, parsed != null && parsed.isObject() ? parsed : null);
   }
 
+  double timeoutS() {
+    return options.timeoutS;
+  }
+
   JsonNode json(String base, String path, double timeoutS) throws NodeException {
     send(base, path, timeoutS);
     try {

@@ -28,6 +28,11 @@ final class Offsets implements Serializable {
     this.perPartition = perPartition;
   }
 
+  /** A position per partition, as JSON gives them. */
+  static Offsets of(TreeMap<Integer, Long> perPartition) {
+    return new Offsets(0, perPartition);
+  }
+
   static final Offsets EARLIEST_ALL = new Offsets(EARLIEST, null);
   static final Offsets LATEST_ALL = new Offsets(LATEST, null);
 

@@ -17,15 +17,22 @@ final class Planner {
   private Planner() {}
 
   static List<LogSplit> plan(JvmOptions opts) {
-    TreeMap<Integer, PartitionView> views = Survey.run(new Nodes(opts), opts);
-    checkJsonPartitions("startingOffsets", opts.starting, views);
-    checkJsonPartitions("endingOffsets", opts.ending, views);
+    Nodes nodes = new Nodes(opts);
+    TreeMap<Integer, PartitionView> views = Survey.run(nodes, opts);
+    Offsets starting =
+        opts.startingTimes == null
+            ? opts.starting
+            : opts.startingTimes.resolve(nodes, views, false, opts.noMatchLatest);
+    Offsets ending =
+        opts.endingTimes == null ? opts.ending : opts.endingTimes.resolve(nodes, views, true, true);
+    checkJsonPartitions("startingOffsets", starting, views);
+    checkJsonPartitions("endingOffsets", ending, views);
     List<LogSplit> out = new ArrayList<>();
     for (PartitionView pv : views.values()) {
       int p = pv.partition;
       long hwm = pv.highWaterMark();
-      long start = opts.starting.resolve(p, pv.earliest(), hwm, pv.earliest());
-      long stop = opts.ending.resolve(p, pv.earliest(), hwm, hwm + 1);
+      long start = starting.resolve(p, pv.earliest(), hwm, pv.earliest());
+      long stop = ending.resolve(p, pv.earliest(), hwm, hwm + 1);
       if (stop > hwm + 1) {
         throw new OptionException(
             "endingOffsets",
