@@ -25,6 +25,18 @@ record_fields = {
     "key_b64": st.sampled_from([None, "eA==", "***", "eA"]),
     "value_b64": st.sampled_from([None, "eQ==", "!"]),
     "headers": st.dictionaries(st.text(max_size=3), st.text(max_size=3) | scalars, max_size=2)
+    | st.lists(  # Kafka's headers: pairs
+        st.fixed_dictionaries(
+            {},
+            optional={
+                "key": st.text(max_size=3) | scalars,
+                "value": texts,
+                "value_b64": st.sampled_from([None, "AP8=", "%"]),
+                "colour": scalars,
+            },
+        ),
+        max_size=3,
+    )
     | scalars,
     "timestamp_ms": st.integers(-2, 2**40) | scalars,
     "colour": scalars,
@@ -144,3 +156,44 @@ def test_the_largest_timestamp_is_taken_by_both_parsers() -> None:
     fast = fast_records(json.dumps(body).encode(), LIMIT)
     assert fast is not None and fast == parse_records(body, LIMIT)
     assert decode_record(fast[0][0]).timestamp_ms == 2**63 - 1
+
+
+def test_kafka_headers_keep_their_order_repeated_keys_and_bytes() -> None:
+    body = {
+        "value": "v",
+        "headers": [
+            {"key": "trace", "value": "a"},
+            {"key": "bin", "value_b64": "AP/+"},
+            {"key": "trace", "value": "b"},
+            {"key": "empty", "value": ""},
+        ],
+    }
+    (data,), _, _ = parse_records(body, LIMIT)
+    assert decode_record(data).headers == [
+        ("trace", b"a"),
+        ("bin", b"\x00\xff\xfe"),
+        ("trace", b"b"),
+        ("empty", b""),
+    ]
+    assert fast_records(json.dumps(body).encode(), LIMIT) is None  # the full parser's
+
+
+@pytest.mark.parametrize(
+    ("headers", "field", "reason"),
+    [
+        ([{"key": "k"}], "records[0].headers[0].value", "is required"),
+        ([{"key": 5, "value": "v"}], "records[0].headers[0].key", "a string"),
+        ([{"value": "v"}], "records[0].headers[0].key", "a string"),
+        ([{"key": "k", "value": "v", "value_b64": "dg=="}], "records[0].headers[0].value",
+         "not both"),
+        ([{"key": "k", "value_b64": "%"}], "records[0].headers[0].value_b64", "base64"),
+        ([{"key": "k", "value": "v", "colour": 1}], "records[0].headers[0]", "must be"),
+        (["k"], "records[0].headers[0]", "must be"),
+        ("k=v", "records[0].headers", "must map strings to strings, or be a list"),
+    ],
+)  # fmt: skip
+def test_bad_kafka_headers_are_named_400s(headers: Any, field: str, reason: str) -> None:
+    with pytest.raises(ApiError) as e:
+        parse_records({"records": [{"value": "v", "headers": headers}]}, LIMIT)
+    assert (e.value.status, e.value.body["field"]) == (400, field)
+    assert reason in e.value.body["reason"]

@@ -14,7 +14,8 @@ import msgspec
 class Record(msgspec.Struct, frozen=True, array_like=True, omit_defaults=True, gc=False):
     key: bytes | None = None
     value: bytes | None = None  # None on a keyed record is a tombstone: the key is deleted
-    headers: dict[str, str] = {}
+    # Text headers as a map, or Kafka's headers: pairs in order, keys may repeat, values bytes.
+    headers: dict[str, str] | list[tuple[str, bytes]] = {}
     timestamp_ms: int = 0
     # Idempotent producers (as Kafka's): each record of a producer has the next sequence number,
     # and a retried append of records already in the log is answered, not appended again.
@@ -28,6 +29,13 @@ _decoder = msgspec.msgpack.Decoder(Record)
 
 def encode_record(record: Record) -> bytes:
     return _encoder.encode(record)
+
+
+def header_pairs(headers: dict[str, str] | list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """A record's headers as Kafka's pairs (a map's values as UTF-8)."""
+    if isinstance(headers, dict):
+        return [(k, v.encode()) for k, v in headers.items()]
+    return headers
 
 
 def decode_record(data: bytes) -> Record:

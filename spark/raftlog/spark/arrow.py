@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
     IntegerType,
     LongType,
@@ -35,6 +36,21 @@ SCHEMA = StructType(
 )
 ARROW_SCHEMA: pa.Schema = to_arrow_schema(SCHEMA, timezone="UTC")
 _HEADERS_TYPE = ARROW_SCHEMA.field("headers").type
+# includeHeaders=true: Kafka's type, every pair in the record's order, values as bytes.
+KAFKA_HEADERS = ArrayType(
+    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+)
+KAFKA_SCHEMA = StructType(
+    [StructField("headers", KAFKA_HEADERS) if f.name == "headers" else f for f in SCHEMA.fields]
+)
+KAFKA_ARROW_SCHEMA: pa.Schema = to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")
+_KAFKA_HEADERS_TYPE = KAFKA_ARROW_SCHEMA.field("headers").type
+
+
+def schema(include_headers: bool) -> StructType:
+    return KAFKA_SCHEMA if include_headers else SCHEMA
+
+
 _TS_TYPE = ARROW_SCHEMA.field("timestamp").type
 
 
@@ -62,8 +78,9 @@ def _int64(raw: bytes, n: int) -> pa.Array:
     return pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(raw)])
 
 
-def page_to_batch(page: dict[str, Any]) -> pa.RecordBatch:
-    """A `/columns` page as a batch of ARROW_SCHEMA."""
+def page_to_batch(page: dict[str, Any], include_headers: bool = False) -> pa.RecordBatch:
+    """A `/columns` page as a batch of ARROW_SCHEMA (KAFKA_ARROW_SCHEMA with
+    `include_headers`)."""
     n = int(page["count"])
     ts_ms = _int64(page["timestamp_ms"], n)
     # A record without a timestamp (0) reads as null.
@@ -74,16 +91,24 @@ def page_to_batch(page: dict[str, Any]) -> pa.RecordBatch:
         pa.string(), pairs, [None, pa.py_buffer(page["header_key_offsets"]),
                              pa.py_buffer(page["header_key_data"])],
     )  # fmt: skip
-    header_values = pa.Array.from_buffers(
-        pa.string(), pairs, [None, pa.py_buffer(page["header_value_offsets"]),
-                             pa.py_buffer(page["header_value_data"])],
-    )  # fmt: skip
+    value_buffers = [None, pa.py_buffer(page["header_value_offsets"]),
+                     pa.py_buffer(page["header_value_data"])]  # fmt: skip
     header_offsets = pa.Array.from_buffers(
         pa.int32(), n + 1, [None, pa.py_buffer(page["header_offsets"])]
     )
-    headers = pa.MapArray.from_arrays(
-        header_offsets, header_keys, header_values, type=_HEADERS_TYPE
-    )
+    headers: pa.Array
+    if include_headers:
+        kafka = pa.StructArray.from_arrays(
+            [header_keys, pa.Array.from_buffers(pa.binary(), pairs, value_buffers)],
+            fields=list(_KAFKA_HEADERS_TYPE.value_type),
+        )
+        headers = pa.ListArray.from_arrays(header_offsets, kafka, type=_KAFKA_HEADERS_TYPE)
+    else:
+        # A value that is not UTF-8 (Kafka's headers) keeps its bytes, as Spark's strings do.
+        header_values = pa.Array.from_buffers(pa.string(), pairs, value_buffers)
+        headers = pa.MapArray.from_arrays(
+            header_offsets, header_keys, header_values, type=_HEADERS_TYPE
+        )
     return pa.RecordBatch.from_arrays(
         [
             pa.repeat(pa.scalar(int(page["partition"]), pa.int32()), n),
@@ -94,7 +119,7 @@ def page_to_batch(page: dict[str, Any]) -> pa.RecordBatch:
             headers,
             ts,
         ],
-        schema=ARROW_SCHEMA,
+        schema=KAFKA_ARROW_SCHEMA if include_headers else ARROW_SCHEMA,
     )
 
 

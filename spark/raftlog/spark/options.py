@@ -57,6 +57,7 @@ _DOC = (
     "minOffsetsPerTrigger",
     "maxTriggerDelay",
     "failOnDataLoss",
+    "includeHeaders",
     "retentionHold",
     "retentionHoldTtlSeconds",
     "timeoutSeconds",
@@ -86,6 +87,7 @@ class Options:
     min_offsets_per_trigger: int | None
     max_trigger_delay_s: float  # a batch smaller than the minimum runs after this long
     fail_on_data_loss: bool
+    include_headers: bool  # Kafka's headers type instead of a map of strings
     retention_hold: str | None  # the holder's name; None: no hold
     retention_hold_ttl_s: float
     timeout_s: float
@@ -280,6 +282,9 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
         raise OptionError(
             "startingOffsetsByTimestampStrategy", f"must be error or latest, got {strategy!r}"
         )
+    include_headers = _bool(opts, "includeHeaders", False)
+    if include_headers and mode == "table":
+        raise OptionError("includeHeaders", "is for mode=log (a table's rows have no headers)")
     if mode == "table":
         for name in ("startingTimestamp", "startingOffsetsByTimestamp", "endingTimestamp",
                      "endingOffsetsByTimestamp"):  # fmt: skip
@@ -347,6 +352,7 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
         min_offsets_per_trigger=min_per_trigger,
         max_trigger_delay_s=_duration(opts, "maxTriggerDelay", 15 * 60.0),
         fail_on_data_loss=_bool(opts, "failOnDataLoss", True),
+        include_headers=include_headers,
         retention_hold=hold or None,
         retention_hold_ttl_s=_float(opts, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0),
         timeout_s=_float(opts, "timeoutSeconds", 30.0, 0.1, 3600.0),

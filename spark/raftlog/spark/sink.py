@@ -14,7 +14,8 @@ same `writeId` to finish it without duplicates.
 Input columns: `value` (string or binary, required, null for a tombstone), `key` (string or
 binary), `partition` (int: the raftlog partition; else the key's partition, as the node's
 `/v1/records` routes it, or partition 0 for rows without a key), `headers`
-(map<string,string>), `timestamp` (timestamp: the record's `timestamp_ms`).
+(map<string,string>, or Kafka's array<struct<key string, value binary>>), `timestamp`
+(timestamp: the record's `timestamp_ms`).
 """
 
 from __future__ import annotations
@@ -117,7 +118,15 @@ def _record(row: Any, fields: set[str]) -> dict[str, Any]:
         _field(r, "key", row["key"])
     _field(r, "value", row["value"])
     if "headers" in fields and row["headers"]:
-        r["headers"] = {str(k): str(v) for k, v in row["headers"].items()}
+        headers = row["headers"]
+        if isinstance(headers, dict):  # a map of strings
+            r["headers"] = {str(k): str(v) for k, v in headers.items()}
+        else:  # Kafka's headers: pairs in order, keys may repeat, values bytes
+            r["headers"] = []
+            for pair in headers:
+                h: dict[str, Any] = {"key": str(pair["key"])}
+                _field(h, "value", b"" if pair["value"] is None else pair["value"])
+                r["headers"].append(h)
     if "timestamp" in fields and row["timestamp"] is not None:
         ts: dt.datetime = row["timestamp"]
         r["timestamp_ms"] = int(ts.timestamp() * 1000)

@@ -266,7 +266,7 @@ def read_log(opts: Options, split: LogSplit) -> Iterator[pa.RecordBatch]:
             if isinstance(got, int):
                 at = got
                 continue
-            batch = arrow.page_to_batch(got)
+            batch = arrow.page_to_batch(got, opts.include_headers)
             if batch.num_rows:
                 yield batch
             at = int(got["next"])
@@ -569,7 +569,9 @@ class RaftlogDataSource(DataSource):
         return "raftlog"
 
     def schema(self) -> StructType:
-        return arrow.SCHEMA
+        # A bad value is refused when the options are parsed, naming it.
+        include = {str(k).lower(): v for k, v in self.options.items()}.get("includeheaders", "")
+        return arrow.schema(str(include).strip().lower() in ("true", "1", "yes"))
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return RaftlogBatchReader(parse(self.options, streaming=False))

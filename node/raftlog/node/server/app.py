@@ -52,26 +52,27 @@ from raftlog.node.storage.snapshots import Chunk
 from raftlog.node.transport.codec import decode_frame
 
 
-def _bytes_field(item: dict[str, Any], name: str, i: int) -> bytes | None:
-    """`name` as UTF-8 text, or `name_b64` as base64; None when absent or null."""
+def _bytes_field(item: dict[str, Any], name: str, where: str) -> bytes | None:
+    """`name` as UTF-8 text, or `name_b64` as base64; None when absent or null. Errors name
+    the field under `where`."""
     text, b64 = item.get(name), item.get(f"{name}_b64")
     if text is not None and b64 is not None:
-        raise bad(f"records[{i}].{name}", f"give {name} or {name}_b64, not both")
+        raise bad(f"{where}.{name}", f"give {name} or {name}_b64, not both")
     if b64 is not None:
         if not isinstance(b64, str):
-            raise bad(f"records[{i}].{name}_b64", "must be a base64 string")
+            raise bad(f"{where}.{name}_b64", "must be a base64 string")
         try:
             return base64.b64decode(b64, validate=True)
         except (binascii.Error, ValueError):
-            raise bad(f"records[{i}].{name}_b64", "is not valid base64") from None
+            raise bad(f"{where}.{name}_b64", "is not valid base64") from None
     if text is None:
         return None
     if not isinstance(text, str):
-        raise bad(f"records[{i}].{name}", "must be a string or null")
+        raise bad(f"{where}.{name}", "must be a string or null")
     try:
         return text.encode()
     except UnicodeEncodeError:  # a lone surrogate escape, "\ud800"
-        raise bad(f"records[{i}].{name}", "is not valid Unicode text") from None
+        raise bad(f"{where}.{name}", "is not valid Unicode text") from None
 
 
 def _is_text(s: str) -> bool:
@@ -93,6 +94,33 @@ def require_mark(d: PartitionDriver, min_index: int) -> None:
             f"this replica's high-water mark {d.raft.commit} is below {min_index}",
             high_water_mark=d.raft.commit,
         )
+
+
+def _headers(raw: Any, i: int) -> dict[str, str] | list[tuple[str, bytes]]:
+    """A map of strings, or Kafka's headers: a list of {"key", "value" | "value_b64"} pairs
+    (keys may repeat, values may be any bytes)."""
+    where = f"records[{i}].headers"
+    if isinstance(raw, dict):
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
+            raise bad(where, "must map strings to strings, or be a list of {key, value} pairs")
+        if not all(_is_text(k) and _is_text(v) for k, v in raw.items()):
+            raise bad(where, "is not valid Unicode text")
+        return raw
+    if not isinstance(raw, list):
+        raise bad(where, "must map strings to strings, or be a list of {key, value} pairs")
+    pairs: list[tuple[str, bytes]] = []
+    for j, pair in enumerate(raw):
+        at = f"{where}[{j}]"
+        if not isinstance(pair, dict) or set(pair) - {"key", "value", "value_b64"}:
+            raise bad(at, 'must be {"key": ..., "value": ...} or {"key": ..., "value_b64": ...}')
+        key = pair.get("key")
+        if not isinstance(key, str) or not _is_text(key):
+            raise bad(f"{at}.key", "must be a string of Unicode text")
+        value = _bytes_field(pair, "value", at)
+        if value is None:
+            raise bad(f"{at}.value", "is required (a string, or value_b64 for bytes)")
+        pairs.append((key, value))
+    return pairs
 
 
 def parse_records(body: Any, max_record_bytes: int) -> tuple[list[bytes], str | None, int]:
@@ -129,8 +157,8 @@ def parse_records(body: Any, max_record_bytes: int) -> tuple[list[bytes], str | 
         unknown = set(item) - allowed
         if unknown:
             raise bad(f"records[{i}].{sorted(unknown)[0]}", "unknown field")
-        key = _bytes_field(item, "key", i)
-        value = _bytes_field(item, "value", i)
+        key = _bytes_field(item, "key", f"records[{i}]")
+        value = _bytes_field(item, "value", f"records[{i}]")
         if value is not None and len(value) > max_record_bytes:
             raise ApiError(
                 413,
@@ -138,13 +166,7 @@ def parse_records(body: Any, max_record_bytes: int) -> tuple[list[bytes], str | 
                 f"value is {len(value)} bytes, limit {max_record_bytes}",
                 f"records[{i}].value",
             )
-        headers = item.get("headers", {})
-        if not isinstance(headers, dict) or not all(
-            isinstance(k, str) and isinstance(v, str) for k, v in headers.items()
-        ):
-            raise bad(f"records[{i}].headers", "must map strings to strings")
-        if not all(_is_text(k) and _is_text(v) for k, v in headers.items()):
-            raise bad(f"records[{i}].headers", "is not valid Unicode text")
+        headers = _headers(item.get("headers", {}), i)
         ts = item.get("timestamp_ms", 0)
         if not isinstance(ts, int) or isinstance(ts, bool) or not 0 <= ts < 2**63:
             raise bad(f"records[{i}].timestamp_ms", "must be an integer from 0 to 2**63 - 1")
@@ -237,6 +259,13 @@ def fast_records(raw: bytes, max_record_bytes: int) -> tuple[list[bytes], str | 
     return out, producer, -1 if sequence is None else sequence
 
 
+def _header_json(key: str, value: bytes) -> dict[str, str]:
+    try:
+        return {"key": key, "value": value.decode()}
+    except UnicodeDecodeError:
+        return {"key": key, "value_b64": base64.b64encode(value).decode()}
+
+
 def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
     try:
         r = decode_record(data)
@@ -251,7 +280,10 @@ def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
             out[name] = v.decode()
         except UnicodeDecodeError:
             out[f"{name}_b64"] = base64.b64encode(v).decode()
-    out["headers"] = r.headers
+    if isinstance(r.headers, dict):
+        out["headers"] = r.headers
+    else:
+        out["headers"] = [_header_json(k, v) for k, v in r.headers]
     out["timestamp_ms"] = r.timestamp_ms
     return out
 
@@ -285,7 +317,7 @@ async def append_by_key(request: web.Request) -> web.Response:
         raise bad("body", 'must be a record or {"records": [...]}')
     parts = set()
     for i, item in enumerate(items):
-        key = _bytes_field(item, "key", i) if isinstance(item, dict) else None
+        key = _bytes_field(item, "key", f"records[{i}]") if isinstance(item, dict) else None
         if key is None:
             raise bad(f"records[{i}].key", "is required to route a record by key")
         parts.add(partition_for(key, len(node.drivers)))

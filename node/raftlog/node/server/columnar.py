@@ -14,6 +14,9 @@ in Arrow arrays without touching a row:
 | `header_offsets` | int32, rows + 1: the row's headers are pairs [o[i], o[i+1]) |
 | `header_key_offsets`, `header_key_data`, `header_value_offsets`, `header_value_data` | the pairs |
 
+A record's header pairs are in its order: keys UTF-8, values the bytes it gave (UTF-8 for a map
+of text; any bytes, keys repeated, for Kafka's headers).
+
 Only NORMAL entries become rows (no-ops and membership changes are skipped, `next` says where
 the page ended). An entry whose data is not a record (never written by this API) becomes a row
 with a null key, its raw data as value and the header `raftlog.raw` = `true`.
@@ -171,19 +174,23 @@ def record_page(
     header_counts = [len(r.headers) for r in records]
     header_offsets = array("i", [0])
     hk: list[str] = []
-    hv: list[str] = []
+    hv: list[bytes] = []
     if any(header_counts):
         header_offsets.extend(accumulate(header_counts))
         for r in records:
-            if r.headers:
+            if isinstance(r.headers, dict):
                 hk.extend(r.headers.keys())
-                hv.extend(r.headers.values())
+                hv.extend(v.encode() for v in r.headers.values())
+            else:
+                for k, v in r.headers:
+                    hk.append(k)
+                    hv.append(v)
     else:
         header_offsets.extend(repeat(0, len(records)))
     key_offsets, key_data, key_valid = _binary([r.key for r in records])
     value_offsets, value_data, value_valid = _binary([r.value for r in records])
     hk_offsets, hk_data = _strings(hk)
-    hv_offsets, hv_data = _strings(hv)
+    hv_offsets, hv_data, _ = _binary(cast(list[bytes | None], hv))
     page: dict[str, Any] = {
         "partition": partition,
         "high_water_mark": high_water_mark,

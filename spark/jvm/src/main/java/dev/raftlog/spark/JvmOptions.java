@@ -28,7 +28,7 @@ final class JvmOptions implements Serializable {
               "endingTimestamp", "endingOffsetsByTimestamp", "mode",
               "preferFollowers", "token", "tokenFile", "caFile", "maxRecordsPerSplit",
               "minPartitions", "maxOffsetsPerTrigger", "minOffsetsPerTrigger", "maxTriggerDelay",
-              "failOnDataLoss", "retentionHold", "retentionHoldTtlSeconds", "timeoutSeconds",
+              "failOnDataLoss", "includeHeaders", "retentionHold", "retentionHoldTtlSeconds", "timeoutSeconds",
               "pageRecords"));
   // Spark's time strings (JavaUtils.timeStringAsMs), as Kafka's maxTriggerDelay takes them.
   private static final Pattern DURATION =
@@ -50,6 +50,7 @@ final class JvmOptions implements Serializable {
   final long minOffsetsPerTrigger; // 0: no minimum
   final double maxTriggerDelayS;
   final boolean failOnDataLoss;
+  final boolean includeHeaders; // Kafka's headers type instead of a map of strings
   final String retentionHold; // null: no hold
   final double retentionHoldTtlS;
   final double timeoutS;
@@ -133,9 +134,21 @@ final class JvmOptions implements Serializable {
     minPartitions = (int) integer(o, "minPartitions", 0, 1, 1_000_000);
     preferFollowers = bool(o, "preferFollowers", true);
     failOnDataLoss = bool(o, "failOnDataLoss", true);
+    includeHeaders = bool(o, "includeHeaders", false);
     retentionHoldTtlS = number(o, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0);
     maxTriggerDelayS = duration(o, "maxTriggerDelay", 15 * 60.0);
     timeoutS = number(o, "timeoutSeconds", 30.0, 0.1, 3600.0);
+  }
+
+  /** includeHeaders as Spark asks for the schema, before the options are checked (a bad value
+   * is refused then, naming it). */
+  static boolean includeHeaders(Map<String, String> raw) {
+    for (Map.Entry<String, String> e : raw.entrySet()) {
+      if (e.getKey().equalsIgnoreCase("includeHeaders")) {
+        return Set.of("true", "1", "yes").contains(e.getValue().strip().toLowerCase(Locale.ROOT));
+      }
+    }
+    return false;
   }
 
   /** Every option checked; OptionException names the first bad one. */

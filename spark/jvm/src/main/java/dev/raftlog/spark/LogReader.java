@@ -42,7 +42,7 @@ final class LogReader implements PartitionReader<ColumnarBatch> {
       }
       at = page.next;
       if (page.count > 0) {
-        current = Schema.batch(page);
+        current = Schema.batch(page, opts.includeHeaders);
         return true;
       }
     }

@@ -69,6 +69,15 @@ final class Msgpack {
     return t == 0xdc ? u16() : t == 0xdd ? length(u32()) : fail();
   }
 
+  /** Whether the next value is an array (without reading it). */
+  boolean atArray() {
+    if (at >= end) {
+      return false;
+    }
+    int t = b[at] & 0xff;
+    return (t & 0xf0) == 0x90 || t == 0xdc || t == 0xdd;
+  }
+
   private static int fail() {
     throw MALFORMED;
   }

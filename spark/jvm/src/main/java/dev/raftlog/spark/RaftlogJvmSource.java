@@ -26,16 +26,22 @@ public final class RaftlogJvmSource implements TableProvider, DataSourceRegister
 
   @Override
   public StructType inferSchema(CaseInsensitiveStringMap options) {
-    return Schema.SCHEMA;
+    return Schema.schema(JvmOptions.includeHeaders(options.asCaseSensitiveMap()));
   }
 
   @Override
   public Table getTable(
       StructType schema, Transform[] partitioning, Map<String, String> properties) {
-    return new LogTable();
+    return new LogTable(schema);
   }
 
   static final class LogTable implements SupportsRead {
+    private final StructType schema;
+
+    LogTable(StructType schema) {
+      this.schema = schema;
+    }
+
     @Override
     public String name() {
       return "raftlog-jvm";
@@ -44,7 +50,7 @@ public final class RaftlogJvmSource implements TableProvider, DataSourceRegister
     @Override
     @SuppressWarnings("deprecation")
     public StructType schema() {
-      return Schema.SCHEMA;
+      return schema;
     }
 
     @Override

@@ -32,7 +32,7 @@ final class RaftlogScan implements ScanBuilder, Scan, Batch {
 
   @Override
   public StructType readSchema() {
-    return Schema.SCHEMA;
+    return Schema.schema(JvmOptions.includeHeaders(options));
   }
 
   @Override

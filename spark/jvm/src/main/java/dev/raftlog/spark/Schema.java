@@ -2,6 +2,7 @@ package dev.raftlog.spark;
 
 import dev.raftlog.spark.vectors.BytesVector;
 import dev.raftlog.spark.vectors.ConstantIntVector;
+import dev.raftlog.spark.vectors.HeaderPairsVector;
 import dev.raftlog.spark.vectors.HeadersVector;
 import dev.raftlog.spark.vectors.Int64Vector;
 import dev.raftlog.spark.vectors.TimestampVector;
@@ -11,7 +12,10 @@ import org.apache.spark.sql.types.StructType;
 import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
-/** The schema of {@code raftlog.spark.arrow.SCHEMA}, and a page's rows as a batch of it. */
+/**
+ * The schema of {@code raftlog.spark.arrow.SCHEMA} (with includeHeaders=true, {@code
+ * KAFKA_SCHEMA}: Kafka's headers type in the same place), and a page's rows as a batch of it.
+ */
 final class Schema {
   private Schema() {}
 
@@ -30,8 +34,21 @@ final class Schema {
             DataTypes.createStructField("timestamp", DataTypes.TimestampType, true),
           });
 
+  static StructType schema(boolean includeHeaders) {
+    if (!includeHeaders) {
+      return SCHEMA;
+    }
+    StructField[] fields = SCHEMA.fields().clone();
+    for (int i = 0; i < fields.length; i++) {
+      if (fields[i].name().equals("headers")) {
+        fields[i] = DataTypes.createStructField("headers", HeaderPairsVector.TYPE, true);
+      }
+    }
+    return new StructType(fields);
+  }
+
   /** The page's columns, read in place. */
-  static ColumnarBatch batch(Page page) {
+  static ColumnarBatch batch(Page page, boolean includeHeaders) {
     int n = (int) page.count;
     Page.Span hk = page.headerKeyOffsets;
     Page.Span hv = page.headerValueOffsets;
@@ -41,13 +58,21 @@ final class Schema {
       new Int64Vector(page.term.buf, page.term.offset),
       binary(page.keyOffsets, page.keyData, page.keyValid, n),
       binary(page.valueOffsets, page.valueData, page.valueValid, n),
-      new HeadersVector(
-          page.headerOffsets.buf,
-          page.headerOffsets.offset,
-          BytesVector.strings(
-              hk.buf, hk.offset, page.headerKeyData.buf, page.headerKeyData.offset),
-          BytesVector.strings(
-              hv.buf, hv.offset, page.headerValueData.buf, page.headerValueData.offset)),
+      includeHeaders
+          ? new HeaderPairsVector(
+              page.headerOffsets.buf,
+              page.headerOffsets.offset,
+              BytesVector.strings(
+                  hk.buf, hk.offset, page.headerKeyData.buf, page.headerKeyData.offset),
+              BytesVector.binary(
+                  hv.buf, hv.offset, page.headerValueData.buf, page.headerValueData.offset))
+          : new HeadersVector(
+              page.headerOffsets.buf,
+              page.headerOffsets.offset,
+              BytesVector.strings(
+                  hk.buf, hk.offset, page.headerKeyData.buf, page.headerKeyData.offset),
+              BytesVector.strings(
+                  hv.buf, hv.offset, page.headerValueData.buf, page.headerValueData.offset)),
       new TimestampVector(page.timestampMs.buf, page.timestampMs.offset, n),
     };
     return new ColumnarBatch(columns, n);

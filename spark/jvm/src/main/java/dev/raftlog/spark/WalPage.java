@@ -13,8 +13,9 @@ import java.util.zip.CRC32C;
  *
  * <p>COMMIT records and entries that are not NORMAL are skipped. A NORMAL entry's data is a
  * {@code raftlog.node.record.Record} as msgspec encodes it: an array of up to six fields (key
- * bin|nil, value bin|nil, headers map str:str, timestamp_ms int, producer_id str|nil, sequence
- * int; missing trailing fields are defaults, extra ones ignored). Data that is not one becomes
+ * bin|nil, value bin|nil, headers map str:str or an array of [str, bin] pairs, timestamp_ms
+ * int, producer_id str|nil, sequence int; missing trailing fields are defaults, extra ones
+ * ignored). Data that is not one becomes
  * a row with a null key, the data as value and the header {@code raftlog.raw} = {@code true},
  * as the node's column page does. Rows land in a {@link ColumnsBuilder}: no object per row.
  */
@@ -136,12 +137,17 @@ final class WalPage {
         valueOff = mp.start;
       }
       if (fields > 2) {
-        pairs = mp.mapLen();
+        // A map of text, or Kafka's headers: an array of [key str, value bin] pairs.
+        boolean kafka = mp.atArray();
+        pairs = kafka ? mp.arrayLen() : mp.mapLen();
         for (int i = 0; i < 4 * pairs; i += 2) {
           if (i + 1 >= headers.length) { // grown as pairs are read: a count is only a claim
             headers = Arrays.copyOf(headers, 2 * headers.length);
           }
-          headers[i + 1] = mp.str();
+          if (kafka && i % 4 == 0 && mp.arrayLen() != 2) {
+            throw Msgpack.MALFORMED;
+          }
+          headers[i + 1] = kafka && i % 4 == 2 ? mp.bin() : mp.str();
           headers[i] = mp.start;
         }
       }

@@ -41,6 +41,11 @@ public final class BytesVector extends ReadOnlyVector {
         DataTypes.BinaryType, offsetsBuf, offsets, dataBuf, data, validBuf, valid, rows);
   }
 
+  /** Binary without nulls. */
+  public static BytesVector binary(byte[] offsetsBuf, int offsets, byte[] dataBuf, int data) {
+    return new BytesVector(DataTypes.BinaryType, offsetsBuf, offsets, dataBuf, data, null, -1, 0);
+  }
+
   /** Strings without nulls. */
   public static BytesVector strings(byte[] offsetsBuf, int offsets, byte[] dataBuf, int data) {
     return new BytesVector(DataTypes.StringType, offsetsBuf, offsets, dataBuf, data, null, -1, 0);
