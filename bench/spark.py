@@ -31,7 +31,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pyarrow as pa
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
@@ -146,6 +147,39 @@ def timed_noop(df: DataFrame) -> float:
     return time.perf_counter() - started
 
 
+def timed_aggregate(df: DataFrame) -> float:
+    """A full aggregate over every row (as a report would run): per partition, the count, the
+    bytes of the values and the last index."""
+    started = time.perf_counter()
+    rows = (
+        df.groupBy("partition")
+        .agg(F.count("*"), F.sum(F.length("value")), F.max("index"))
+        .collect()
+    )
+    assert rows
+    return time.perf_counter() - started
+
+
+def sink_rate(spark: SparkSession, records: int, tmp: Path) -> tuple[float, float]:
+    """Rows/s of `df.write.format("raftlog")` into a 3-node cluster of 3 partitions with
+    fsync on, rows routed by key (100 B values), and the seconds it took."""
+    with LocalCluster(tmp / "sink", replicas=3, partitions=3) as cluster:
+        cluster.wait_ready()
+        df = spark.range(0, records, numPartitions=4).select(
+            F.concat(F.lit("k"), (F.col("id") % 1000).cast("string")).alias("key"),
+            F.lit(VALUE).alias("value"),
+        )
+        df.cache().count()
+        started = time.perf_counter()
+        df.write.format("raftlog").option("endpoints", ",".join(cluster.endpoints)).mode(
+            "append"
+        ).save()
+        took = time.perf_counter() - started
+        total = sum(cluster.status("n1")["partitions"][p]["high_water_mark"] for p in range(3))
+        assert total >= records, f"the sink wrote {total} of {records}"
+    return records / took, took
+
+
 def main(records: int = 1_000_000) -> None:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -205,6 +239,10 @@ def main(records: int = 1_000_000) -> None:
             ceiling_s.append(timed_noop(ceiling))
             jvm_s.append(timed_noop(jvm))
             replay_s.append(timed_noop(jvm_replay))
+        agg_s: dict[str, list[float]] = {"raftlog": [], "parquet": [], "raftlog-jvm": []}
+        for _ in range(3):
+            for name, df in (("raftlog", source), ("parquet", parquet), ("raftlog-jvm", jvm)):
+                agg_s[name].append(timed_aggregate(df))
         replay.server.shutdown()
         raft_rate, parquet_rate = records / min(raft_s), records / min(parquet_s)
         ceiling_rate, jvm_rate = records / min(ceiling_s), records / min(jvm_s)
@@ -216,6 +254,8 @@ def main(records: int = 1_000_000) -> None:
         started = time.perf_counter()
         archived = archive.run(spark, args, open(os.devnull, "w"))  # noqa: SIM115
         archive_s = time.perf_counter() - started
+        sink_records = min(records, 300_000)
+        sink_rows_s, sink_s = sink_rate(spark, sink_records, Path(tmp))
         spark.stop()
     cores = os.cpu_count()
     print(f"python {platform.python_version()}, Spark local[*] on {cores} cores, "
@@ -241,6 +281,14 @@ def main(records: int = 1_000_000) -> None:
     rounds = zip(raft_s, parquet_s, ceiling_s, jvm_s, replay_s, strict=True)
     every = "; ".join(", ".join(f"{t:.2f}" for t in r) for r in rounds)
     print(f"| every round, s (raftlog, Parquet, ceiling, raftlog-jvm, replayed) | {every} |")
+    agg = {name: records / min(t) for name, t in agg_s.items()}
+    for name in ("raftlog", "raftlog-jvm"):
+        print(f"| full aggregate (count, sum of value lengths, max index per partition), "
+              f"`{name}` against Parquet, best of 3 | {agg[name]:,.0f} against "
+              f"{agg['parquet']:,.0f} rows/s: {agg[name] / agg['parquet']:.0%} |")  # fmt: skip
+    print(f"| sink: `df.write.format(\"raftlog\")`, {sink_records:,} rows by key into 3 "
+          f"partitions of a 3-node cluster, fsync on | {sink_rows_s:,.0f} rows/s "
+          f"({sink_s:.1f} s) |")  # fmt: skip
     print(f"| archive job (`--once`, into Parquet by partition and date), one run | "
           f"{archived / archive_s:,.0f} records/s ({archived:,} in {archive_s:.1f} s, "
           f"query start included) |")  # fmt: skip

@@ -12,7 +12,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 EARLIEST = -2
 LATEST = -1
@@ -147,6 +147,27 @@ def _duration(opts: Mapping[str, str], name: str, default_s: float) -> float:
     return int(m.group(1)) * _UNIT_S[(m.group(2) or "ms").lower()]
 
 
+def _per_partition(name: str, text: str, like: str, what: str) -> dict[int, Any]:
+    """A non-empty JSON object of partition -> value (`what`), keys checked; OptionError naming
+    `name` otherwise (`like` is the example the message shows)."""
+    try:
+        parsed = json.loads(text)
+    except ValueError as e:
+        raise OptionError(name, f"must be {like}: {e}") from None
+    if not isinstance(parsed, dict) or not parsed:
+        raise OptionError(name, f"must be a non-empty JSON object of partition -> {what}")
+    out: dict[int, Any] = {}
+    for k, v in parsed.items():
+        try:
+            p = int(k)
+        except ValueError:
+            raise OptionError(name, f"partition {k!r} is not an integer") from None
+        if p < 0:
+            raise OptionError(name, f"partition {p} is negative")
+        out[p] = v
+    return out
+
+
 def parse_offsets(name: str, raw: str | None, default: OffsetSpec, *, ending: bool) -> OffsetSpec:
     """`earliest`, `latest` or a JSON object of partition -> index (-2 earliest, -1 latest)."""
     if raw is None:
@@ -156,24 +177,11 @@ def parse_offsets(name: str, raw: str | None, default: OffsetSpec, *, ending: bo
         if ending and text.lower() == "earliest":
             raise OptionError(name, "an ending offset cannot be earliest (use latest or JSON)")
         return "earliest" if text.lower() == "earliest" else "latest"
-    try:
-        parsed = json.loads(text)
-    except ValueError as e:
-        raise OptionError(
-            name, f'must be earliest, latest or a JSON object like {{"0": 42}}: {e}'
-        ) from None
-    if not isinstance(parsed, dict) or not parsed:
-        raise OptionError(
-            name, 'must be a non-empty JSON object of partition -> index, like {"0": 42}'
-        )
+    parsed = _per_partition(
+        name, text, 'earliest, latest or a JSON object like {"0": 42}', 'index, like {"0": 42}'
+    )
     out: dict[int, int] = {}
-    for k, v in parsed.items():
-        try:
-            p = int(k)
-        except ValueError:
-            raise OptionError(name, f"partition {k!r} is not an integer") from None
-        if p < 0:
-            raise OptionError(name, f"partition {p} is negative")
+    for p, v in parsed.items():
         if not isinstance(v, int) or isinstance(v, bool):
             raise OptionError(name, f"the offset of partition {p} must be an integer, got {v!r}")
         if v < EARLIEST or v == 0:
@@ -201,21 +209,11 @@ def _times(opts: Mapping[str, str], one: str, per: str, offsets: str) -> TimeSpe
         return int(raw)
     if per.lower() not in opts:
         return None
-    text = str(opts[per.lower()])
-    try:
-        parsed = json.loads(text)
-    except ValueError as e:
-        raise OptionError(per, f'must be a JSON object like {{"0": 1700000000000}}: {e}') from None
-    if not isinstance(parsed, dict) or not parsed:
-        raise OptionError(per, "must be a non-empty JSON object of partition -> time in ms")
+    parsed = _per_partition(
+        per, str(opts[per.lower()]), 'a JSON object like {"0": 1700000000000}', "time in ms"
+    )
     out: dict[int, int] = {}
-    for k, v in parsed.items():
-        try:
-            p = int(k)
-        except ValueError:
-            raise OptionError(per, f"partition {k!r} is not an integer") from None
-        if p < 0:
-            raise OptionError(per, f"partition {p} is negative")
+    for p, v in parsed.items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 0:
             raise OptionError(
                 per, f"the time of partition {p} must be milliseconds since the epoch, got {v!r}"

@@ -51,30 +51,13 @@ final class Offsets implements Serializable {
     if (text.equalsIgnoreCase("latest")) {
       return LATEST_ALL;
     }
-    JsonNode parsed;
-    try {
-      parsed = JSON.readTree(text);
-    } catch (JsonProcessingException e) {
-      throw new OptionException(
-          name,
-          "must be earliest, latest or a JSON object like {\"0\": 42}: "
-              + e.getOriginalMessage());
-    }
-    if (parsed == null || !parsed.isObject() || parsed.isEmpty()) {
-      throw new OptionException(
-          name, "must be a non-empty JSON object of partition -> index, like {\"0\": 42}");
-    }
     TreeMap<Integer, Long> out = new TreeMap<>();
-    for (Map.Entry<String, JsonNode> kv : parsed.properties()) {
-      int p;
-      try {
-        p = Integer.parseInt(kv.getKey().strip());
-      } catch (NumberFormatException e) {
-        throw new OptionException(name, "partition '" + kv.getKey() + "' is not an integer");
-      }
-      if (p < 0) {
-        throw new OptionException(name, "partition " + p + " is negative");
-      }
+    TreeMap<Integer, JsonNode> parsed =
+        perPartition(
+            name, text, "earliest, latest or a JSON object like {\"0\": 42}",
+            "index, like {\"0\": 42}");
+    for (Map.Entry<Integer, JsonNode> kv : parsed.entrySet()) {
+      int p = kv.getKey();
       JsonNode v = kv.getValue();
       if (!v.isIntegralNumber() || !v.canConvertToLong()) {
         throw new OptionException(
@@ -94,6 +77,38 @@ final class Offsets implements Serializable {
       out.put(p, index);
     }
     return new Offsets(0, out);
+  }
+
+  /**
+   * A non-empty JSON object of partition -> value ({@code what}), its keys checked;
+   * OptionException naming {@code name} otherwise ({@code like}: the example it shows).
+   */
+  static TreeMap<Integer, JsonNode> perPartition(
+      String name, String raw, String like, String what) {
+    JsonNode parsed;
+    try {
+      parsed = JSON.readTree(raw);
+    } catch (JsonProcessingException e) {
+      throw new OptionException(name, "must be " + like + ": " + e.getOriginalMessage());
+    }
+    if (parsed == null || !parsed.isObject() || parsed.isEmpty()) {
+      throw new OptionException(
+          name, "must be a non-empty JSON object of partition -> " + what);
+    }
+    TreeMap<Integer, JsonNode> out = new TreeMap<>();
+    for (Map.Entry<String, JsonNode> kv : parsed.properties()) {
+      int p;
+      try {
+        p = Integer.parseInt(kv.getKey().strip());
+      } catch (NumberFormatException e) {
+        throw new OptionException(name, "partition '" + kv.getKey() + "' is not an integer");
+      }
+      if (p < 0) {
+        throw new OptionException(name, "partition " + p + " is negative");
+      }
+      out.put(p, kv.getValue());
+    }
+    return out;
   }
 
   /** The next index to read of a partition whose replicas hold [earliest, hwm]. */

@@ -1,8 +1,6 @@
 package dev.raftlog.spark;
 
-import com.fasterxml.jackson.core.JsonProcessingException;
 import com.fasterxml.jackson.databind.JsonNode;
-import com.fasterxml.jackson.databind.ObjectMapper;
 import java.io.Serializable;
 import java.util.ArrayList;
 import java.util.Comparator;
@@ -17,7 +15,6 @@ import java.util.TreeMap;
  */
 final class Times implements Serializable {
   private static final long serialVersionUID = 1L;
-  private static final ObjectMapper JSON = new ObjectMapper();
   final String option; // the option it came from, named in errors
   final Long all; // null: per partition
   final TreeMap<Integer, Long> perPartition;
@@ -52,27 +49,12 @@ final class Times implements Serializable {
     if (raw == null) {
       return null;
     }
-    JsonNode parsed;
-    try {
-      parsed = JSON.readTree(raw);
-    } catch (JsonProcessingException e) {
-      throw new OptionException(
-          per, "must be a JSON object like {\"0\": 1700000000000}: " + e.getOriginalMessage());
-    }
-    if (parsed == null || !parsed.isObject() || parsed.isEmpty()) {
-      throw new OptionException(per, "must be a non-empty JSON object of partition -> time in ms");
-    }
     TreeMap<Integer, Long> out = new TreeMap<>();
-    for (Map.Entry<String, JsonNode> kv : parsed.properties()) {
-      int p;
-      try {
-        p = Integer.parseInt(kv.getKey().strip());
-      } catch (NumberFormatException e) {
-        throw new OptionException(per, "partition '" + kv.getKey() + "' is not an integer");
-      }
-      if (p < 0) {
-        throw new OptionException(per, "partition " + p + " is negative");
-      }
+    TreeMap<Integer, JsonNode> parsed =
+        Offsets.perPartition(
+            per, raw, "a JSON object like {\"0\": 1700000000000}", "time in ms");
+    for (Map.Entry<Integer, JsonNode> kv : parsed.entrySet()) {
+      int p = kv.getKey();
       JsonNode v = kv.getValue();
       if (!v.isIntegralNumber() || !v.canConvertToLong() || v.longValue() < 0) {
         throw new OptionException(
