@@ -113,7 +113,8 @@ def _wait(what: str, ok: Any, timeout: float = 600.0, poll: float = 0.005) -> fl
 
 
 def catch_up(workdir: Path) -> dict[str, Any]:
-    raft = {"compact_every_operations": 10**9}  # the follower must be repaired from the WAL
+    # No compaction: the follower must be repaired from the WAL.
+    raft = {"compact_every_operations": 10**9, "compact_every_bytes": 0}
     with LocalCluster(workdir / "catchup", replicas=3, partitions=1, raft=raft) as cluster:
         cluster.wait_ready()
         leader = cluster.leader(0)
@@ -151,7 +152,11 @@ def catch_up(workdir: Path) -> dict[str, Any]:
 
 
 def snapshot_install(workdir: Path) -> dict[str, Any]:
-    raft = {"compact_every_operations": 10**9, "compact_number_entries": 16}
+    raft = {
+        "compact_every_operations": 10**9,
+        "compact_every_bytes": 0,
+        "compact_number_entries": 16,
+    }
     env = {"RAFTLOG_SEGMENT_BYTES": str(16 * 1024 * 1024)}
     with LocalCluster(workdir / "snap", replicas=3, partitions=1, raft=raft, env=env) as cluster:
         cluster.wait_ready()

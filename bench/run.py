@@ -49,7 +49,9 @@ def _drive(nodes: dict[str, tuple[Raft, MemoryStorage]]) -> None:
 
 def _cluster(n: int) -> dict[str, tuple[Raft, MemoryStorage]]:
     ids = [f"n{i}" for i in range(n)]
-    cfg = RaftConfig(max_entries_per_append=256, compact_every_operations=10**9)
+    cfg = RaftConfig(
+        max_entries_per_append=256, compact_every_operations=10**9, compact_every_bytes=0
+    )
     nodes = {}
     for i in ids:
         s = MemoryStorage(Membership.of(ids))

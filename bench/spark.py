@@ -185,7 +185,7 @@ def main(records: int = 1_000_000) -> None:
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
     with tempfile.TemporaryDirectory() as tmp, LocalCluster(
         Path(tmp) / "cluster", replicas=3, partitions=1, durable=False,
-        raft={"compact_every_operations": 10**9},
+        raft={"compact_every_operations": 10**9, "compact_every_bytes": 0},  # no compaction
     ) as cluster:  # fmt: skip
         cluster.wait_ready()
         started = time.perf_counter()
