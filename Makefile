@@ -57,11 +57,13 @@ typecheck: install
 # (also on failure), one that `make cluster` started stays up.
 test: lint typecheck
 	@was_up=$$($(PY) -m cluster status >/dev/null 2>&1 && echo yes); mkdir -p .cluster; \
+	rm -f .cluster/k8s-figures.log; \
 	( $(PY) -m cluster up && $(VENV)/bin/pytest -q --durations=15 -m k8s -n 2 --dist loadfile ) \
 		> .cluster/k8s-tests.log 2>&1 & k8s=$$!; \
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q --durations=15 -m "not k8s"; rest=$$?; \
 	wait $$k8s; k8s_rc=$$?; echo "---- the k8s suite (.cluster/k8s-tests.log)"; \
-	cat .cluster/k8s-tests.log; [ -n "$$was_up" ] || $(PY) -m cluster down; \
+	cat .cluster/k8s-tests.log; cat .cluster/k8s-figures.log 2>/dev/null; \
+	[ -n "$$was_up" ] || $(PY) -m cluster down; \
 	echo "not k8s: exit $$rest; k8s: exit $$k8s_rc"; [ $$rest -eq 0 ] && [ $$k8s_rc -eq 0 ]
 
 # A real single-machine Kubernetes (cluster/): builds what is missing (cached by version under

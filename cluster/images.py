@@ -310,11 +310,13 @@ class _VenvImage(NamedTuple):
 
 
 def _venv_image(spec: _VenvImage) -> Image:
+    """The image in two layers: a base (bookworm, the packages, the venv with every dependency;
+    cached by everything but raftlog's sources and `spec.files`) and raftlog's own wheel and
+    files over it (`--update` of the recipe): a source change rebuilds only the second."""
     python = layout.ROOT / ".venv" / "bin" / "python"
     # The versions the dev venv was tested with pin the image's dependencies (and key it).
     pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check"]
     pins = _run(*pip, "list", "--format=freeze", "--exclude-editable", capture=True)
-    contents = [f.read_bytes() for f in (spec.recipe, *spec.files)]
     # Not the paths: the same image from any checkout is the same cache entry.
     shape = [
         spec.packages,
@@ -325,12 +327,54 @@ def _venv_image(spec: _VenvImage) -> Image:
         spec.workdir,
         spec.env,
     ]
-    key = _key(
-        spec.name, spec.ref, repr(shape), *MIRRORS, *DPKG_OPTS, *contents, pins, _source_hash()
+    base_key = _key(
+        spec.name, spec.ref, repr(shape), *MIRRORS, *DPKG_OPTS, spec.recipe.read_bytes(), pins
     )
-    out, done = _cached(spec.name, key)
+    files = [f.read_bytes() for f in spec.files]
+    out, done = _cached(spec.name, _key(base_key, *files, _source_hash()))
     if done:
         return Image(out, spec.ref)
+    started = time.monotonic()
+    base, based = _cached(f"{spec.name}-base", base_key)
+    if not based:
+        _base_image(spec, base, pip, pins)
+        _prune(f"{spec.name}-base", base)
+    _log(f"{spec.name}: raftlog's wheel and files over {base.name}")
+    with tempfile.TemporaryDirectory(dir=IMAGES, prefix=f".{spec.name}-") as tmp_name:
+        tmp = Path(tmp_name)
+        oci, bundle, tar = tmp / "oci", tmp / "bundle", tmp / "image.tar"
+        _run(*pip, "wheel", "-q", "--no-deps", "-w", tmp / "wheels", layout.ROOT, timeout=600)
+        oci.mkdir()
+        _run("tar", "-xf", base, "-C", oci)
+        image = f"{oci}:{spec.ref}"
+        _run("umoci", "unpack", "--image", image, bundle, timeout=600)
+        root = bundle / "rootfs"
+        staged = root / "tmp" / "raftlog-update"
+        staged.mkdir()
+        for f in (tmp / "wheels", spec.recipe, *spec.files):
+            _run("cp", "-r", f, staged)
+        inside = " ".join(f"/tmp/raftlog-update/{f.name}" for f in spec.files)
+        # A private mount namespace: /dev and /proc for the recipe, gone when it ends.
+        script = (
+            f"mount --rbind /dev {root}/dev && mount -t proc proc {root}/proc && "
+            f"chroot {root} env -i sh /tmp/raftlog-update/{spec.recipe.name} --update "
+            f"/tmp/raftlog-update/wheels {inside}"
+        )
+        _run("unshare", "--mount", "--fork", "sh", "-c", script, timeout=600)
+        _run("rm", "-rf", staged)
+        _run("umoci", "repack", "--image", image, bundle, timeout=1200)
+        _run("umoci", "gc", "--layout", oci)
+        _run("tar", "--numeric-owner", "-C", oci, "-cf", tar, "oci-layout", "index.json", "blobs")
+        tar.replace(out)  # atomically: the cache never holds half an image
+    elapsed = time.monotonic() - started
+    _log(f"{spec.name}: built {out} ({_mb(out)}) in {elapsed:.0f} s")
+    _prune(spec.name, out)
+    return Image(out, spec.ref)
+
+
+def _base_image(spec: _VenvImage, out: Path, pip: list[str | Path], pins: str) -> None:
+    """bookworm minbase with the packages, the recipe run in it over the wheels of raftlog and
+    every dependency, as one layer."""
     started = time.monotonic()
     with tempfile.TemporaryDirectory(dir=IMAGES, prefix=f".{spec.name}-") as tmp_name:
         tmp = Path(tmp_name)
@@ -365,9 +409,7 @@ def _venv_image(spec: _VenvImage) -> Image:
             workdir=spec.workdir, env=spec.env,
         )  # fmt: skip
     elapsed = time.monotonic() - started
-    _log(f"{spec.name}: built {out} ({_mb(out)}, rootfs {size}) in {elapsed:.0f} s")
-    _prune(spec.name, out)
-    return Image(out, spec.ref)
+    _log(f"{spec.name}: built the base {out} ({_mb(out)}, rootfs {size}) in {elapsed:.0f} s")
 
 
 def raftlog_image(ref: str = RAFTLOG_REF) -> Image:

@@ -91,9 +91,16 @@ def parse_time(stamp: str) -> float:
     return datetime.datetime.fromisoformat(stamp).timestamp()
 
 
+FIGURES = ROOT / ".cluster" / "k8s-figures.log"
+
+
 def say(msg: str) -> None:
-    """A measured figure, on stderr (`pytest -s` shows it; the closing notes quote it)."""
-    print(f"[k8s] {msg}", file=sys.stderr, flush=True)
+    """A measured figure: on stderr (`pytest -s` shows it) and in FIGURES, which `make test`
+    prints after the suite (pytest's workers keep a passing test's stderr to themselves)."""
+    line = f"[k8s] {datetime.datetime.now():%H:%M:%S} {msg}"
+    print(line, file=sys.stderr, flush=True)
+    with FIGURES.open("a") as f:
+        f.write(line + "\n")
 
 
 def container_pid(pod: dict[str, Any]) -> int:
