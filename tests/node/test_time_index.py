@@ -61,7 +61,7 @@ async def _check(d: PartitionDriver, appended: list[tuple[int, int]], times: lis
     for t in times:
         for _ in range(10):  # a snapshot finishing meanwhile moves the floor: ask again
             floor = d.raft.log.first_index()
-            got = await timeindex.of(d).lookup(d, t)
+            got = (await timeindex.of(d).lookup(d, t)).first
             if d.raft.log.first_index() == floor:
                 break
         assert got == _expected(appended, floor, t), f"time {t} (floor {floor})"
@@ -127,11 +127,49 @@ def test_a_log_with_no_record_at_or_after_the_time_answers_none(tmp_path):
         node = compacting_node(tmp_path, every=10**9)
         try:
             d = await _leader(node)
-            assert await timeindex.of(d).lookup(d, 1) is None  # only the leader's no-op
+            index = timeindex.of(d)
+            assert await index.lookup(d, 1) == (None, False)  # only the leader's no-op
             appended = await _append(d, [0, 0, 5, 3])
-            assert await timeindex.of(d).lookup(d, 6) is None
-            assert await timeindex.of(d).lookup(d, 4) == appended[2][0]
-            assert await timeindex.of(d).lookup(d, 0) == appended[0][0]
+            assert await index.lookup(d, 6) == (None, False)
+            assert await index.lookup(d, 4) == (appended[2][0], False)
+            assert await index.lookup(d, 0) == (appended[0][0], False)
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_compacted_record_far_ahead_costs_no_scan_and_is_reported(tmp_path, monkeypatch):
+    """A record stamped far in the future (a skewed clock), then compacted away: lookups for
+    earlier times read about one gap, not the whole log, and say a record at or after the time
+    may have been compacted; times after every retained record answer none."""
+    monkeypatch.setattr(timeindex, "SAMPLE_EVERY", 16)
+    read: list[int] = []
+    real = timeindex._stamped
+
+    def counting(*args: object) -> object:
+        indexes, stamps = real(*args)  # type: ignore[arg-type]
+        read.append(len(indexes))
+        return indexes, stamps
+
+    monkeypatch.setattr(timeindex, "_stamped", counting)
+
+    async def run() -> None:
+        node = compacting_node(tmp_path, every=10**9)
+        try:
+            d = await _leader(node)
+            index = timeindex.of(d)
+            await _append(d, [10**12, *range(1_000, 1_200)])
+            assert (await index.lookup(d, 1_100)).compacted is False
+            await d.compact_now()  # the record far ahead and all the others: gone
+            appended = await _append(d, list(range(2_000, 2_400)))
+            await index.lookup(d, 0)  # the new records indexed
+            read.clear()
+            answer = await index.lookup(d, 2_300)
+            assert answer.first == next(i for i, ts in appended if ts >= 2_300)
+            assert answer.compacted, "the record far ahead was at or after 2,300"
+            assert sum(read) <= 2 * 16, f"read {sum(read)} records for one lookup"
+            assert await index.lookup(d, 10**11) == (None, True)
         finally:
             await node.close()
 

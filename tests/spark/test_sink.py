@@ -125,6 +125,16 @@ def test_a_write_refuses_what_it_cannot_do_naming_it(spark: SparkSession, cluste
             .mode("append"),
             "7 is not a partition",
         ),
+        (
+            spark.createDataFrame(
+                [("v", [("k", None)])],
+                "value string, headers array<struct<key: string, value: binary>>",
+            )
+            .write.format("raftlog")
+            .option("endpoints", eps)
+            .mode("append"),
+            "null key or value",
+        ),
     ]
     for writer, reason in cases:
         with pytest.raises(Exception, match=reason):

@@ -171,21 +171,24 @@ class PartitionView:
         return followers + leaders if prefer_followers else leaders + followers
 
 
-def index_for_time(nodes: Nodes, view: PartitionView, t: int) -> int | None:
-    """The first committed index of `view`'s partition stamped at or after `t` (ms), asked of
-    the replica that knows most first; None when there is none. NodeError when no replica
-    answers."""
+def index_for_time(nodes: Nodes, view: PartitionView, t: int) -> tuple[int | None, bool]:
+    """The first committed index of `view`'s partition stamped at or after `t` (ms), or None
+    when there is none, and whether a record at or after `t` may have been compacted before it.
+    Asked of the replica holding the most first (the lowest floor), never of one whose mark is
+    below the planned one (it answers 503 `behind`); NodeError when no replica answers."""
     last: NodeError | None = None
-    for r in sorted(view.replicas, key=lambda r: -r.high_water_mark):
-        path = f"/v1/partitions/{view.partition}/index-for-time?timestamp_ms={t}"
+    path = f"/v1/partitions/{view.partition}/index-for-time?timestamp_ms={t}"
+    path += f"&min_index={view.high_water_mark}"
+    for r in sorted(view.replicas, key=lambda r: (r.floor, -r.high_water_mark)):
         try:
-            index = nodes.json(r.url, "GET", path).get("index")
+            answer = nodes.json(r.url, "GET", path)
         except NodeError as e:
             if not e.retryable:
                 raise
             last = e
             continue
-        return None if index is None else int(index)
+        index = answer.get("index")
+        return (None if index is None else int(index)), bool(answer.get("compacted"))
     assert last is not None
     raise last
 

@@ -120,12 +120,22 @@ def _record(row: Any, fields: set[str]) -> dict[str, Any]:
     if "headers" in fields and row["headers"]:
         headers = row["headers"]
         if isinstance(headers, dict):  # a map of strings
+            if any(v is None for v in headers.values()):
+                raise ValueError(
+                    "raftlog write: a header in column `headers` has a null value "
+                    "(a record's headers are keys with values)"
+                )
             r["headers"] = {str(k): str(v) for k, v in headers.items()}
         else:  # Kafka's headers: pairs in order, keys may repeat, values bytes
             r["headers"] = []
             for pair in headers:
+                if pair["key"] is None or pair["value"] is None:
+                    raise ValueError(
+                        "raftlog write: a header in column `headers` has a null key or value "
+                        "(a record's headers are keys with values)"
+                    )
                 h: dict[str, Any] = {"key": str(pair["key"])}
-                _field(h, "value", b"" if pair["value"] is None else pair["value"])
+                _field(h, "value", pair["value"])
                 r["headers"].append(h)
     if "timestamp" in fields and row["timestamp"] is not None:
         ts: dt.datetime = row["timestamp"]

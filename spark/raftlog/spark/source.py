@@ -117,18 +117,27 @@ def _check_json_partitions(name: str, spec: OffsetSpec, view: ClusterView) -> No
 
 
 def _at_times(
-    nodes: Nodes, view: ClusterView, times: TimeSpec, option: str, *, ending: bool, latest: bool
+    nodes: Nodes,
+    view: ClusterView,
+    times: TimeSpec,
+    option: str,
+    *,
+    ending: bool,
+    latest: bool,
+    streaming: bool = False,
 ) -> dict[int, int]:
     """The offsets of `times`: per partition, the first index stamped at or after its time (as
     Kafka's offsetsForTimes). A time no record reaches ends at the latest offset; it starts
-    there only with `latest` (startingOffsetsByTimestampStrategy=latest), else it is an error."""
+    there only with `latest` (startingOffsetsByTimestampStrategy=latest), else it is an error.
+    A batch's offsets stay at or below the planned high-water mark; a stream's start does not
+    (records committed since the survey are after it)."""
     per = times if isinstance(times, dict) else dict.fromkeys(view.partitions, times)
     _check_json_partitions(option, per, view)
     out: dict[int, int] = {}
     for p, t in sorted(per.items()):
         pv = view.partitions[p]
         try:
-            index = index_for_time(nodes, pv, t)
+            index, compacted = index_for_time(nodes, pv, t)
         except NodeError as e:
             raise OptionError(option, f"partition {p}: no replica answered ({e})") from None
         if index is None and not (ending or latest):
@@ -138,8 +147,19 @@ def _at_times(
                 f"mark {pv.high_water_mark}); set startingOffsetsByTimestampStrategy=latest to "
                 "start such partitions at the latest offset",
             )
-        latest_offset = pv.high_water_mark + 1  # what the survey saw: a batch's end at most
-        out[p] = latest_offset if index is None else min(index, latest_offset)
+        if compacted:
+            log.warning(
+                "raftlog partition %d: records stamped at or after %d may have been compacted; "
+                "%s is the first one still held",
+                p,
+                t,
+                "none" if index is None else index,
+            )
+        latest_offset = pv.high_water_mark + 1  # what the survey saw
+        if index is None:
+            out[p] = latest_offset
+        else:
+            out[p] = index if streaming and not ending else min(index, latest_offset)
     return out
 
 
@@ -442,7 +462,7 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 starting = _at_times(nodes, view, self.opts.starting_times,
                                      _starting_name(self.opts), ending=False,
-                                     latest=self.opts.no_match_latest)  # fmt: skip
+                                     latest=self.opts.no_match_latest, streaming=True)  # fmt: skip
             finally:
                 nodes.close()
         _check_json_partitions("startingOffsets", starting, view)

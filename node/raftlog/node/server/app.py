@@ -464,22 +464,26 @@ async def read_columns(request: web.Request) -> web.Response:
 
 async def index_for_time(request: web.Request) -> web.Response:
     """The first committed index of a record stamped at or after `timestamp_ms` that this
-    replica holds (`timeindex`); `index` is null when there is none up to its high-water mark."""
+    replica holds (`timeindex`); `index` is null when there is none up to its high-water mark,
+    `compacted` says a record at or after the time may have been compacted before it. With
+    `min_index`, a replica whose mark is below it answers 503 `behind` (ask another)."""
     d = driver_of(request)
     if "timestamp_ms" not in request.query:
         raise bad("timestamp_ms", "is required: milliseconds since the epoch")
     t = int_param(request, "timestamp_ms", 0, 0, 2**63 - 1)
-    index_of_d = timeindex.of(d)
+    require_mark(d, int_param(request, "min_index", 0, 0, 2**62))
+    index = timeindex.of(d)
     try:
-        index = await index_of_d.lookup(d, t)
+        answer = await index.lookup(d, t)
     except WalCorruption as e:
         raise ApiError(503, "storage_corrupt", f"{e}; ask another replica") from None
     return web.json_response(
         {
             "partition": d.p,
             "timestamp_ms": t,
-            "index": index,
-            "high_water_mark": index_of_d.end,
+            "index": answer.first,
+            "compacted": answer.compacted,
+            "high_water_mark": index.end,
             "compaction_floor": d.storage.compaction_floor(),
         }
     )

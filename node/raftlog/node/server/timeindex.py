@@ -3,16 +3,15 @@
 Readers that start or end at a time (the Spark sources' `startingTimestamp`,
 `startingOffsetsByTimestamp`, `endingOffsetsByTimestamp`) ask a replica for "the first record
 whose `timestamp_ms` is at or after T". Producers' timestamps need not rise with the index, so
-the index keeps the running maximum of the timestamps, which does: the first record at or after
-T is exactly where the running maximum first reaches T. The running maximum is sampled every
-`SAMPLE_EVERY` indexes (16 bytes per sample), and a lookup reads the records of one sample gap.
+the log is cut into gaps of `SAMPLE_EVERY` indexes, each with the largest timestamp in it (16
+bytes per gap): the first record at or after T is in the first gap whose largest timestamp
+reaches T, and a lookup reads that gap's records. A gap that compaction cut is read from the
+log's start; one it removed whole is dropped, its largest timestamp remembered, so that an
+answer can say a record at or after T may have been compacted (`compacted`).
 
 The index is built on the first lookup by one pass over the retained log, then extended from
 where it ended on each later lookup: nothing is stored and the append path never sees it. A
-record with no timestamp (0) is never at or after a time. Compaction and snapshot installs move
-the log's start: a pass that finds its next record compacted starts over from the new start; a
-lookup whose answer was compacted reads on from the floor for the first retained record at or
-after T (the same answer as when the timestamps rise, which is the common case).
+record with no timestamp (0) is never at or after a time.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ import asyncio
 import bisect
 import weakref
 from array import array
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import msgspec
 
@@ -33,8 +32,9 @@ from raftlog.node.storage.segment import RawRange, Rows
 if TYPE_CHECKING:
     from raftlog.node.server.partition import PartitionDriver
 
-SAMPLE_EVERY = 1024  # indexes between samples: a lookup reads at most this many records
+SAMPLE_EVERY = 1024  # indexes per gap: a lookup reads the records of about one gap
 PASS_RECORDS = 20_000  # records read per step of a pass (one event-loop step, one thread job)
+INT64_MAX = (1 << 63) - 1
 _record = msgspec.msgpack.Decoder(Record)
 
 
@@ -45,9 +45,11 @@ def _stamped(raws: list[RawRange], tail: Rows) -> tuple[array[int], list[int]]:
     decode = _record.decode
     for raw in rows.data:
         try:
-            out.append(decode(raw).timestamp_ms)
+            ts = decode(raw).timestamp_ms
         except (msgspec.DecodeError, UnicodeDecodeError):  # not a record: no timestamp
-            out.append(0)
+            ts = 0
+        # Past int64 (never written by this API): no timestamp, as its column page says.
+        out.append(ts if 0 <= ts <= INT64_MAX else 0)
     return rows.index, out
 
 
@@ -59,29 +61,45 @@ def of(d: PartitionDriver) -> TimeIndex:
     return index
 
 
+class Answer(NamedTuple):
+    first: int | None  # the first retained record at or after the time; None: none
+    compacted: bool  # a record at or after the time may have been compacted before `first`
+
+
 class TimeIndex:
     def __init__(self) -> None:
         self.start = 0  # the first index covered (0: not built yet)
         self.end = 0  # the last index covered
-        self.running_max = 0  # of the timestamps in [start, end]
-        self._sample_max = array("q")  # the running maximum at ...
-        self._sample_index = array("q")  # ... these indexes (both rising)
+        self._first = array("q")  # each gap's first record index, rising
+        self._max = array("q")  # each gap's largest timestamp
+        # The largest timestamp compacted away: -1 none; INT64_MAX when unknown (the index
+        # began at a log start past 1, or started over after compaction passed its end).
+        self._compacted_max = -1
         self._lock = asyncio.Lock()  # one pass at a time
 
     def _reset(self, start: int) -> None:
-        self.start, self.end, self.running_max = start, start - 1, 0
-        del self._sample_max[:], self._sample_index[:]
+        self.start, self.end = start, start - 1
+        del self._first[:], self._max[:]
+        self._compacted_max = -1 if start <= 1 else INT64_MAX
 
     def _add(self, indexes: array[int], stamps: list[int], last: int) -> None:
         """Records at `indexes` with `stamps`, then the range covered up to `last`."""
-        top = self.running_max
+        first, top = self._first, self._max
         for i, ts in zip(indexes, stamps, strict=True):
-            if ts > top:
-                top = ts
-            if not self._sample_index or i - self._sample_index[-1] >= SAMPLE_EVERY:
-                self._sample_index.append(i)
-                self._sample_max.append(top)
-        self.running_max, self.end = top, last
+            if not first or i - first[-1] >= SAMPLE_EVERY:
+                first.append(i)
+                top.append(ts)
+            elif ts > top[-1]:
+                top[-1] = ts
+        self.end = last
+
+    def _drop_below(self, floor: int) -> None:
+        """Forget the gaps compaction removed whole (each ends before the next one's first)."""
+        whole = bisect.bisect_right(self._first, floor) - 1  # gaps before this one are gone
+        if whole > 0:
+            self._compacted_max = max(self._compacted_max, max(self._max[:whole]))
+            del self._first[:whole], self._max[:whole]
+            self.start = self._first[0]
 
     async def _read(
         self, d: PartitionDriver, start: int, stop: int
@@ -113,7 +131,7 @@ class TimeIndex:
     async def _first_at_or_after(
         self, d: PartitionDriver, t: int, start: int, stop: int
     ) -> int | None:
-        """The first record of [start, stop) stamped at or after `t`."""
+        """The first retained record of [start, stop) stamped at or after `t`."""
         while start < stop:
             try:
                 indexes, stamps, nxt = await self._read(d, start, stop)
@@ -128,21 +146,23 @@ class TimeIndex:
             start = nxt
         return None
 
-    async def lookup(self, d: PartitionDriver, t: int) -> int | None:
-        """The first committed index of a record stamped at or after `t` (ms) that this
-        replica holds, or None when there is none up to its high-water mark."""
+    async def lookup(self, d: PartitionDriver, t: int) -> Answer:
+        """The first committed record stamped at or after `t` (ms) that this replica holds (up
+        to its high-water mark), and whether one before it may have been compacted."""
         async with self._lock:
             await self._extend(d)
-            if self.running_max < t:
-                return None
-            k = bisect.bisect_left(self._sample_max, t)
-            lo = self._sample_index[k - 1] + 1 if k else self.start
-            hi = self._sample_index[k] if k < len(self._sample_index) else self.end
-            found = await self._first_at_or_after(d, t, max(lo, d.raft.log.first_index()), hi + 1)
-            if found is not None or lo >= d.raft.log.first_index():
-                return found
-            # The first record at or after `t` was compacted: the first retained one after it.
-            return await self._first_at_or_after(d, t, hi + 1, self.end + 1)
+            self._drop_below(d.raft.log.first_index())
+            compacted = self._compacted_max >= t
+            for k, top in enumerate(self._max):
+                if top < t:
+                    continue
+                floor = d.raft.log.first_index()
+                stop = self._first[k + 1] if k + 1 < len(self._first) else self.end + 1
+                found = await self._first_at_or_after(d, t, max(self._first[k], floor), stop)
+                if found is not None:
+                    return Answer(found, compacted)
+                compacted = True  # the gap's record at or after `t` was compacted: go on
+            return Answer(None, compacted)
 
 
 _indexes: weakref.WeakKeyDictionary[PartitionDriver, TimeIndex] = weakref.WeakKeyDictionary()

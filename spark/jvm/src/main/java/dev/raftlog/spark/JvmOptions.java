@@ -295,7 +295,12 @@ final class JvmOptions implements Serializable {
           case "h" -> 3600.0;
           default -> 86400.0;
         };
-    return Long.parseLong(m.group(1)) * perUnit;
+    try {
+      return Long.parseLong(m.group(1)) * perUnit;
+    } catch (NumberFormatException e) {
+      throw new OptionException(
+          name, "must be a duration such as 30s, 15m or 1h, got " + repr(raw));
+    }
   }
 
   private static double number(

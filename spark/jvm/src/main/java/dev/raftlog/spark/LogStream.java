@@ -54,7 +54,8 @@ final class LogStream
     Offsets starting =
         opts.startingTimes == null
             ? opts.starting
-            : opts.startingTimes.resolve(new Nodes(opts), views, false, opts.noMatchLatest);
+            : opts.startingTimes.resolve(
+                new Nodes(opts), views, false, opts.noMatchLatest, true);
     Planner.checkJsonPartitions("startingOffsets", starting, views);
     Map<Integer, Long> start = new TreeMap<>();
     views.forEach(

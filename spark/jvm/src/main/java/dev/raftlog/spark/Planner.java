@@ -22,9 +22,11 @@ final class Planner {
     Offsets starting =
         opts.startingTimes == null
             ? opts.starting
-            : opts.startingTimes.resolve(nodes, views, false, opts.noMatchLatest);
+            : opts.startingTimes.resolve(nodes, views, false, opts.noMatchLatest, false);
     Offsets ending =
-        opts.endingTimes == null ? opts.ending : opts.endingTimes.resolve(nodes, views, true, true);
+        opts.endingTimes == null
+            ? opts.ending
+            : opts.endingTimes.resolve(nodes, views, true, true, false);
     checkJsonPartitions("startingOffsets", starting, views);
     checkJsonPartitions("endingOffsets", ending, views);
     List<LogSplit> out = new ArrayList<>();

@@ -7,6 +7,8 @@ import java.util.Comparator;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
+import org.slf4j.Logger;
+import org.slf4j.LoggerFactory;
 
 /**
  * A time (ms since the epoch) for every partition ({@code startingTimestamp}) or per partition
@@ -15,6 +17,7 @@ import java.util.TreeMap;
  */
 final class Times implements Serializable {
   private static final long serialVersionUID = 1L;
+  private static final Logger LOG = LoggerFactory.getLogger("raftlog.spark");
   final String option; // the option it came from, named in errors
   final Long all; // null: per partition
   final TreeMap<Integer, Long> perPartition;
@@ -43,7 +46,11 @@ final class Times implements Serializable {
       if (text.isEmpty() || !text.chars().allMatch(Character::isDigit)) {
         throw new OptionException(one, "must be milliseconds since the epoch, got '" + text + "'");
       }
-      return new Times(one, Long.parseLong(text), null);
+      try {
+        return new Times(one, Long.parseLong(text), null);
+      } catch (NumberFormatException e) {
+        throw new OptionException(one, "must be milliseconds since the epoch, got '" + text + "'");
+      }
     }
     raw = o.get(per.toLowerCase(java.util.Locale.ROOT));
     if (raw == null) {
@@ -71,7 +78,8 @@ final class Times implements Serializable {
    * {@code latest} (startingOffsetsByTimestampStrategy=latest), else it is an error.
    */
   Offsets resolve(
-      Nodes nodes, TreeMap<Integer, PartitionView> views, boolean ending, boolean latest) {
+      Nodes nodes, TreeMap<Integer, PartitionView> views, boolean ending, boolean latest,
+      boolean streaming) {
     TreeMap<Integer, Long> per = new TreeMap<>();
     if (all != null) {
       views.keySet().forEach(p -> per.put(p, all));
@@ -89,7 +97,7 @@ final class Times implements Serializable {
     for (Map.Entry<Integer, Long> e : per.entrySet()) {
       PartitionView pv = views.get(e.getKey());
       Long index = indexForTime(nodes, pv, e.getValue());
-      long latestOffset = pv.highWaterMark() + 1; // what the survey saw: a batch's end at most
+      long latestOffset = pv.highWaterMark() + 1; // what the survey saw
       if (index == null && !(ending || latest)) {
         throw new OptionException(
             option,
@@ -98,17 +106,30 @@ final class Times implements Serializable {
                 + "startingOffsetsByTimestampStrategy=latest to start such partitions at the "
                 + "latest offset");
       }
-      out.put(pv.partition, index == null ? latestOffset : Math.min(index, latestOffset));
+      // A batch stays at or below the planned mark; a stream's start need not (records
+      // committed since the survey are after it).
+      out.put(
+          pv.partition,
+          index == null
+              ? latestOffset
+              : streaming && !ending ? index : Math.min(index, latestOffset));
     }
     return Offsets.of(out);
   }
 
+  /** Asked of the replica holding the most first (the lowest floor), never of one whose mark
+   * is below the planned one (it answers 503 behind): the Python source's order. */
   private Long indexForTime(Nodes nodes, PartitionView pv, long t) {
     NodeException last = null;
     List<PartitionView.Replica> replicas = new ArrayList<>(pv.replicas);
-    replicas.sort(Comparator.comparingLong(PartitionView.Replica::highWaterMark).reversed());
+    replicas.sort(
+        Comparator.comparingLong(PartitionView.Replica::floor)
+            .thenComparing(Comparator.comparingLong(PartitionView.Replica::highWaterMark)
+                .reversed()));
+    String path =
+        "/v1/partitions/" + pv.partition + "/index-for-time?timestamp_ms=" + t + "&min_index="
+            + pv.highWaterMark();
     for (PartitionView.Replica r : replicas) {
-      String path = "/v1/partitions/" + pv.partition + "/index-for-time?timestamp_ms=" + t;
       JsonNode answer;
       try {
         answer = nodes.json(r.url(), path, nodes.timeoutS());
@@ -121,7 +142,13 @@ final class Times implements Serializable {
         continue;
       }
       JsonNode index = answer.path("index");
-      return index.isNull() || index.isMissingNode() ? null : index.asLong();
+      Long first = index.isNull() || index.isMissingNode() ? null : index.asLong();
+      if (answer.path("compacted").asBoolean(false)) {
+        LOG.warn(
+            "raftlog partition {}: records stamped at or after {} may have been compacted; {} "
+                + "is the first one still held", pv.partition, t, first == null ? "none" : first);
+      }
+      return first;
     }
     throw new OptionException(
         option, "partition " + pv.partition + ": no replica answered (" + last.getMessage() + ")");
