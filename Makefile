@@ -51,14 +51,13 @@ typecheck: install
 
 # Everything: lint, types, and every test of every marker. pytest's exit code 5
 # (nothing collected) fails the run like any other non-zero code. The `k8s` suite runs on the real
-# cluster beside the rest (it mostly waits on the cluster), two files at a time when their pods'
-# CPU requests fit together (tests/k8s/shares.py), its output kept in
-# .cluster/k8s-tests.log and shown at the end; a cluster `make test` started is stopped again
+# cluster beside the rest (it mostly waits on the cluster), its output kept in
+# .cluster/k8s-tests.log and shown at the end with the figures its tests measured; a cluster `make test` started is stopped again
 # (also on failure), one that `make cluster` started stays up.
 test: lint typecheck
 	@was_up=$$($(PY) -m cluster status >/dev/null 2>&1 && echo yes); mkdir -p .cluster; \
 	rm -f .cluster/k8s-figures.log; \
-	( $(PY) -m cluster up && $(VENV)/bin/pytest -q --durations=15 -m k8s -n 2 --dist loadfile ) \
+	( $(PY) -m cluster up && $(VENV)/bin/pytest -q --durations=15 -m k8s ) \
 		> .cluster/k8s-tests.log 2>&1 & k8s=$$!; \
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q --durations=15 -m "not k8s"; rest=$$?; \
 	wait $$k8s; k8s_rc=$$?; echo "---- the k8s suite (.cluster/k8s-tests.log)"; \

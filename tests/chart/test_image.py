@@ -73,7 +73,10 @@ def test_the_install_runs_as_the_pods_user_from_wheels_only():
     assert uid == 10001 == deploy["spec"]["template"]["spec"]["securityContext"]["runAsUser"]
     assert pod["spec"]["securityContext"]["runAsGroup"] == 10001
     assert "useradd --system --uid 10001 --gid 10001" in script
-    assert '--no-index --find-links "$wheels" raftlog' in script
+    flat = re.sub(r"\s+", " ", script.replace("\\\n", " "))  # continued lines joined
+    assert (
+        '--no-index --find-links "$wheels" ${update:+--no-deps --force-reinstall} raftlog' in flat
+    )
 
 
 def test_the_commands_the_pods_run_are_console_scripts_that_start_in_the_build():

@@ -1,9 +1,7 @@
 """Fixtures of the `k8s` suite: the running cluster of `make cluster`, and a namespace per test.
 
-The cluster is one node of this machine's 2 cores. Test files run two at a time (`make test`:
-`-n 2 --dist loadfile`), each once its pods' CPU requests (`CPU_MILLIS`, which every file
-states) fit beside the other's (`shares`); a test's namespace is gone, with its pods and their
-CPU requests, before the next test starts. A failed test prints what its namespace held.
+The cluster is one node of this machine's 2 cores: a test's namespace is gone, with its pods and
+their CPU requests, before the next test starts. A failed test prints what its namespace held.
 """
 
 from __future__ import annotations
@@ -18,26 +16,15 @@ import pytest
 
 from raftlog.operator.crd import CRD_PATH
 from raftlog.operator.models import GROUP, PLURAL
-from tests.k8s import kube, shares
+from tests.k8s import kube
 
 CRD_NAME = f"{PLURAL}.{GROUP}"
-
-
-# The longest files first, so that the two workers end together (minutes: spark ~6, journeys ~6,
-# ha_and_tls ~3, quickstart ~2, rbac ~2, the rest seconds).
-FIRST = ("test_spark.py", "test_journeys.py", "test_quickstart.py", "test_ha_and_tls.py")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/k8s/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.k8s)
-
-    def rank(item: pytest.Item) -> int:
-        name = item.path.name
-        return FIRST.index(name) if name in FIRST else len(FIRST)
-
-    items.sort(key=rank)  # stable: tests keep their order within a file
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
@@ -68,23 +55,6 @@ def cluster() -> None:
         return cond is not None and cond.get("status") == "True"
 
     kube.until(f"CRD {CRD_NAME} Established", established, timeout=60)
-
-
-@pytest.fixture(scope="session")
-def cpu_budget(cluster: None) -> int:
-    return shares.free_millis()
-
-
-@pytest.fixture(scope="module", autouse=True)
-def cpu_share(request: pytest.FixtureRequest, cpu_budget: int) -> Iterator[None]:
-    """The file's tests run once its CPU_MILLIS fit beside the files running."""
-    millis = getattr(request.module, "CPU_MILLIS", None)
-    if not isinstance(millis, int):
-        pytest.fail(f"{request.module.__name__} must state CPU_MILLIS: its pods' CPU requests")
-    with shares.share(request.module.__name__, millis, cpu_budget) as waited:
-        if waited >= 1:
-            kube.say(f"{request.module.__name__}: waited {waited:.0f} s for {millis}m of CPU")
-        yield
 
 
 def _namespace() -> str:

@@ -18,9 +18,6 @@ import pytest
 from raftlog.operator.models import GROUP, KIND, PLURAL, VERSION, RaftClusterSpec, RaftSettings
 from tests.k8s import kube
 
-# Its pods' CPU requests at most (tests/k8s/shares.py): no pod: no operator watches its namespace.
-CPU_MILLIS = 0
-
 
 @pytest.fixture(scope="module")
 def shared_namespace(cluster: None) -> Iterator[str]:

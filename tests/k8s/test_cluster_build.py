@@ -11,9 +11,6 @@ import subprocess
 
 from cluster import build, layout
 
-# Its pods' CPU requests at most (tests/k8s/shares.py): no pod.
-CPU_MILLIS = 0
-
 
 def test_a_tool_builds_into_an_empty_cache_under_its_binary_names(tmp_path, monkeypatch):
     monkeypatch.setattr(layout, "CACHE", tmp_path)

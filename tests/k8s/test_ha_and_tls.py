@@ -16,11 +16,6 @@ import trustme
 
 from tests.k8s import kube
 
-# Its pods' CPU requests at most (tests/k8s/shares.py): 2 operator replicas and 4 members at 100m,
-# a loader.
-CPU_MILLIS = 650
-
-
 SMALL = {"resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}
 
 

@@ -20,11 +20,6 @@ import aiohttp
 
 from tests.k8s import kube, load
 
-# Its pods' CPU requests at most (tests/k8s/shares.py): 5 members at 100m, the operator's 100m, a
-# loader or two at 50m.
-CPU_MILLIS = 800
-
-
 WINDOW = 2.0
 SPEC: dict[str, Any] = {
     "replicas": 3,

@@ -16,11 +16,6 @@ from typing import Any
 
 from tests.k8s import kube
 
-# Its pods' CPU requests at most (tests/k8s/shares.py): 5 members at the default 250m and the
-# operator's 100m.
-CPU_MILLIS = 1400
-
-
 IMAGE = "ghcr.io/raftlog/raftlog:0.1.0"  # the chart's default, built and imported locally
 WINDOW_S = 3.0  # examples/raftcluster.yaml: learnerPromotionStableWindow
 

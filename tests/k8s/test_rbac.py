@@ -18,12 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.k8s import kube, shares
-
-# Its pods' CPU requests at most (tests/k8s/shares.py): alone: its cluster-wide operator would
-# reconcile the other files' clusters.
-CPU_MILLIS = shares.ALL
-
+from tests.k8s import kube
 
 AUDIT_LOG = kube.ROOT / ".cluster" / "logs" / "audit.log"
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)

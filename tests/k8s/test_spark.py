@@ -23,10 +23,6 @@ from cluster.up import CTRD_SOCK
 
 from tests.k8s import kube, load
 
-# Its pods' CPU requests at most (tests/k8s/shares.py): 3 members, the Spark driver and 2
-# executors at 100m, the operator's 100m, a loader and a check pod.
-CPU_MILLIS = 900
-
 EXAMPLES = kube.ROOT / "examples" / "spark"
 SMALL = {"resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}
 RECORDS = {0: 1500, 1: 700}  # acknowledged records per partition, written before the job

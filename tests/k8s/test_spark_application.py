@@ -15,9 +15,6 @@ import yaml
 
 from tests.k8s import kube
 
-# Its pods' CPU requests at most (tests/k8s/shares.py): no pod (a dry run).
-CPU_MILLIS = 0
-
 CRD = kube.ROOT / "tests" / "k8s" / "data" / "sparkoperator.k8s.io_sparkapplications-v2.5.2.yaml.gz"
 CRD_NAME = "sparkapplications.sparkoperator.k8s.io"
 EXAMPLE = kube.ROOT / "examples" / "spark" / "sparkapplication-archive.yaml"

@@ -200,6 +200,8 @@ def test_a_range_below_the_floor_is_compacted_over_http_as_in_process(tmp_path):
                 async with s.get("/v1/partitions/0/columns?format=json") as r:
                     assert r.status == 400 and "columns or wal" in (await r.json())["reason"]
                 async with s.get(f"/v1/partitions/0/columns?from={floor}") as r:
+                    body = await r.read()
+                    assert r.status == 200, (r.status, body[:300])
                     assert r.content_type == columnar.CONTENT_TYPE, "the default stays"
         finally:
             await srv.close()
