@@ -43,9 +43,12 @@ def test_batch_read_equals_what_the_cluster_acknowledged_across_partitions_and_s
     assert reader(spark, cluster, maxRecordsPerSplit="17").rdd.getNumPartitions() >= 3 * 8
 
 
-def test_min_partitions_cuts_the_ranges_into_at_least_that_many_spark_partitions(spark, cluster):
+@pytest.mark.parametrize("fmt", ["raftlog", "raftlog-jvm"])
+def test_min_partitions_cuts_the_ranges_into_at_least_that_many_spark_partitions(
+    spark, cluster, fmt
+):
     """Kafka's minPartitions: 3 raftlog partitions read by at least 50 tasks, every record once."""
-    df = reader(spark, cluster, minPartitions="50")
+    df = raftlog_df(spark, cluster, {"minPartitions": "50"}, fmt=fmt)
     assert df.rdd.getNumPartitions() >= 50
     assert rows_of(df) == cluster.acked
 

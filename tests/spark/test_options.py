@@ -3,11 +3,14 @@ same messages for the JVM reader (`raftlog-jvm`) as for the Python source, where
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.node.local import LocalCluster, free_ports
 from raftlog.spark.options import OptionError, parse
+from raftlog.spark.source import LogSplit, spread
 from tests.spark.helpers import append, records
 
 pytestmark = [pytest.mark.spark]
@@ -185,3 +188,15 @@ def test_the_jvm_reader_refuses_the_same_options_with_the_same_reason_at_plannin
                 q.stop()
     assert f"raftlog option '{option}': " in str(e.value)
     assert reason in str(e.value)
+
+
+def test_min_partitions_halves_the_largest_splits_and_covers_the_same_indexes():
+    splits = [LogSplit(0, 1, 101, ["a"]), LogSplit(1, 5, 8, ["b"])]
+    out = spread(splits, 9)
+    assert len(out) == 9
+    assert [(s.partition, s.start, s.stop) for s in out if s.partition == 1] == [(1, 5, 8)]
+    zero = [(s.start, s.stop) for s in out if s.partition == 0]
+    assert zero[0][0] == 1 and zero[-1][1] == 101
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(zero))  # no gap, no overlap
+    assert spread([], 5) == []
+    assert len(spread([LogSplit(0, 1, 4, ["a"])], 10)) == 3  # one index each at most

@@ -11,6 +11,7 @@ log, so every record lands exactly once.
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 import time
@@ -207,21 +208,20 @@ def log_splits(
 
 def spread(splits: list[LogSplit], min_partitions: int | None) -> list[LogSplit]:
     """`splits` with the largest halved until there are `min_partitions` of them (Kafka's
-    minPartitions), or every split holds one index."""
+    minPartitions), or every split holds one index; in partition and index order."""
     if not min_partitions or len(splits) >= min_partitions:
         return splits
-    out = list(splits)
-    while len(out) < min_partitions:
-        big = max(range(len(out)), key=lambda i: out[i].stop - out[i].start)
-        s = out[big]
-        if s.stop - s.start < 2:
-            break
+    heap = [(s.start - s.stop, n, s) for n, s in enumerate(splits)]  # the largest first
+    heapq.heapify(heap)
+    made = len(heap)
+    while heap and len(heap) < min_partitions and heap[0][0] <= -2:
+        _, _, s = heapq.heappop(heap)
         mid = s.start + (s.stop - s.start) // 2
-        out[big : big + 1] = [
-            LogSplit(s.partition, s.start, mid, s.replicas),
-            LogSplit(s.partition, mid, s.stop, s.replicas),
-        ]
-    return out
+        for half in (LogSplit(s.partition, s.start, mid, s.replicas),
+                     LogSplit(s.partition, mid, s.stop, s.replicas)):  # fmt: skip
+            heapq.heappush(heap, (half.start - half.stop, made, half))
+            made += 1
+    return sorted((s for _, _, s in heap), key=lambda s: (s.partition, s.start))
 
 
 # ====================================================================== reading

@@ -1,7 +1,9 @@
 package dev.raftlog.spark;
 
 import java.util.ArrayList;
+import java.util.Comparator;
 import java.util.List;
+import java.util.PriorityQueue;
 import java.util.TreeMap;
 import org.slf4j.Logger;
 import org.slf4j.LoggerFactory;
@@ -62,24 +64,23 @@ final class Planner {
   }
 
   /** {@code splits} with the largest halved until there are {@code minPartitions} of them
-   * (Kafka's minPartitions), or every split holds one index. */
+   * (Kafka's minPartitions), or every split holds one index; in partition and index order. */
   static List<LogSplit> spread(List<LogSplit> splits, int minPartitions) {
-    List<LogSplit> out = new ArrayList<>(splits);
-    while (out.size() < minPartitions) {
-      int big = 0;
-      for (int i = 1; i < out.size(); i++) {
-        if (out.get(i).stop - out.get(i).start > out.get(big).stop - out.get(big).start) {
-          big = i;
-        }
-      }
-      if (out.isEmpty() || out.get(big).stop - out.get(big).start < 2) {
-        break;
-      }
-      LogSplit s = out.get(big);
-      long mid = s.start + (s.stop - s.start) / 2;
-      out.set(big, new LogSplit(s.partition, s.start, mid, s.replicas));
-      out.add(big + 1, new LogSplit(s.partition, mid, s.stop, s.replicas));
+    if (splits.size() >= minPartitions) {
+      return splits;
     }
+    PriorityQueue<LogSplit> largest =
+        new PriorityQueue<>(Comparator.comparingLong((LogSplit s) -> s.start - s.stop));
+    largest.addAll(splits);
+    while (!largest.isEmpty() && largest.size() < minPartitions
+        && largest.peek().stop - largest.peek().start >= 2) {
+      LogSplit s = largest.poll();
+      long mid = s.start + (s.stop - s.start) / 2;
+      largest.add(new LogSplit(s.partition, s.start, mid, s.replicas));
+      largest.add(new LogSplit(s.partition, mid, s.stop, s.replicas));
+    }
+    List<LogSplit> out = new ArrayList<>(largest);
+    out.sort(Comparator.comparingInt((LogSplit s) -> s.partition).thenComparingLong(s -> s.start));
     return out;
   }
 

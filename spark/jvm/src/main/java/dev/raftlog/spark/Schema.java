@@ -13,7 +13,7 @@ import org.apache.spark.sql.vectorized.ColumnVector;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
 
 /**
- * The schema of {@code raftlog.spark.arrow.SCHEMA} (with includeHeaders=true, {@code
+ * The schema of {@code raftlog.spark.arrow.SCHEMA} (with includeHeaders=true, that of {@code
  * KAFKA_SCHEMA}: Kafka's headers type in the same place), and a page's rows as a batch of it.
  */
 final class Schema {
