@@ -20,6 +20,7 @@ COPY pyproject.toml README.md ./
 COPY node/ node/
 COPY operator/ operator/
 COPY spark/ spark/
+COPY demo/ demo/
 # raftlog and every runtime dependency as wheels (the `spark` and `dev` extras stay out).
 RUN python3 -m pip wheel --break-system-packages --wheel-dir /wheels .
 

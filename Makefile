@@ -37,7 +37,7 @@ $(JVM_JAR): $(JVM_SRC) $(STAMP)
 	@jar --create --file $@ -C $(JVM_OUT) . -C spark/jvm/src/main/resources .
 
 demo: install
-	$(PY) -m raftlog.node.demo
+	$(PY) -m raftlog.demo
 
 demo-sim: install
 	$(PY) -m raftlog.node.sim.demo

@@ -50,7 +50,7 @@ DPKG_OPTS = [
     "path-include=/usr/share/doc/*/copyright",
 ]
 # What the wheels, the Dockerfile and the cache key are made from.
-SOURCES = ["node", "operator", "spark", "pyproject.toml", "README.md", "image"]
+SOURCES = ["node", "operator", "spark", "demo", "pyproject.toml", "README.md", "image"]
 
 # The image's one recipe, shared with the Dockerfile; run in the bookworm chroot.
 INSTALL = layout.ROOT / "image" / "install-raftlog.sh"

@@ -107,8 +107,7 @@ def test_the_image_the_chart_and_the_crd_default_to_is_the_one_built_locally_and
 def test_only_the_sources_go_into_the_build_context():
     ignore = (ROOT / ".dockerignore").read_text().split()
     assert ignore[ignore.index("*") :][:1] == ["*"]  # everything out, then the sources back in
-    assert {"!pyproject.toml", "!README.md", "!node/", "!operator/", "!spark/", "!image/"} <= set(
-        ignore
-    )
+    sources = {"!pyproject.toml", "!README.md", "!node/", "!operator/", "!spark/", "!demo/"}
+    assert sources | {"!image/"} <= set(ignore)
     copied = {c.split()[0] for c in instructions("COPY") if not c.startswith("--")}
-    assert copied == {"pyproject.toml", "node/", "operator/", "spark/"}
+    assert copied == {"pyproject.toml", "node/", "operator/", "spark/", "demo/"}

@@ -12,7 +12,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 def test_demo_tells_the_whole_story():
     r = subprocess.run(
-        [sys.executable, "-m", "raftlog.node.demo"], capture_output=True, text=True, timeout=420
+        [sys.executable, "-m", "raftlog.demo"], capture_output=True, text=True, timeout=420
     )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
