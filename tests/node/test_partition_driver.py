@@ -137,7 +137,7 @@ def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_p
         try:
             d = node.drivers[0]
             await until(lambda: d.raft.role == Role.LEADER, "election")
-            real = d.storage.sync
+            real = node.journal.sync
 
             def hung() -> None:
                 held.set()
@@ -145,7 +145,7 @@ def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_p
                 returned.set()
                 real()
 
-            d.storage.sync = hung  # type: ignore[method-assign]
+            node.journal.sync = hung  # type: ignore[method-assign]
             with pytest.raises(TimeoutError):
                 await d.propose([b"stuck"], timeout=0.2)
             assert held.is_set() and not returned.is_set(), "answered while the sync hung"

@@ -1,7 +1,10 @@
 """SIGKILL at random moments while a real process appends, then recovery and a full audit.
 
-Each seed runs many kill/restart iterations on one directory (CRASH_ITERATIONS). After every
-kill the directory is reopened and checked:
+Each seed runs many kill/restart iterations on one directory (CRASH_ITERATIONS), with one
+partition whose WAL syncs itself, or with three partitions sharing the node's journal. With the
+journal, half the kills are also a power loss: what each WAL wrote after the journal's last
+checkpoint is cut from its active segment (never synced there; the journal must replay it).
+After every kill the directory is reopened and checked, each partition:
 - every acknowledged entry is present at its index with its term and byte-identical payload, or
   (below the compaction floor) covered by the snapshot;
 - the recovered commit index covers every acknowledged entry and never passes the durable log;
@@ -24,12 +27,15 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from tests.storage.crash_child import expected_record
+from tests.storage.crash_child import expected_record, open_partitions
 
 from raftlog.node.core.types import EntryKind
 from raftlog.node.record import decode_record
 from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.storage.journal import read_journal
+from raftlog.node.storage.recovery import analyze_wal
 
 pytestmark = [pytest.mark.crash, pytest.mark.slow]
 
@@ -37,12 +43,32 @@ ITERATIONS = int(os.environ.get("CRASH_ITERATIONS", "50"))
 CHILD = str(Path(__file__).with_name("crash_child.py"))
 
 
-def start_child(path: Path, seed: int, out: Path) -> subprocess.Popen[bytes]:
+def start_child(path: Path, seed: int, out: Path, mode: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2]))
     with out.open("wb") as f:
         return subprocess.Popen(
-            [sys.executable, CHILD, str(path), str(seed)], stdout=f, stderr=subprocess.PIPE, env=env
+            [sys.executable, CHILD, str(path), str(seed), mode],
+            stdout=f,
+            stderr=subprocess.PIPE,
+            env=env,
         )
+
+
+def lose_unsynced_wal_tails(path: Path) -> int:
+    """A power loss as the partitions' WALs see it: each active segment loses the entries after
+    the journal's last complete checkpoint (written to the page cache only; sealed segments
+    were synced when sealed). Returns how many entries were cut."""
+    trusted = read_journal(str(path / "journal")).trusted
+    cut = 0
+    for p, last in trusted.items():
+        wal = analyze_wal(str(path / f"p{p}" / "wal"))
+        seg = wal.segments[-1]
+        drop = [r for r in seg.scan.records if r.kind == fmt.T_ENTRY and r.index > last]
+        if drop:
+            with open(seg.path, "r+b") as f:
+                f.truncate(drop[0].offset)
+            cut += len(drop)
+    return cut
 
 
 def complete_lines(out: Path) -> list[str]:
@@ -71,11 +97,33 @@ class ExpectedTable:
         return self.rows
 
 
-def audit(
-    path: Path, acked: dict[int, tuple[int, int]], expected: ExpectedTable, repairs: Counter[str]
-) -> dict[str, int]:
-    s = DurableStorage(str(path))
+def audit_all(
+    path: Path,
+    mode: str,
+    acked: dict[int, dict[int, tuple[int, int]]],
+    expected: dict[int, ExpectedTable],
+    repairs: Counter[str],
+) -> dict[int, dict[str, int]]:
+    storages, journal = open_partitions(str(path), mode)
     try:
+        return {
+            p: audit(s, acked.setdefault(p, {}), expected.setdefault(p, ExpectedTable()))
+            for p, s in storages.items()
+        }
+    finally:
+        for s in storages.values():
+            # What recovery had to do, by kind ("truncated a torn tail of ...", "replayed").
+            pattern = r"[0-9a-f]{16}-[0-9a-f]{16}\.wal|\d+"
+            repairs.update(re.sub(pattern, "N", r) for r in s.recovery)
+            s.close()
+        if journal is not None:
+            journal.close()
+
+
+def audit(
+    s: DurableStorage, acked: dict[int, tuple[int, int]], expected: ExpectedTable
+) -> dict[str, int]:
+    if True:
         hs, snap = s.initial_state()
         first, last, commit = s.first_index(), s.last_index(), hs.commit
         log = s.entries(first, last + 1) if last >= first else []
@@ -111,24 +159,20 @@ def audit(
             "first": first,
             "snapshot": snap.index,
         }
-    finally:
-        # What recovery had to do, by kind ("truncated a torn tail of ...", "raised the term").
-        repairs.update(re.sub(r"[0-9a-f]{16}-[0-9a-f]{16}\.wal|\d+", "N", r) for r in s.recovery)
-        s.close()
 
 
-@pytest.mark.parametrize("seed", [1, 2])
-def test_sigkill_while_appending_loses_nothing_acknowledged(tmp_path, seed):
+@pytest.mark.parametrize(("mode", "seed"), [("wal", 1), ("wal", 2), ("journal", 1), ("journal", 2)])
+def test_sigkill_while_appending_loses_nothing_acknowledged(tmp_path, mode, seed):
     rng = random.Random(seed)
-    data = tmp_path / "p0"
-    acked: dict[int, tuple[int, int]] = {}
-    expected = ExpectedTable()
-    kills = during_startup = 0
+    data = tmp_path / "node"
+    acked: dict[int, dict[int, tuple[int, int]]] = {}
+    expected: dict[int, ExpectedTable] = {}
+    kills = during_startup = power_losses = cut = 0
     repairs: Counter[str] = Counter()
-    last = {}
+    last: dict[int, dict[str, int]] = {}
     for it in range(ITERATIONS):
         out = tmp_path / f"out{it}.txt"
-        child = start_child(data, seed * 1000 + it, out)
+        child = start_child(data, seed * 1000 + it, out, mode)
         if rng.random() < 0.15:  # sometimes kill it during recovery and election
             time.sleep(rng.uniform(0.0, 0.4))
             during_startup += 1
@@ -158,16 +202,25 @@ def test_sigkill_while_appending_loses_nothing_acknowledged(tmp_path, seed):
             child.stderr.close()
         for line in complete_lines(out):
             if line.startswith("ack "):
-                _, index, term, kind = line.split()
-                prior = acked.get(int(index))
-                assert prior is None or prior == (int(term), int(kind)), f"{index} re-acked"
-                acked[int(index)] = (int(term), int(kind))
-        last = audit(data, acked, expected, repairs)
+                _, p, index, term, kind = line.split()
+                mine = acked.setdefault(int(p), {})
+                prior = mine.get(int(index))
+                assert prior is None or prior == (int(term), int(kind)), f"p{p} {index} re-acked"
+                mine[int(index)] = (int(term), int(kind))
+        if mode == "journal" and rng.random() < 0.5 and (data / "journal").exists():
+            power_losses += 1
+            cut += lose_unsynced_wal_tails(data)
+        last = audit_all(data, mode, acked, expected, repairs)
+    total = sum(len(a) for a in acked.values())
     print(
-        f"seed {seed}: {kills} SIGKILLs ({during_startup} during startup), "
-        f"{len(acked)} acknowledged entries audited, final commit {last['commit']}, "
-        f"compaction floor {last['first']}, snapshot {last['snapshot']}, "
-        f"recovery repairs: {dict(repairs) or 'none'}"
+        f"{mode} seed {seed}: {kills} SIGKILLs ({during_startup} during startup, "
+        f"{power_losses} also power losses cutting {cut} WAL entries), {total} acknowledged "
+        f"entries audited, final {last}, recovery repairs: {dict(repairs) or 'none'}"
     )
-    assert len(acked) > ITERATIONS * 20, "the child appended too little to test anything"
-    assert last["first"] > 1 and last["snapshot"] > 0, "snapshots and compaction ran"
+    assert total > ITERATIONS * 20, "the child appended too little to test anything"
+    for p, figures in last.items():
+        assert figures["first"] > 1 and figures["snapshot"] > 0, f"p{p}: snapshots, compaction"
+    if mode == "journal":
+        assert len(last) == 3 and all(len(acked.get(p, {})) > 0 for p in last)
+        assert power_losses > 0 and cut > 0, "the power losses cut something to replay"
+        assert any("replayed" in r for r in repairs), "recovery replayed the journal"

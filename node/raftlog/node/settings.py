@@ -166,6 +166,13 @@ class NodeSettings(BaseSettings):
         "two segments allocated ahead; on a full disk or a filesystem that cannot allocate, "
         "segments grow with their records instead",
     )
+    journal_checkpoint_bytes: int = Field(
+        64 * 1024 * 1024,
+        ge=64 * 1024,
+        description="the node's journal (one log and one fsync for all its partitions) is "
+        "checkpointed once it holds this many bytes: each partition's WAL written since is "
+        "fsynced and the journal before it deleted; a restart replays at most this much",
+    )
     snapshot_install: Literal["auto", "operator"] = Field(
         "auto",
         description="auto: the leader has a snapshot streamed as soon as a follower needs one; "

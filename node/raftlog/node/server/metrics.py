@@ -26,8 +26,7 @@ class NodeMetrics:
         self.registry = CollectorRegistry()
         self.fsync = Histogram(
             "raftlog_fsync_seconds",
-            "Time of one WAL sync (one group commit)",
-            ["partition"],
+            "Time of one sync of the node's journal (one group commit of every partition)",
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
         )
@@ -54,12 +53,6 @@ class NodeMetrics:
         child = self._request_children.get(key)
         if child is None:
             child = self._request_children[key] = self.requests.labels(route, method, str(status))
-        return child
-
-    def fsync_latency(self, partition: int) -> Histogram:
-        child = self._fsync_children.get(partition)
-        if child is None:
-            child = self._fsync_children[partition] = self.fsync.labels(str(partition))
         return child
 
     def attach(self, node: Node) -> None:

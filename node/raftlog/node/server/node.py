@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 import random
+import time
 
 from raftlog.node.core.messages import Message
 from raftlog.node.core.raft import Raft
@@ -15,7 +16,8 @@ from raftlog.node.server.metrics import NodeMetrics
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.durable import DurableStorage
-from raftlog.node.storage.group_commit import SyncGate
+from raftlog.node.storage.group_commit import GroupCommit
+from raftlog.node.storage.journal import Journal
 from raftlog.node.transport.peers import Transport
 
 log = logging.getLogger("raftlog.node")
@@ -48,7 +50,16 @@ class Node:
         self.answers = AnswerBudget(
             settings.max_answer_buffer_bytes, settings.answer_send_timeout_s
         )
-        self.sync_gate = SyncGate()  # the partitions' fsyncs: in the loop only one at a time
+        # One journal and one group commit for every partition: one fsync per batch of the
+        # whole node, however the appends are spread (`journal.py`).
+        self.journal = Journal(
+            os.path.join(settings.data_dir, "journal"),
+            durable=settings.durable,
+            checkpoint_bytes=settings.journal_checkpoint_bytes,
+        )
+        self.group = GroupCommit(
+            self._timed_sync, inline_below=settings.fsync_in_loop_below_ms / 1000
+        )
         bootstrap = None if settings.join else Membership(frozenset(settings.peers))
         self.drivers: dict[int, PartitionDriver] = {}
         config = settings.raft_config()
@@ -58,13 +69,42 @@ class Node:
                 bootstrap=bootstrap,
                 durable=settings.durable,
                 segment_bytes=settings.segment_bytes,
+                journal=self.journal.partition(p),
             )
             for msg in storage.recovery:
                 log.warning("p%d recovery: %s", p, msg)
             raft = Raft(self.id, config, storage, seed=random.randrange(1 << 30))
             self.drivers[p] = PartitionDriver(self, p, raft, storage, config)
+        self.journal.start({p: d.storage.wal for p, d in self.drivers.items()})
+        self._checkpoint: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.attach(self)
+
+    def _timed_sync(self) -> None:
+        """The journal's sync, timed for `raftlog_fsync_seconds` (runs in the fsync thread)."""
+        started = time.perf_counter()
+        self.journal.sync()
+        self.metrics.fsync.observe(time.perf_counter() - started)
+
+    async def _durable(self) -> None:
+        await self.group.durable(self.group.wrote())
+
+    def _maybe_checkpoint(self) -> None:
+        """Start a journal checkpoint once it holds `journal_checkpoint_bytes` (at most one)."""
+        if not self.journal.due() or (self._checkpoint is not None and not self._checkpoint.done()):
+            return
+
+        async def run() -> None:
+            try:
+                await self.journal.checkpoint(
+                    lambda: {p: d.storage.wal for p, d in self.drivers.items()}, self._durable
+                )
+            except Exception:
+                log.exception("journal checkpoint failed; the partitions stop writing")
+                for d in self.drivers.values():
+                    d.wake.set()
+
+        self._checkpoint = asyncio.get_running_loop().create_task(run())
 
     async def start(self) -> None:
         await self.transport.start()
@@ -82,16 +122,20 @@ class Node:
             await asyncio.sleep(max(0.0, next_at - loop.time()))
             for d in self.drivers.values():
                 d.tick()
+            self._maybe_checkpoint()
 
     async def close(self) -> None:
-        for t in self._tasks:
+        tasks = self._tasks + ([self._checkpoint] if self._checkpoint is not None else [])
+        for t in tasks:
             t.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self.transport.close()
         for d in self.drivers.values():
             await d.settle()
-            d.group.close()
+        self.group.close()
+        for d in self.drivers.values():
             d.storage.close()
+        self.journal.close()
 
     def driver(self, partition: int) -> PartitionDriver | None:
         return self.drivers.get(partition)

@@ -38,7 +38,6 @@ from raftlog.node.storage.compactor import (
 )
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import StorageFailed
-from raftlog.node.storage.group_commit import GroupCommit
 from raftlog.node.storage.snapshots import SnapshotReceiver
 
 if TYPE_CHECKING:
@@ -133,11 +132,7 @@ class PartitionDriver:
         self.storage = storage
         self.config = config
         self.table = KeyedTable.restore(storage.snapshot_data())
-        self.group = GroupCommit(
-            self._timed_sync,
-            inline_below=node.settings.fsync_in_loop_below_ms / 1000,
-            gate=node.sync_gate,
-        )
+        self.group = node.group  # the node's: one fsync for every partition's writes
         self.wake = asyncio.Event()
         self.committed = CommitSignal()  # readers waiting for the high-water mark
         # Why the partition stopped writing: a disk fault, or a bug caught by the loop. Reads of
@@ -163,12 +158,6 @@ class PartitionDriver:
         self._snapshot_error: Exception | None = None  # its write failed: stop the driver
         # Futures answered by the driver loop: failed with the driver's error if it stops first.
         self._on_core: set[asyncio.Future[Any]] = set()
-
-    def _timed_sync(self) -> None:
-        """The WAL sync, timed for `raftlog_fsync_seconds` (runs in the fsync thread)."""
-        started = time.perf_counter()
-        self.storage.sync()
-        self.node.metrics.fsync_latency(self.p).observe(time.perf_counter() - started)
 
     # ================================================================== the inbox
     def call(self, fn: Callable[[], None]) -> None:

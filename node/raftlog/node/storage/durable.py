@@ -25,6 +25,7 @@ from raftlog.node.storage.errors import StorageFailed, WalCorruption
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.hardstate import HardStateFile
 from raftlog.node.storage.holds import Hold, RetentionHolds
+from raftlog.node.storage.journal import PartitionJournal, replay_into
 from raftlog.node.storage.segment import RawRange
 from raftlog.node.storage.snapshots import SnapshotReceiver, SnapshotStore
 from raftlog.node.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
@@ -43,15 +44,20 @@ class DurableStorage:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         ops: FileOps | None = None,
         clock: Callable[[], float] = time.time,
+        journal: PartitionJournal | None = None,
     ) -> None:
         """Open (or create) the partition in `path`.
 
         `bootstrap` is the initial membership of a brand-new partition (recorded as the
         snapshot at index 0); it is ignored when the partition already exists.
         `durable=False` skips every fsync: for tests and benchmarks only, and logged.
+        `journal`: the node's shared log (`journal.py`) makes this partition's writes durable,
+        and its records since the last checkpoint are replayed here first; without one, the
+        WAL syncs itself.
         """
         self.path = path
         self.durable = durable
+        self.journal = journal
         self.ops = ops or FileOps()
         if not durable:
             log.warning(
@@ -78,6 +84,7 @@ class DurableStorage:
             segment_bytes=segment_bytes,
             durable=durable,
             ops=self.ops,
+            trusted_last=journal.trusted_last if journal is not None else None,
         )
         self.recovery = list(self.wal.recovery)
         # The compaction floor may sit inside the oldest segment: the WAL deletes whole segments
@@ -88,11 +95,30 @@ class DurableStorage:
         # entry, which is still committed and covered by the snapshot.
         self._floor = 0
         try:
+            if journal is not None:
+                self._replay(journal)
             self._reconcile_with_snapshot(snap)
             self._reconcile_term()
         except BaseException:
             self.wal.close()
             raise
+        if journal is not None:
+            self.wal.on_write = journal.add_frames
+
+    def _replay(self, journal: PartitionJournal) -> None:
+        ops = journal.pending
+        if not ops:
+            return
+        before = self.wal.last_index(), self.wal.commit
+        notes = replay_into(self.wal, ops)
+        after = self.wal.last_index(), self.wal.commit
+        msg = (
+            f"replayed {len(ops)} journal records: last index {before[0]} -> {after[0]}, "
+            f"commit {before[1]} -> {after[1]}"
+        )
+        for m in [msg, *notes]:
+            self.recovery.append(m)
+            log.info("%s: %s", self.path, m)
 
     def _reconcile_with_snapshot(self, snap: SnapshotMeta) -> None:
         wal = self.wal
@@ -132,6 +158,8 @@ class DurableStorage:
 
     @property
     def failed(self) -> StorageFailed | None:
+        if self.journal is not None and self.journal.journal.failed is not None:
+            return self.journal.journal.failed
         return self.wal.failed
 
     # ================================================================== LogStorage
@@ -192,7 +220,10 @@ class DurableStorage:
             self.wal.append_commit(hard_state.commit)
 
     def sync(self) -> None:
-        self.wal.sync()
+        if self.journal is not None:
+            self.journal.journal.sync()
+        else:
+            self.wal.sync()
 
     def _guard(self, what: str, fn: Callable[[], None]) -> None:
         if self.wal.failed is not None:
@@ -207,12 +238,19 @@ class DurableStorage:
     def install_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         """Install a received snapshot: written atomically, then the log is reset behind it."""
         self._guard("snap", lambda: self.snapshots.save(meta, data))
+        self._reset(meta)
+
+    def _reset(self, meta: SnapshotMeta) -> None:
+        if self.journal is not None:
+            # Durable before the WAL is reset: a replay of records from before the install
+            # must meet it, or it would put back entries the install discarded.
+            self.journal.reset(meta.index, meta.term)
         self.wal.reset(meta.index, meta.term)
 
     def install_received(self, receiver: SnapshotReceiver, meta: SnapshotMeta) -> None:
         """Install a snapshot received in chunks (already verified by `receiver.verify()`)."""
         self._guard("snap", lambda: receiver.commit(meta))
-        self.wal.reset(meta.index, meta.term)
+        self._reset(meta)
 
     def create_snapshot(self, meta: SnapshotMeta, data: bytes) -> None:
         if meta.index <= self.snapshot_meta().index:

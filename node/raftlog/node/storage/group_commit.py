@@ -23,23 +23,6 @@ from raftlog.node.core.types import Entry
 SYNC_WINDOW = 64  # syncs looked back on before one runs in the event loop
 
 
-class SyncGate:
-    """Shared by the GroupCommits of one node: a sync runs in the event loop only while no
-    other one is under way in its thread, so on a node whose partitions all sync at once their
-    fsyncs still overlap in their threads instead of queueing in the loop one after another."""
-
-    def __init__(self) -> None:
-        self.in_threads = 0
-
-    @contextlib.contextmanager
-    def in_thread(self) -> Iterator[None]:
-        self.in_threads += 1
-        try:
-            yield
-        finally:
-            self.in_threads -= 1
-
-
 class _Batch:
     def __init__(self, fut: asyncio.Future[None]) -> None:
         self.entries: list[Entry] = []
@@ -52,7 +35,6 @@ class GroupCommit:
         sync: Callable[[], None],
         write: Callable[[list[Entry]], None] | None = None,
         inline_below: float = 0.0005,
-        gate: SyncGate | None = None,
     ) -> None:
         self._sync = sync
         self._write = write
@@ -65,14 +47,14 @@ class GroupCommit:
         self._inline = False  # a `durable` caller is running a sync itself
         # A `durable` caller with nothing in flight syncs in the event loop itself while every
         # one of the last SYNC_WINDOW syncs took less than `inline_below` (0: never) and no
-        # other sync of the node is in a thread (`SyncGate`): handing a sync to the thread and
+        # sync is under way in the thread: handing a sync to the thread and
         # back costs two wakeups and two GIL handoffs on the append's path, which on a busy
         # machine cost more than a fast disk's sync. The whole node's loop waits for such a
         # sync, so one slow sync sends the next SYNC_WINDOW to the thread; what is left is a
         # disk that stalls without warning after a long fast run, which holds the node for
         # that one sync.
         self.inline_below = inline_below
-        self.gate = SyncGate() if gate is None else gate
+        self._in_thread = 0  # syncs under way in the thread
         self._recent: deque[float] = deque(maxlen=SYNC_WINDOW)  # unknown: start in the thread
         self.fsyncs = 0  # how many syncs ran (for metrics and the benchmark)
         # One thread of its own: fsyncs of one log are sequential anyway, and a warm dedicated
@@ -83,13 +65,19 @@ class GroupCommit:
         """Whether a sync would run in the event loop now (see `inline_below`)."""
         recent = self._recent
         return (
-            not self.gate.in_threads
-            and len(recent) == SYNC_WINDOW
-            and max(recent) < self.inline_below
+            not self._in_thread and len(recent) == SYNC_WINDOW and max(recent) < self.inline_below
         )
 
     def close(self) -> None:
         self._thread.shutdown(wait=True)
+
+    @contextlib.contextmanager
+    def _thread_sync(self) -> Iterator[None]:
+        self._in_thread += 1
+        try:
+            yield
+        finally:
+            self._in_thread -= 1
 
     def wrote(self) -> int:
         """Call after each write of your own; returns the generation to wait for."""
@@ -129,7 +117,7 @@ class GroupCommit:
                 if self.inline_now():
                     self._timed()  # fast disk: cheaper than a thread handoff; see `inline_below`
                 else:
-                    with self.gate.in_thread():
+                    with self._thread_sync():
                         await asyncio.get_running_loop().run_in_executor(self._thread, self._timed)
             except Exception as e:
                 self._fail(e, None)
@@ -160,7 +148,7 @@ class GroupCommit:
                     self._write(batch.entries)
                     self._written += 1
                 target = self._written
-                with self.gate.in_thread():
+                with self._thread_sync():
                     await asyncio.get_running_loop().run_in_executor(self._thread, self._timed)
             except Exception as e:  # the storage has marked itself failed; tell every waiter
                 self._fail(e, batch)

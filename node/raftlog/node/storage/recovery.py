@@ -136,7 +136,8 @@ def _scan_segment(full: str, is_last: bool) -> ScanResult:
     return scanned
 
 
-def analyze_wal(path: str) -> WalAnalysis:
+def analyze_wal(path: str, trusted_last: int | None = None) -> WalAnalysis:
+    """`trusted_last`: see `Wal.open`."""
     a = WalAnalysis(path)
     names = list_segments(path)
     heads: list[tuple[int, str, int]] = []
@@ -164,6 +165,18 @@ def analyze_wal(path: str) -> WalAnalysis:
         full = os.path.join(path, name)
         is_last = i == len(heads) - 1
         seg = ScannedSegment(seq, name, full, _scan_segment(full, is_last))
+        damage = seg.scan.corruption
+        if (
+            is_last
+            and damage is not None
+            and trusted_last is not None
+            and damage.index is not None
+            and damage.index > trusted_last
+        ):
+            # Written after the journal's last checkpoint and never synced here: the journal
+            # holds it and replays it.
+            seg.scan.torn = f"{damage.reason} at offset {damage.offset}, after the checkpoint"
+            seg.scan.corruption = None
         if seg.scan.corruption is None and a.segments:
             prev = a.segments[-1]
             if seg.first_index != prev.last_index + 1 or seg.scan.prev_term != prev.last_term:

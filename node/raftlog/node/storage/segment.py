@@ -197,7 +197,7 @@ def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
         return ScanResult(first, prev_term, flags, records, pos, size, torn, corruption)
 
     while pos < size:
-        reason = _check_record(view, pos, size)
+        reason = check_record(view, pos, size)
         if reason is not None:
             if is_last and raw.count(0, pos) == size - pos:
                 break  # preallocated space never written (a zero length is never a record)
@@ -226,7 +226,7 @@ def scan(path: str, raw: bytes, is_last: bool) -> ScanResult:
     return result(None, None)
 
 
-def _check_record(view: memoryview, pos: int, size: int) -> str | None:
+def check_record(view: memoryview, pos: int, size: int) -> str | None:
     """Why the record at `pos` is damaged, or None when it is well formed."""
     if pos + REC_HEAD.size > size:
         return "record header cut short"
@@ -258,9 +258,9 @@ def _valid_record_follows(raw: bytes, start: int) -> bool:
     size = len(raw)
     for m in _ENTRY_SHAPE.finditer(raw, start + 8):
         h = m.start() - 8
-        if h >= start and _check_record(view, h, size) is None:
+        if h >= start and check_record(view, h, size) is None:
             return True
     for m in _COMMIT_SHAPE.finditer(raw, start):
-        if _check_record(view, m.start(), size) is None:
+        if check_record(view, m.start(), size) is None:
             return True
     return False

@@ -104,6 +104,10 @@ class Wal:
         self._tail: list[Entry] = []
         self._tail_first = 0
         self._tail_bytes = 0
+        # With the node's journal (`journal.py`): each write's records go there too, and the
+        # journal's fsync makes them durable; this WAL is synced at checkpoints.
+        self.on_write: Callable[[bytes | bytearray], None] | None = None
+        self._checkpoint_gen = 0
 
     # ================================================================== open and recover
     @classmethod
@@ -116,15 +120,18 @@ class Wal:
         segment_bytes: int = DEFAULT_SEGMENT_BYTES,
         durable: bool = True,
         ops: FileOps | None = None,
+        trusted_last: int | None = None,
     ) -> Wal:
         """Open (or create) the WAL in `path`, recovering from a crash at any instant.
 
         `base_index`/`base_term` anchor a brand-new WAL (the entry just below its first one).
-        Raises `WalCorruption` on damage that is not a torn tail.
+        Raises `WalCorruption` on damage that is not a torn tail. `trusted_last`: the last index
+        a journal checkpoint made durable; damage after it in the last segment is a tail the
+        journal replays (written since, never synced here), not corruption.
         """
         ops = ops or FileOps()
         os.makedirs(path, exist_ok=True)
-        found = analyze_wal(path)
+        found = analyze_wal(path, trusted_last)
         if found.corruption is not None:
             raise found.corruption
         prealloc = segment_bytes if durable else 0
@@ -366,6 +373,8 @@ class Wal:
                     configs.append(e.index)
                 i += 1
             self._io("write", seg.path, functools.partial(self.ops.write, seg.fd, buf))
+            if self.on_write is not None:
+                self.on_write(buf)
             seg.offsets.extend(offsets)
             seg.terms.extend(terms)
             seg.end += len(buf)
@@ -401,6 +410,8 @@ class Wal:
         seg = self._segments[-1]
         rec = fmt.encode_commit(commit)
         self._io("write", seg.path, lambda: self.ops.write(seg.fd, rec))
+        if self.on_write is not None:
+            self.on_write(rec)
         seg.end += len(rec)
         self.commit = commit
         self._written_gen += 1
@@ -420,6 +431,23 @@ class Wal:
         if self.durable:
             self._io("fdatasync", seg.path, lambda: self.ops.fdatasync(seg.fd))
         self._synced_gen = max(self._synced_gen, target)
+
+    def sync_active(self) -> None:
+        """fdatasync the active segment whatever this WAL wrote (a journal checkpoint at
+        start: a crashed process's writes read back from the page cache, not yet durable)."""
+        seg = self._segments[-1]
+        if self.durable:
+            self._io("fdatasync", seg.path, lambda: self.ops.fdatasync(seg.fd))
+        self._synced_gen = self._checkpoint_gen = self._written_gen
+
+    def checkpoint_fd(self) -> int | None:
+        """A descriptor of the active segment for a checkpoint to fdatasync in its thread
+        (the caller closes it), or None when nothing was written since the last checkpoint.
+        Older segments were synced when sealed."""
+        if self._written_gen == self._checkpoint_gen:
+            return None
+        self._checkpoint_gen = self._written_gen
+        return self._io("dup", self.path, lambda: os.dup(self._segments[-1].fd))
 
     def _roll(self) -> None:
         """Seal the active segment (durably) and start the next one."""
