@@ -151,14 +151,23 @@ def ensure_tools() -> dict[str, Any]:
 
 
 # ====================================================================== load
-def wrk(url: str, body: bytes, clients: int, seconds: float, workdir: Path) -> dict[str, Any]:
-    """One wrk run: its RESULT line (requests, errors, latency percentiles in µs)."""
+def wrk(
+    url: str,
+    body: bytes,
+    clients: int,
+    seconds: float,
+    workdir: Path,
+    script: Path = LUA,
+    more: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """One wrk run: its RESULT line (requests, errors, latency percentiles in µs). `more`:
+    arguments after the body file, for `script`."""
     body_file = workdir / f"body-{hashlib.sha1(body).hexdigest()[:12]}.json"
     if not body_file.exists():
         body_file.write_bytes(body)
     cmd = [
         "wrk", "-t1", f"-c{clients}", f"-d{seconds:g}s", "--timeout", "10s",
-        "-s", str(LUA), url, "--", str(body_file),
+        "-s", str(script), url, "--", str(body_file), *more,
     ]  # fmt: skip
     out = subprocess.run(cmd, capture_output=True, text=True, check=False, timeout=seconds + 60)
     for line in out.stdout.splitlines():

@@ -112,8 +112,11 @@ class GroupCommit:
             # handoff and one wakeup of this task per sync, not two of each). Writers that
             # come meanwhile wait for the flusher, started once this sync is over.
             self._inline = True
-            target = self._written
             try:
+                # One turn of the loop first: the other partitions' drivers woken with this one
+                # write too, and this sync covers them (one fsync for the node's batch).
+                await asyncio.sleep(0)
+                target = self._written
                 if self.inline_now():
                     self._timed()  # fast disk: cheaper than a thread handoff; see `inline_below`
                 else:
