@@ -2,10 +2,10 @@
 
 Each peer gets a frame stream (`frames`: an HTTP/1.1 Upgrade on the peer's own port, behind the
 same token and TLS as every peer call, then length-prefixed binary frames one way, with
-TCP_NODELAY). A message is written to the socket by the driver that sends it, in the same
-callback: no task hop, and a frame costs one write here and one read there. Messages queue only
-while the stream is not up or the kernel's buffer for the peer is full, and go out together in
-the next frame. A peer that does not know frames (an older node, or `peer_frames` off: 404 on
+TCP_NODELAY). The messages every partition sends to a peer in one turn of the event loop go out
+in one frame at the start of the next (a callback, no task hop): one write here and one read
+there for all of the node's partitions, not one per partition. Messages also queue while the
+stream is not up or the kernel's buffer for the peer is full, and go out together then. A peer that does not know frames (an older node, or `peer_frames` off: 404 on
 the handshake) is sent them over a WebSocket (`/peer/v1/stream`, a sender task writing each
 frame), and one that knows neither by `POST /peer/v1/messages`, one request per frame.
 
@@ -87,17 +87,28 @@ class PeerSender:
         self.link: frames.Link | None = None  # the frame stream, while it is up
         self._closed = False  # the open WebSocket was closed by the peer or failed while reading
         self.task: asyncio.Task[None] | None = None
+        self._flush_due = False
 
     def send(self, partition: int, messages: list[Message]) -> bool:
-        """Queue `messages`; True when they went straight to the frame stream's socket."""
+        """Queue `messages`; True when the frame stream's socket takes them at the start of the
+        loop's next turn, with what the other partitions send in this one."""
         self.queue.extend((partition, m) for m in messages)
         link = self.link
         if link is not None and link.writable:
-            self._flush(link)
-            if not self.queue:
-                return True
+            if not self._flush_due:
+                self._flush_due = True
+                asyncio.get_running_loop().call_soon(self._flush_now)
+            return True
         self.ready.set()
         return False
+
+    def _flush_now(self) -> None:
+        self._flush_due = False
+        link = self.link
+        if link is not None and link.writable:
+            self._flush(link)
+        if self.queue:
+            self.ready.set()
 
     def _flush(self, link: frames.Link) -> None:
         """Write the queue, frame by frame, until it is empty or the link's buffer is full
