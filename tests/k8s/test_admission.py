@@ -187,14 +187,17 @@ def test_an_unknown_field_is_pruned_when_validation_is_off(namespace: str, verb:
 # ------------------------------------------------------------------------ fixed after creation
 
 
-def test_partitions_cannot_change_after_creation(namespace: str) -> None:
+def test_partitions_may_be_raised_never_lowered(namespace: str) -> None:
     apply(namespace, "fixed", {"partitions": 2})
-    message = "partitions cannot change after creation"
-    err = kube.kubectl_fails(*patch(namespace, "fixed", {"partitions": 3}))
-    assert f'spec.partitions: Invalid value: "integer": {message}' in err, err
-    err = refused(namespace, "fixed", {"partitions": 4})
+    message = "partitions cannot be lowered"
+    err = kube.kubectl_fails(*patch(namespace, "fixed", {"partitions": 1}))
     assert f'spec.partitions: Invalid value: "integer": {message}' in err, err
     assert spec_of(namespace, "fixed")["partitions"] == 2
+    kube.kubectl(*patch(namespace, "fixed", {"partitions": 3}))
+    assert spec_of(namespace, "fixed")["partitions"] == 3
+    err = refused(namespace, "fixed", {"partitions": 2})
+    assert f'spec.partitions: Invalid value: "integer": {message}' in err, err
+    assert spec_of(namespace, "fixed")["partitions"] == 3
 
 
 @pytest.mark.parametrize(

@@ -297,3 +297,57 @@ async def test_a_member_that_lost_its_data_is_replaced_by_a_new_learner(tmp_path
         reasons = h.reasons()
         for reason in ("MemberLost", "MemberRemoved", "ScalingUp", "LearnerAdded", "Promoted"):
             assert reason in reasons, reasons
+
+
+async def test_raising_partitions_rolls_the_members_and_keeps_every_record(tmp_path):
+    """spec.partitions 2 -> 4 under appends: each member restarts once with the new count, the
+    new partitions elect leaders on every member and take appends, and every record
+    acknowledged before, during and after is read back from its partition."""
+    async with cluster(tmp_path, manifest(3, partitions=2)) as h:
+        await h.until("bootstrap", running(3), 30)
+        acked: dict[int, list[int]] = {0: [], 1: []}
+        stop = asyncio.Event()
+
+        async def producer() -> None:
+            async with AsyncClient(h.op.endpoints(), retries=30) as client:
+                n = 0
+                while not stop.is_set():
+                    r = await client.append(n % 2, [{"key": f"k{n}", "value": f"v{n}"}])
+                    acked[r.partition].append(r.last_index)
+                    n += 1
+
+        task = asyncio.create_task(producer())
+        await asyncio.sleep(0.5)
+        path = tmp_path / "raftcluster.yaml"
+        path.write_text(path.read_text().replace("partitions: 2", "partitions: 4"))
+        _, spec = h.op.desired()
+        assert spec.partitions == 4
+        want = config_hash(spec)
+        st = await h.until(
+            "every member restarted with 4 partitions",
+            lambda s: (
+                set(h.op.runtime.hashes.values()) == {want}
+                and running(3)(s)
+                and len(s.leaders) == 4
+            ),
+            120,
+        )
+        stop.set()
+        await asyncio.wait_for(task, 30)  # the producer never failed
+        assert sorted(st.leaders) == ["0", "1", "2", "3"], st.leaders
+        restarted = [e.message.split()[1] for _, e in h.events if e.reason == "RollingRestart"]
+        assert sorted(restarted) == ["c-0", "c-1", "c-2"], restarted
+        async with AsyncClient(h.op.endpoints(), retries=30) as client:
+            for p in (2, 3):
+                r = await client.append(p, [{"key": "new", "value": f"p{p}"}])
+                assert r.partition == p and r.first_index >= 1
+            for p, indexes in acked.items():
+                assert indexes, f"partition {p} took appends"
+                got: set[int] = set()
+                start = 1
+                while start <= max(indexes):
+                    page = await client.read(p, start, limit=1000)
+                    got.update(int(rec["index"]) for rec in page["records"])
+                    start = int(page["next"]) if page["records"] else start + 1
+                missing = sorted(set(indexes) - got)
+                assert not missing, f"partition {p}: acknowledged {missing[:5]} not read back"

@@ -160,11 +160,9 @@ class NodeSettings(BaseSettings):
     segment_bytes: int = Field(
         64 * 1024 * 1024,
         ge=4096,
-        description="WAL segment size; with fsync on, each segment file is allocated at this "
-        "size before records go in (posix_fallocate: an append's fdatasync then writes only "
-        "data), and the next one once the active one is half full, so a partition holds up to "
-        "two segments allocated ahead; on a full disk or a filesystem that cannot allocate, "
-        "segments grow with their records instead",
+        description="each partition's WAL segment size (segments grow with their records; "
+        "appends are made durable by the node's journal, which is allocated ahead at "
+        "journal_checkpoint_bytes)",
     )
     journal_checkpoint_bytes: int = Field(
         64 * 1024 * 1024,

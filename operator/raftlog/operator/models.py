@@ -49,11 +49,6 @@ def _rules(*rules: dict[str, str]) -> dict[str, Any]:
     return {"x-kubernetes-validations": list(rules)}
 
 
-def _fixed(field: str, why: str) -> dict[str, str]:
-    """The transition rule of a field that must keep its value for the resource's lifetime."""
-    return {"rule": "self == oldSelf", "message": f"{field} cannot change after creation: {why}"}
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(
         alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True
@@ -177,10 +172,10 @@ class Storage(_Model):
     segment_bytes: int = Field(
         64 * 1024 * 1024,
         ge=4096,
-        description="Size of a WAL segment; compaction removes whole segments behind a "
-        "snapshot. Each partition keeps up to two segments allocated ahead of its records "
-        "(the active one and the next), so size the volume for at least "
-        "partitions x 2 x segmentBytes plus the retained log and snapshots.",
+        description="Size of a partition's WAL segment; compaction removes whole segments "
+        "behind a snapshot. Segments grow with their records; each member's journal (one for "
+        "all its partitions) is allocated ahead, at 64 MiB, so size the volume for the "
+        "retained log and snapshots of every partition plus about 130 MiB.",
     )
     reclaim_policy: Literal["Delete", "Retain"] = Field(
         "Delete",
@@ -236,12 +231,17 @@ class RaftClusterSpec(_Model):
         1,
         ge=1,
         le=1024,
-        description="Partitions (independent Raft groups); fixed after creation.",
+        description="Partitions (independent Raft groups). May be raised: the members restart "
+        "one at a time with the new count and the new partitions start empty; never lowered.",
         # Every member is launched with `--partitions` and keeps one Raft group (its WAL,
-        # snapshots and membership) per partition on its volume: a restart with another count
-        # would drop groups or start empty ones; the operator neither splits nor merges them.
+        # snapshots and membership) per partition on its volume: fewer would drop groups with
+        # their records; the operator neither splits nor merges them.
         json_schema_extra=_rules(
-            _fixed("partitions", "each member keeps one Raft group per partition on its volume")
+            {
+                "rule": "self >= oldSelf",
+                "message": "partitions cannot be lowered: each member keeps one Raft group, "
+                "with its records, per partition on its volume",
+            }
         ),
     )
     image: str | None = Field(

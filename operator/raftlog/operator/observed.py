@@ -72,6 +72,11 @@ class Observed:
         m = self.members.get(name)
         return m.node if m else None
 
+    def partitions_served(self, wanted: int) -> int:
+        """How many partitions every answering member serves: `wanted`, or fewer while the
+        members restart one at a time with a raised count (the new ones elect once all do)."""
+        return min([wanted, *(len(m.node.partitions) for m in self.members.values() if m.node)])
+
     def leader_view(self, partition: int) -> PartitionView | None:
         """The partition's leader as the leaders themselves say (the highest term wins)."""
         best: PartitionView | None = None

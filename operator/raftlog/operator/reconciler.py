@@ -114,7 +114,7 @@ def decide(
 ) -> Plan:
     st = previous.model_copy(deep=True)
     st.observed_generation = generation
-    leaders = {p: obs.leader_view(p) for p in range(spec.partitions)}
+    leaders = {p: obs.leader_view(p) for p in range(obs.partitions_served(spec.partitions))}
     ps = _Pass(name, spec, st, obs, now, config_hash(spec), leaders)
     _refresh_members(ps)
     action = _next_action(ps)
@@ -531,7 +531,7 @@ def _summarize(ps: _Pass, action: Action | None) -> None:
     led = [p for p, lv in ps.leaders.items() if lv is not None]
     voters = [m for m in active if m.role == "voter"]
     quorum = sum(1 for m in voters if m.ready) >= majority(max(len(voters), 1))
-    available = st.bootstrapped and len(led) == ps.spec.partitions and quorum
+    available = st.bootstrapped and len(led) == len(ps.leaders) and quorum
     failed = [i for i in st.snapshot_installs if i.state == "failed" and _recent(ps, i)]
     unready = [m.name for m in active if not m.ready]
     _condition(
@@ -539,8 +539,14 @@ def _summarize(ps: _Pass, action: Action | None) -> None:
         "Available",
         available,
         "QuorumAvailable" if available else "NoQuorum" if st.bootstrapped else "Bootstrapping",
-        f"{len(led)} of {ps.spec.partitions} partitions have a leader; "
-        f"{st.ready_replicas} of {len(active)} members ready",
+        f"{len(led)} of {len(ps.leaders)} partitions have a leader; "
+        f"{st.ready_replicas} of {len(active)} members ready"
+        + (
+            f"; partitions {len(ps.leaders)}..{ps.spec.partitions - 1} start once every "
+            "member restarted with the new count"
+            if len(ps.leaders) < ps.spec.partitions
+            else ""
+        ),
     )
     _condition(ps, "Progressing", action is not None, _reason(action), describe(action))
     degraded_msg = []

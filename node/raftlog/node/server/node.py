@@ -60,17 +60,18 @@ class Node:
         self.group = GroupCommit(
             self._timed_sync, inline_below=settings.fsync_in_loop_below_ms / 1000
         )
-        bootstrap = None if settings.join else Membership(frozenset(settings.peers))
         self.drivers: dict[int, PartitionDriver] = {}
         config = settings.raft_config()
-        for p in range(settings.partitions):
-            storage = DurableStorage(
-                os.path.join(settings.data_dir, f"p{p}"),
-                bootstrap=bootstrap,
-                durable=settings.durable,
-                segment_bytes=settings.segment_bytes,
-                journal=self.journal.partition(p),
-            )
+        paths = {p: os.path.join(settings.data_dir, f"p{p}") for p in range(settings.partitions)}
+        storages = {p: self._open(p, None) for p, path in paths.items() if os.path.isdir(path)}
+        # Partitions with no directory yet start with the members this node is given: all of
+        # them at a cluster's first start, and those added since (the partition count raised)
+        # on every member alike. A member that joined an existing cluster and holds nothing yet
+        # waits instead to be added to each partition by its leader.
+        member = any(s.last_index() > 0 for s in storages.values())
+        bootstrap = Membership(frozenset(settings.peers)) if member or not settings.join else None
+        for p in paths:
+            storage = storages.get(p) or self._open(p, bootstrap)
             for msg in storage.recovery:
                 log.warning("p%d recovery: %s", p, msg)
             raft = Raft(self.id, config, storage, seed=random.randrange(1 << 30))
@@ -79,6 +80,15 @@ class Node:
         self._checkpoint: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.attach(self)
+
+    def _open(self, p: int, bootstrap: Membership | None) -> DurableStorage:
+        return DurableStorage(
+            os.path.join(self.settings.data_dir, f"p{p}"),
+            bootstrap=bootstrap,
+            durable=self.settings.durable,
+            segment_bytes=self.settings.segment_bytes,
+            journal=self.journal.partition(p),
+        )
 
     def _timed_sync(self) -> None:
         """The journal's sync, timed for `raftlog_fsync_seconds` (runs in the fsync thread)."""

@@ -85,6 +85,7 @@ class DurableStorage:
             durable=durable,
             ops=self.ops,
             trusted_last=journal.trusted_last if journal is not None else None,
+            preallocate=journal is None,
         )
         self.recovery = list(self.wal.recovery)
         # The compaction floor may sit inside the oldest segment: the WAL deletes whole segments

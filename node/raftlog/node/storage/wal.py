@@ -81,6 +81,7 @@ class Wal:
         commit: int,
         config_indexes: list[int],
         recovery: list[str],
+        preallocate: bool = True,
     ) -> None:
         self.path = path
         self._segments = segments
@@ -89,7 +90,7 @@ class Wal:
         self.durable = durable
         self.ops = ops
         # Preallocation saves fsync work only: without fsync the files just grow.
-        self.prealloc = segment_bytes if durable else 0
+        self.prealloc = segment_bytes if durable and preallocate else 0
         self._spare: Spare | None = None
         self._spare_at = segment_bytes // 2 if self.prealloc else NO_SPARE_YET
         self.commit = commit  # the highest commit record written
@@ -121,6 +122,7 @@ class Wal:
         durable: bool = True,
         ops: FileOps | None = None,
         trusted_last: int | None = None,
+        preallocate: bool = True,
     ) -> Wal:
         """Open (or create) the WAL in `path`, recovering from a crash at any instant.
 
@@ -134,7 +136,7 @@ class Wal:
         found = analyze_wal(path, trusted_last)
         if found.corruption is not None:
             raise found.corruption
-        prealloc = segment_bytes if durable else 0
+        prealloc = segment_bytes if durable and preallocate else 0
         recovery = found.repairs()
         for name in ([found.torn_header] if found.torn_header else []) + found.superseded:
             os.unlink(os.path.join(path, name))
@@ -185,6 +187,7 @@ class Wal:
             commit=commit,
             config_indexes=config_indexes,
             recovery=recovery,
+            preallocate=preallocate,
         )
 
     @staticmethod

@@ -5,9 +5,10 @@ same token and TLS as every peer call, then length-prefixed binary frames one wa
 TCP_NODELAY). The messages every partition sends to a peer in one turn of the event loop go out
 in one frame at the start of the next (a callback, no task hop): one write here and one read
 there for all of the node's partitions, not one per partition. Messages also queue while the
-stream is not up or the kernel's buffer for the peer is full, and go out together then. A peer that does not know frames (an older node, or `peer_frames` off: 404 on
-the handshake) is sent them over a WebSocket (`/peer/v1/stream`, a sender task writing each
-frame), and one that knows neither by `POST /peer/v1/messages`, one request per frame.
+stream is not up or the kernel's buffer for the peer is full, and go out together then.
+A peer that does not know frames (an older node, or `peer_frames` off: 404 on the handshake)
+is sent them over a WebSocket (`/peer/v1/stream`, a sender task writing each frame), and one
+that knows neither by `POST /peer/v1/messages`, one request per frame.
 
 A failed send drops its frame (Raft retransmits what matters) and the sender backs off, doubling
 from 50 ms to 2 s, until the peer answers again; a stream that cannot take a write within
