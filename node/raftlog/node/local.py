@@ -191,16 +191,22 @@ class LocalCluster:
 
     def leader(self, partition: int) -> str | None:
         """The leader every running node agrees on for `partition`, or None."""
-        seen = set()
+        return self.leaders().get(partition)
+
+    def leaders(self) -> dict[int, str]:
+        """Each partition's leader, where every running node agrees on one (one status call
+        per node for all partitions)."""
+        seen: dict[int, set[str]] = {}
         for name, node in self.nodes.items():
             if not node.running:
                 continue
             try:
                 st = self.status(name)
             except (OSError, RuntimeError):
-                return None
-            seen.add(st["partitions"][partition]["leader"])
-        return seen.pop() if len(seen) == 1 and None not in seen else None
+                return {}
+            for part in st["partitions"]:
+                seen.setdefault(int(part["partition"]), set()).add(part["leader"] or "")
+        return {p: s.pop() for p, s in seen.items() if len(s) == 1 and "" not in s}
 
     def wait_ready(self, timeout: float = 30.0) -> None:
         """Until every running node serves and every partition has an agreed leader."""
@@ -210,7 +216,7 @@ class LocalCluster:
             if dead:
                 raise RuntimeError(f"nodes exited: {dead}; see {self.data_dir}/<node>.log")
             try:
-                if all(self.leader(p) for p in range(self.partitions)):
+                if len(self.leaders()) == self.partitions:
                     return
             except OSError:
                 pass

@@ -34,6 +34,12 @@ class RaftConfig(BaseModel):
     check_quorum: bool = Field(
         True, description="A leader that has not heard from a quorum for election_ticks steps down."
     )
+    quiesce: bool = Field(
+        True,
+        description="An idle partition whose followers hold and know every entry stops "
+        "ticking: its leader sends no heartbeats and its followers run no election timer, "
+        "until a proposal, a message, or the driver's word that a member went silent wakes it.",
+    )
     backfill_threshold: int = Field(
         10,
         ge=0,

@@ -84,6 +84,7 @@ class HeartbeatRequest:
     term: int
     commit: int  # never above what the follower is known to hold
     ctx: int = 0  # the newest ReadIndex request this heartbeat confirms leadership for
+    quiesce: bool = False  # the partition is idle: stop the election timer (see `Raft.quiesced`)
 
 
 @dataclass(frozen=True, slots=True)

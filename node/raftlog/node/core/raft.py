@@ -165,6 +165,11 @@ class Raft:
         self._reads: dict[int, tuple[int, set[str]]] = {}
         self._reads_waiting_commit: list[int] = []  # until this term's first entry commits
         self._read_states: list[ReadState] = []
+        # Quiescence (as CockroachDB quiesces idle ranges): an idle, fully replicated partition
+        # stops ticking, so a node with a thousand idle partitions does no work for them. A
+        # quiesced follower runs no election timer, so its leader's failure must come from
+        # outside: the driver calls `wake(silent=True)` when the leader's node goes silent.
+        self.quiesced = False
 
     # ===================================================================== public interface
     @property
@@ -173,6 +178,8 @@ class Raft:
 
     def tick(self) -> None:
         self.ticks += 1
+        if self.quiesced:
+            return
         if self.role == Role.LEADER:
             self._tick_leader()
         else:
@@ -189,6 +196,11 @@ class Raft:
             self._count_rejected(f"invalid {exc.field}")
             self._event("message_rejected", src=getattr(m, "src", "?"), reason=str(exc))
             return
+        quiet = isinstance(msg, HeartbeatResponse) or (
+            isinstance(msg, HeartbeatRequest) and msg.quiesce
+        )
+        if self.quiesced and not quiet:
+            self.wake()
         if not self._check_term(msg):
             return
         match msg:
@@ -218,7 +230,56 @@ class Raft:
         entry with that index and term is in `Ready.committed`."""
         return self.propose_batch([data])[0]
 
+    def wake(self, silent: bool = False) -> None:
+        """Leave quiescence (no-op otherwise). `silent`: a member this partition relies on (a
+        follower's leader, or a leader's voter) went silent, so a follower's leader lease is
+        over and it may campaign after its randomized timeout, as if the heartbeats stopped."""
+        if not self.quiesced:
+            return
+        self.quiesced = False
+        self.heartbeat_elapsed = 0
+        if self.role == Role.LEADER:
+            self.election_elapsed = 0
+            self._needs_broadcast = True  # heartbeat at the next tick confirms the followers
+        else:
+            self.election_elapsed = self.cfg.election_ticks if silent else 0
+        self._event("woken", silent=silent)
+
+    def wake_if_silent(self, silent: set[str]) -> None:
+        """Wake a quiesced partition that relies on a silent peer (see `liveness.py`): a
+        follower's leader, or one of a leader's voters (its quorum may be gone: check it)."""
+        if not self.quiesced:
+            return
+        if self.role == Role.LEADER:
+            relies = bool(silent & self.membership.voters)
+        else:
+            relies = self.leader is None or self.leader in silent
+        if relies:
+            self.wake(silent=True)
+
+    def _maybe_quiesce(self) -> bool:
+        """A leader at its heartbeat: quiesce when nothing is pending and every member holds
+        and was told every entry (the heartbeat sent carries the commit index and the flag)."""
+        if not self.cfg.quiesce or self.transferee is not None or self._reads:
+            return False
+        last = self.log.last_index()
+        if self._reads_waiting_commit or self.log.committed != last or self.log.unstable:
+            return False
+        if self.pending_conf_index > self.log.committed:
+            return False
+        if self.commit_untold():
+            return False  # told first (`tell_commit`), so a follower's commit is never behind
+        for pr in self.progress.values():
+            if pr.match != last or pr.state != ProgressState.REPLICATE or not pr.recent_active:
+                return False
+        self.quiesced = True
+        for node in self.progress:
+            self._send(HeartbeatRequest(self.id, node, self.term, last, quiesce=True))
+        self._event("quiesced", index=last)
+        return True
+
     def propose_batch(self, records: list[bytes]) -> list[tuple[int, int]]:
+        self.wake()
         self._check_can_propose()
         start = self.log.last_index() + 1
         entries = [Entry(start + i, self.term, EntryKind.NORMAL, d) for i, d in enumerate(records)]
@@ -228,6 +289,7 @@ class Raft:
     def propose_membership(self, op: MembershipOp, node: str) -> tuple[int, int]:
         """One membership change at a time, through the log. Raises MembershipError with the
         reason when the change is not allowed now (e.g. a learner that still lags)."""
+        self.wake()
         self._check_can_propose()
         if self.pending_conf_index > self.log.applied:
             raise MembershipError(
@@ -269,6 +331,7 @@ class Raft:
         return entry.index, entry.term
 
     def transfer_leadership(self, target: str) -> None:
+        self.wake()
         if self.role != Role.LEADER:
             raise NotLeader(self.leader)
         if target == self.id:
@@ -381,6 +444,7 @@ class Raft:
         """
         if self.role != Role.LEADER:
             raise NotLeader(self.leader)
+        self.wake()
         if self.log.term(self.log.committed) != self.term:
             self._reads_waiting_commit.append(request_id)
             return
@@ -515,6 +579,7 @@ class Raft:
             self._leader_match = 0
         self.role = Role.FOLLOWER
         self.leader = leader
+        self.quiesced = False
         self.election_elapsed = 0
         self._randomized_timeout = self._random_timeout()
         self.transferee = None
@@ -525,6 +590,7 @@ class Raft:
             self._event("stepped_down", reason=reason)
 
     def _become_pre_candidate(self) -> None:
+        self.quiesced = False
         self.role = Role.PRE_CANDIDATE
         self.leader = None
         self._votes = {self.id: True}
@@ -542,6 +608,7 @@ class Raft:
     def _campaign(self, transfer: bool) -> None:
         self.term += 1
         self.vote = self.id
+        self.quiesced = False
         self.role = Role.CANDIDATE
         self.leader = None
         self._leader_match = 0
@@ -685,6 +752,11 @@ class Raft:
         if not self._accept_leader(m):
             return
         self.log.commit_to(min(m.commit, self._leader_match))
+        if m.quiesce:
+            # Only with every entry the leader has (its commit is its last index): a follower
+            # behind keeps its timer and is woken by the next append.
+            self.quiesced = self._leader_match >= m.commit and self.log.committed >= m.commit
+            return
         self._send(HeartbeatResponse(self.id, m.src, self.term, m.ctx))
 
     def _on_install_snapshot(self, m: InstallSnapshot) -> None:
@@ -728,6 +800,8 @@ class Raft:
                 pr.recent_active = False
         if self.heartbeat_elapsed >= self.cfg.heartbeat_ticks:
             self.heartbeat_elapsed = 0
+            if self._maybe_quiesce():
+                return
             for node, pr in self.progress.items():
                 commit = min(pr.match, self.log.committed)
                 self._send(HeartbeatRequest(self.id, node, self.term, commit))

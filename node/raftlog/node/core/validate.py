@@ -52,6 +52,8 @@ def validate_message(m: object, node_id: str, config: RaftConfig) -> Message:
         _non_negative_int(msg.ctx, "ctx")
         if isinstance(msg, HeartbeatRequest):
             _non_negative_int(msg.commit, "commit")
+            if not isinstance(msg.quiesce, bool):
+                raise InvalidMessage("quiesce", "must be true or false")
     elif isinstance(msg, AppendResponse):
         _non_negative_int(msg.index, "index")
         _non_negative_int(msg.hint_index, "hint_index")

@@ -23,6 +23,7 @@ from raftlog.node.core.errors import (
     SafetyViolation,
 )
 from raftlog.node.core.host import PartitionHost
+from raftlog.node.core.liveness import PeerLiveness
 from raftlog.node.core.messages import InstallSnapshot, Message
 from raftlog.node.core.raft import MembershipOp, Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
@@ -48,6 +49,11 @@ SnapshotPolicy = Literal["follower-first", "leader"]
 class PeerMessage:
     partition: int
     message: Message
+
+
+@dataclass(frozen=True)
+class NodePing:
+    """A node's ping to a peer, once per heartbeat (the node pair's liveness, `liveness.py`)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,7 @@ class SimNode:
     snapshotting: dict[int, tuple[int, PendingSnapshot]] = field(default_factory=dict)
     # (partition, ReadIndex request id) -> highest index acknowledged before it was asked
     reads: dict[tuple[int, int], int] = field(default_factory=dict)
+    liveness: PeerLiveness = field(default_factory=lambda: PeerLiveness(0))
 
     @property
     def up(self) -> bool:
@@ -108,6 +115,8 @@ class Stats:
     backfill_rounds: int = 0
     promotions_refused: int = 0
     membership_changes: int = 0
+    quiesced: int = 0  # a leader quiesced its partition
+    wakes: int = 0  # a quiesced partition woken because a peer went silent
     steps: int = 0
 
 
@@ -178,6 +187,7 @@ class Cluster:
         )
 
     def _boot(self, node: SimNode) -> None:
+        node.liveness = PeerLiveness(self.config.election_ticks, self.now)
         node.host = PartitionHost(
             node.id,
             self.config,
@@ -297,8 +307,29 @@ class Cluster:
         for node in self._running():
             assert node.host is not None
             node.host.tick()
+            self._wake_silent(node)
             self._process(node)
         self.checker.after_step(self)
+
+    def _wake_silent(self, node: SimNode) -> None:
+        """As the node's clock does: while any of its partitions is quiesced, ping every peer
+        each heartbeat, and wake the quiesced partitions that rely on a peer gone silent."""
+        assert node.host is not None
+        quiet = [(p, r) for p, r in node.host.partitions.items() if r.quiesced]
+        if not quiet:
+            return
+        peers = {n for n, other in self.nodes.items() if n != node.id and not other.retired}
+        if self.now % self.config.heartbeat_ticks == 0:
+            for peer in sorted(peers):
+                self.network.send(self.now, node.id, peer, NodePing())
+        silent = node.liveness.silent(peers, self.now)
+        if silent:
+            for p, raft in quiet:
+                if raft.quiesced:
+                    raft.wake_if_silent(silent)
+                    if not raft.quiesced:
+                        self.stats.wakes += 1
+                        self.log(f"{node.id} p{p} woken: {sorted(silent)} silent")
 
     def run(self, ticks: int) -> None:
         for _ in range(ticks):
@@ -321,6 +352,7 @@ class Cluster:
     def _deliver(self, src: str, node: SimNode, payload: object, process: bool = True) -> None:
         if node.host is None:
             return
+        node.liveness.heard(src, self.now)
         if isinstance(payload, PeerMessage):
             node.raft(payload.partition).step(payload.message)
         elif isinstance(payload, SnapshotTransfer):
@@ -382,6 +414,8 @@ class Cluster:
                 self.checker.on_elected(p, node.id, raft, ev.term)
             elif ev.kind == "backfill_round":
                 self.stats.backfill_rounds += 1
+            elif ev.kind == "quiesced":
+                self.stats.quiesced += 1
             self.log(f"p{p} {ev}")
         for req in rd.snapshot_requests:
             self._serve_snapshot(node, p, raft, req.target, req.required_index)

@@ -90,7 +90,24 @@ SCENARIOS: dict[str, Scenario] = {
                 compact_number_entries=5,
                 snapshot_retry_ticks=8,
                 snapshot_retry_max_ticks=32,
+                # The paper's schedules need leaders to change often; a quiesced leader that
+                # nobody proposes to would be left alone ("quiet" covers quiescence).
+                quiesce=False,
             ),
+        ),
+        Scenario(
+            "quiet",
+            "5 voters hosting 4 partitions, mostly idle so that they quiesce; leaders crash, "
+            "pause and are cut off while quiesced, and only node-level silence wakes the rest",
+            voters=5,
+            partitions=4,
+            propose_rate=0.08,
+            read_rate=0.05,
+            crash_rate=0.01,
+            pause_rate=0.01,
+            partition_rate=0.01,
+            max_down=2,
+            faults=Faults(drop=0.02, duplicate=0.01, min_delay=1, max_delay=3),
         ),
         Scenario(
             "crash",
