@@ -3,8 +3,8 @@
 A quiesced partition runs no election timer (`Raft.quiesced`), so the failure of its leader must
 be noticed for all partitions at once, from the node pair's own traffic: a node with a quiesced
 partition sends each peer a ping every heartbeat (one per node pair, whatever the partitions),
-and any message from a peer counts as hearing from it. A peer not heard from for an election timeout is silent, and the
-quiesced partitions that rely on it are woken (`Raft.wake_if_silent`).
+and any message from a peer counts as hearing from it. A peer not heard from for an election
+timeout is silent, and the quiesced partitions that rely on it are woken (`Raft.wake_if_silent`).
 """
 
 from __future__ import annotations

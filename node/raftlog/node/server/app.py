@@ -49,7 +49,7 @@ from raftlog.node.server.partition import (
 from raftlog.node.server.peer_stream import add_stream_routes
 from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed, WalCorruption
 from raftlog.node.storage.snapshots import Chunk
-from raftlog.node.transport.codec import decode_frame
+from raftlog.node.transport.codec import Ping, decode_frame
 
 
 def _bytes_field(item: dict[str, Any], name: str, where: str) -> bytes | None:
@@ -541,6 +541,7 @@ async def status(request: web.Request) -> web.Response:
                 "member": st.member,
                 "term": st.term,
                 "leader": st.leader,
+                "quiesced": d.raft.quiesced,
                 "high_water_mark": st.high_water_mark,
                 "applied": st.applied,
                 "last_index": st.last_index,
@@ -613,7 +614,10 @@ async def peer_messages(request: web.Request) -> web.Response:
         items = decode_frame(await request.read())
     except InvalidMessage as e:
         raise bad(e.field, e.reason) from None
+    node.heard(items)
     for p, m in items:
+        if isinstance(m, Ping):
+            continue
         d = node.driver(p)
         if d is None:
             raise ApiError(404, "unknown_partition", f"partition {p} does not exist here")

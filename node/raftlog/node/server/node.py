@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import random
 import time
 
-from raftlog.node.core.messages import Message
+from raftlog.node.core.liveness import PeerLiveness
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
 from raftlog.node.server.answers import AnswerBudget
@@ -18,6 +19,7 @@ from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.group_commit import GroupCommit
 from raftlog.node.storage.journal import Journal
+from raftlog.node.transport.codec import Item, Ping
 from raftlog.node.transport.peers import Transport
 
 log = logging.getLogger("raftlog.node")
@@ -77,6 +79,9 @@ class Node:
             raft = Raft(self.id, config, storage, seed=random.randrange(1 << 30))
             self.drivers[p] = PartitionDriver(self, p, raft, storage, config)
         self.journal.start({p: d.storage.wal for p, d in self.drivers.items()})
+        self.ticks = 0  # the clock's ticks, for the peers' liveness
+        self.liveness = PeerLiveness(config.election_ticks)
+        self._heartbeat_ticks = config.heartbeat_ticks
         self._checkpoint: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self.metrics.attach(self)
@@ -130,8 +135,15 @@ class Node:
         while True:
             next_at = next_tick(next_at, loop.time(), period)
             await asyncio.sleep(max(0.0, next_at - loop.time()))
+            self.ticks += 1
+            quiet = []
             for d in self.drivers.values():
-                d.tick()
+                if d.raft.quiesced:  # no work for it until something wakes it
+                    quiet.append(d)
+                else:
+                    d.tick()
+            if quiet:
+                self._watch_peers(quiet)
             self._maybe_checkpoint()
 
     async def close(self) -> None:
@@ -147,14 +159,34 @@ class Node:
             d.storage.close()
         self.journal.close()
 
+    def _watch_peers(self, quiet: list[PartitionDriver]) -> None:
+        """While partitions are quiesced: ping the peers every heartbeat, and wake those that
+        rely on a peer gone silent (`core/liveness.py`)."""
+        if self.ticks % self._heartbeat_ticks == 0:
+            self.transport.ping()
+        peers = {n for n in self.transport.peers if n != self.id}
+        silent = self.liveness.silent(peers, self.ticks)
+        if not silent:
+            return
+        for d in quiet:
+            d.call(functools.partial(d.raft.wake_if_silent, silent))
+
+    def heard(self, items: list[Item]) -> None:
+        """Messages and pings from peers: each says its sender is alive."""
+        for _, m in items:
+            self.liveness.heard(m.src, self.ticks)
+
     def driver(self, partition: int) -> PartitionDriver | None:
         return self.drivers.get(partition)
 
-    def step_streamed(self, items: list[tuple[int, Message]], source: str) -> None:
+    def step_streamed(self, items: list[Item], source: str) -> None:
         """Step a peer stream's messages into their partitions' drivers, in order; one for a
         partition this node does not have is dropped and logged (`POST /peer/v1/messages`
         answers it with 404 instead)."""
+        self.heard(items)
         for p, m in items:
+            if isinstance(m, Ping):
+                continue
             d = self.drivers.get(p)
             if d is None:
                 log.warning("%s: a message for unknown partition %d dropped", source, p)

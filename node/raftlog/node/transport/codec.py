@@ -2,7 +2,8 @@
 
 msgspec is fast, maintained and typed; MessagePack keeps entry payloads as raw bytes (no base64).
 A frame is a list of `[partition, type code, field values...]`; entries travel as
-`[index, term, kind, data]` and snapshot metadata as `[index, term, voters, learners]`. Decoding
+`[index, term, kind, data]` and snapshot metadata as `[index, term, voters, learners]`. A node's
+liveness ping is `[-1, 255, src]` (`Ping`: of the node, not of a partition). Decoding
 never trusts the peer: any shape error becomes `InvalidMessage`, and the core validates the rest.
 """
 
@@ -16,6 +17,18 @@ import msgspec
 from raftlog.node.core.errors import InvalidMessage
 from raftlog.node.core.messages import MESSAGE_TYPES, AppendRequest, InstallSnapshot, Message
 from raftlog.node.core.types import Entry, Membership, SnapshotMeta
+
+PING_CODE = 255
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Ping:
+    """A node's ping to a peer while it has quiesced partitions (`core/liveness.py`)."""
+
+    src: str
+
+
+Item = tuple[int, Message | Ping]  # (partition, message); a ping's partition is -1
 
 _CODES = {cls: i for i, cls in enumerate(MESSAGE_TYPES)}
 _FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGE_TYPES}
@@ -34,20 +47,23 @@ def _field_out(value: Any) -> Any:
     return value
 
 
-def encode_frame(items: list[tuple[int, Message]]) -> bytes:
-    out = []
+def encode_frame(items: list[Item]) -> bytes:
+    out: list[list[Any]] = []
     for partition, m in items:
+        if isinstance(m, Ping):
+            out.append([-1, PING_CODE, m.src])
+            continue
         cls = type(m)
         out.append([partition, _CODES[cls], *(_field_out(getattr(m, f)) for f in _FIELDS[cls])])
     return _encoder.encode(out)
 
 
-def size_hint(m: Message) -> int:
+def size_hint(m: Message | Ping) -> int:
     """About how many bytes `m` takes in a frame (its entries, and a message's own fields)."""
     return 64 + sum(e.size for e in m.entries) if isinstance(m, AppendRequest) else 64
 
 
-def decode_frame(data: bytes) -> list[tuple[int, Message]]:
+def decode_frame(data: bytes) -> list[Item]:
     try:
         raw = _decoder.decode(data)
     except msgspec.DecodeError as e:
@@ -59,12 +75,16 @@ def decode_frame(data: bytes) -> list[tuple[int, Message]]:
     return [_decode_one(item) for item in raw]
 
 
-def _decode_one(item: Any) -> tuple[int, Message]:
+def _decode_one(item: Any) -> Item:
     if not isinstance(item, list) or len(item) < 2:
         raise InvalidMessage("frame", "each message is [partition, type, fields...]")
     partition, code, *values = item
     if not isinstance(partition, int) or not isinstance(code, int):
         raise InvalidMessage("frame", "partition and type must be integers")
+    if code == PING_CODE:
+        if len(values) != 1 or not isinstance(values[0], str) or not values[0]:
+            raise InvalidMessage("frame", "a ping is [-1, 255, node name]")
+        return -1, Ping(values[0])
     if not 0 <= code < len(MESSAGE_TYPES):
         raise InvalidMessage("type", f"unknown message type {code}")
     cls = MESSAGE_TYPES[code]

@@ -34,7 +34,7 @@ from raftlog.node.core.messages import Message
 from raftlog.node.core.types import SnapshotMeta
 from raftlog.node.storage.snapshots import DEFAULT_CHUNK_BYTES, Chunk, encode_snapshot
 from raftlog.node.transport import frames
-from raftlog.node.transport.codec import encode_frame, size_hint
+from raftlog.node.transport.codec import Item, Ping, encode_frame, size_hint
 
 log = logging.getLogger("raftlog.transport")
 
@@ -77,7 +77,7 @@ class PeerSender:
         self.token = token
         self.ssl_context = ssl_context
         self.headers = {**auth_headers(token), "Content-Type": "application/x-raftlog-frame"}
-        self.queue: deque[tuple[int, Message]] = deque(maxlen=MAX_QUEUE)
+        self.queue: deque[Item] = deque(maxlen=MAX_QUEUE)
         self.ready = asyncio.Event()
         self.sent_frames = 0
         self.failures = 0
@@ -90,7 +90,7 @@ class PeerSender:
         self.task: asyncio.Task[None] | None = None
         self._flush_due = False
 
-    def send(self, partition: int, messages: list[Message]) -> bool:
+    def send(self, partition: int, messages: list[Message] | list[Ping]) -> bool:
         """Queue `messages`; True when the frame stream's socket takes them at the start of the
         loop's next turn, with what the other partitions send in this one."""
         self.queue.extend((partition, m) for m in messages)
@@ -121,7 +121,7 @@ class PeerSender:
     def _take(self) -> bytes:
         """The oldest queued messages, up to `frame_budget` bytes (at least one): a frame the
         peer takes (it refuses one over its `max_request_bytes`)."""
-        items: list[tuple[int, Message]] = []
+        items: list[Item] = []
         total = 0
         queue = self.queue
         while queue:
@@ -338,6 +338,13 @@ class Transport:
                 s.task.cancel()
         if self.session is not None:
             await self.session.close()
+
+    def ping(self) -> None:
+        """A liveness ping to every peer (`core/liveness.py`), with what else goes to it."""
+        for name, url in self.peers.items():
+            if name != self.node_id:
+                sender = self.senders.get(name) or self._add(name, url)
+                sender.send(-1, [Ping(self.node_id)])
 
     def send(self, partition: int, messages: list[Message]) -> bool:
         """Send each message to its peer; True when all went straight to sockets (frame

@@ -1,0 +1,69 @@
+"""Quiesced partitions on real node processes (marker `e2e`): idle partitions stop ticking, and
+a quiesced leader's death (SIGKILL) or stall (SIGSTOP) is noticed from the node pair's pings."""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any
+
+import pytest
+
+from raftlog.node.local import LocalCluster
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+
+def partitions(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
+    return list(cluster.status(name)["partitions"])
+
+
+def until(what: str, pred: Any, timeout: float) -> float:
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if pred():
+            return time.monotonic() - start
+        time.sleep(0.05)
+    raise AssertionError(f"{what}: not within {timeout} s")
+
+
+def all_quiesced(cluster: LocalCluster, names: list[str]) -> bool:
+    return all(p["quiesced"] for n in names for p in partitions(cluster, n))
+
+
+@pytest.mark.parametrize("fault", ["kill", "stop"])
+def test_a_quiesced_leader_that_dies_or_stalls_is_replaced(tmp_path, fault):
+    with LocalCluster(tmp_path, replicas=3, partitions=4) as cluster:
+        cluster.wait_ready()
+        names = list(cluster.nodes)
+        until("every partition quiesced", lambda: all_quiesced(cluster, names), 20)
+        # Quiesced: the terms and leaders stay put while nothing happens.
+        before = {p["partition"]: (p["term"], p["leader"]) for p in partitions(cluster, "n1")}
+        time.sleep(1.5)
+        assert {p["partition"]: (p["term"], p["leader"]) for p in partitions(cluster, "n1")} == (
+            before
+        )
+        victim = before[0][1]
+        led = [p for p, (_, leader) in before.items() if leader == victim]
+        if fault == "kill":
+            cluster.kill(victim)
+        else:
+            cluster.signal(victim, signal.SIGSTOP)
+        try:
+            survivors = [n for n in names if n != victim]
+
+            def replaced() -> bool:
+                parts = {p["partition"]: p for p in partitions(cluster, survivors[0])}
+                return all(parts[p]["leader"] not in (None, victim) for p in led)
+
+            took = until("new leaders of the victim's partitions", replaced, 20)
+            leader = {p["partition"]: p["leader"] for p in partitions(cluster, survivors[0])}[0]
+            code, body = cluster.request(
+                leader, "POST", "/v1/partitions/0/records", b'{"value": "after"}',
+                {"Content-Type": "application/json"}, timeout=10,
+            )  # fmt: skip
+            assert code == 200, body  # the woken partition commits again
+            print(f"{fault}: {len(led)} partitions led by {victim} had new leaders in {took:.1f} s")
+        finally:
+            if fault == "stop":
+                cluster.signal(victim, signal.SIGCONT)
