@@ -1,7 +1,9 @@
 """`raftctl wal check PATH [--repair]`: a WAL's health, read-only unless repair is asked for.
 
 PATH is a partition directory (with `wal/`, `snap/`, `hardstate`), a `wal/` directory itself, or
-any directory above them (a node's data directory): every WAL found below it is checked.
+any directory above them (a node's data directory): every WAL found below it is checked, and
+the node's journal (`journal/`, shared by its partitions) too; a WAL's damage after the
+journal's last checkpoint is a tail the journal replays, as the node treats it.
 Exit status: 0 healthy (a torn tail, which the node cuts by itself on start, counts as healthy),
 1 corrupted (the node refuses to start), 2 nothing to check.
 """
@@ -13,6 +15,8 @@ import os
 import sys
 from typing import Any
 
+from raftlog.node.storage.errors import WalCorruption
+from raftlog.node.storage.journal import Found, list_journal, read_journal
 from raftlog.node.storage.recovery import WalAnalysis, analyze_wal, list_segments
 from raftlog.node.storage.report import wal_report
 from raftlog.node.storage.wal import Wal
@@ -37,6 +41,54 @@ def find_wal_dirs(path: str) -> list[str]:
         if list_segments(root):
             found.append(root)
     return found
+
+
+def find_journals(path: str) -> list[str]:
+    """The journals below `path`, and that of the node `path` is a partition or WAL of."""
+    found = []
+    for root, dirs, _files in os.walk(path):
+        dirs.sort()
+        if os.path.basename(root) == "journal" and list_journal(root):
+            found.append(root)
+    up = os.path.normpath(path)
+    for _ in range(2):
+        up = os.path.dirname(up)
+        if list_journal(os.path.join(up, "journal")):
+            found.append(os.path.join(up, "journal"))
+    return found
+
+
+def check_journals(path: str) -> tuple[dict[str, Found], int]:
+    """Each journal `find_journals` finds, printed, by its node's data directory; and the exit
+    status (1: one is corrupted)."""
+    found: dict[str, Found] = {}
+    status = 0
+    for root in find_journals(path):
+        try:
+            j = read_journal(root)
+        except WalCorruption as e:
+            print(f"journal {root}\n  status      CORRUPTED: {e.reason} in {e.path} at {e.offset}")
+            status = 1
+            continue
+        found[os.path.dirname(root)] = j
+        records = sum(len(ops) for ops in j.ops.values())
+        print(f"journal {root}")
+        print(f"  segments    {len(j.segments)}, replay from checkpoint {j.start}")
+        print(f"  to replay   {records} records of {len(j.ops)} partitions")
+        for msg in j.repairs:
+            print(f"  repair      {msg}")
+        print("  status      healthy")
+    return found, status
+
+
+def _trusted(d: str, journals: dict[str, Found]) -> int | None:
+    """The journal checkpoint's last index of the partition whose WAL is `d`, if any."""
+    partition = os.path.dirname(os.path.normpath(d))
+    j = journals.get(os.path.dirname(partition))
+    name = os.path.basename(partition)
+    if j is None or not name[1:].isdigit():
+        return None
+    return j.trusted.get(int(name[1:]))
 
 
 def repair_plan(a: WalAnalysis) -> list[str]:
@@ -87,9 +139,9 @@ def run(args: argparse.Namespace) -> int:
     if not dirs:
         print(f"raftctl wal check: no WAL segments under {args.path}", file=sys.stderr)
         return 2
-    status = 0
+    journals, status = check_journals(args.path)
     for d in dirs:
-        a = analyze_wal(d)
+        a = analyze_wal(d, _trusted(d, journals))
         print("\n".join(wal_report(a)))
         if a.corruption is None:
             continue

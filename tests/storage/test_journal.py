@@ -1,0 +1,237 @@
+"""The node's journal (`storage/journal.py`): replay by content, checkpoints, torn tails and
+damage, snapshot installs, and `raftctl wal check` reading it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import pytest
+from tests.storage.helpers import ents
+
+from raftlog.cli.main import main
+from raftlog.node.core.types import HardState, Membership, SnapshotMeta
+from raftlog.node.storage import segment as fmt
+from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.storage.errors import WalCorruption
+from raftlog.node.storage.journal import (
+    Journal,
+    Reset,
+    list_journal,
+    read_journal,
+    replay_into,
+)
+from raftlog.node.storage.recovery import analyze_wal
+from raftlog.node.storage.wal import Wal
+
+ABC = Membership.of(["a", "b", "c"])
+
+
+def frames(entries: list, commit: int | None = None) -> bytes:
+    out = b"".join(fmt.encode_entry(e) for e in entries)
+    return out + (fmt.encode_commit(commit) if commit is not None else b"")
+
+
+def terms(w: Wal) -> list[tuple[int, int]]:
+    return [(e.index, e.term) for e in w.entries(w.first_index(), w.last_index() + 1)]
+
+
+# ----------------------------------------------------------------------------- replay rules
+def test_replay_keeps_what_is_there_replaces_above_the_commit_and_drops_the_stale(tmp_path):
+    w = Wal.open(str(tmp_path / "wal"), durable=False)
+    w.append(ents(1, 10, 1))
+    w.append_commit(5)
+    notes = replay_into(
+        w,
+        [
+            frames(ents(1, 10, 1)),  # already there: kept, nothing rewritten
+            frames(ents(8, 11, 2)),  # above the commit (5): replaces 8..10, appends 11
+            frames(ents(3, 4, 3)),  # committed entries differ: overwritten later, dropped
+            frames([], commit=9),
+            frames(ents(20, 21, 2)),  # leaves a gap: cut by a later truncation, dropped
+        ],
+    )
+    assert terms(w) == [(i, 1) for i in range(1, 8)] + [(i, 2) for i in range(8, 12)]
+    assert w.commit == 9
+    assert notes == [
+        "1 journal records cut by a later truncation or install",
+        "1 journal records overwritten later",
+    ]
+    w.close()
+
+
+def test_a_replayed_reset_discards_what_came_before_it(tmp_path):
+    w = Wal.open(str(tmp_path / "wal"), durable=False)
+    w.append(ents(1, 5, 1))
+
+    replay_into(w, [frames(ents(6, 29, 1)), Reset(40, 3), frames(ents(41, 42, 3))])
+    assert w.first_index() == 41 and terms(w) == [(41, 3), (42, 3)]
+    w.close()
+
+
+# ----------------------------------------------------------------------------- a node's disk
+def open_node(root: Path, n: int = 2, **kw) -> tuple[Journal, dict[int, DurableStorage]]:
+    j = Journal(str(root / "journal"), **kw)
+    storages = {
+        p: DurableStorage(str(root / f"p{p}"), bootstrap=ABC, journal=j.partition(p))
+        for p in range(n)
+    }
+    j.start({p: s.wal for p, s in storages.items()})
+    return j, storages
+
+
+def close_node(j: Journal, storages: dict[int, DurableStorage]) -> None:
+    for s in storages.values():
+        s.close()
+    j.close()
+
+
+def power_loss(root: Path, n: int = 2) -> int:
+    """Cut each WAL's active segment after the journal's checkpoint (never synced there)."""
+    trusted = read_journal(str(root / "journal")).trusted
+    cut = 0
+    for p in range(n):
+        seg = analyze_wal(str(root / f"p{p}" / "wal")).segments[-1]
+        drop = [r for r in seg.scan.records if r.kind == fmt.T_ENTRY and r.index > trusted[p]]
+        with open(seg.path, "r+b") as f:
+            f.truncate(drop[0].offset if drop else seg.scan.valid_end)
+        cut += len(drop)
+    return cut
+
+
+def test_one_fsync_for_every_partition_and_nothing_synced_is_lost_to_a_power_loss(tmp_path):
+    j, storages = open_node(tmp_path)
+    for p, s in storages.items():
+        s.write(HardState(1, None, 0), ents(1, 49, 1, size=30 + p))
+        s.write(HardState(1, None, 40), [])
+    syncs = 0
+    real = j.ops.fdatasync
+
+    def counted(fd: int) -> None:
+        nonlocal syncs
+        syncs += 1
+        real(fd)
+
+    j.ops.fdatasync = counted  # type: ignore[method-assign]
+    storages[0].sync()  # the partition's sync is the journal's: both partitions' writes
+    assert syncs == 1
+    close_node(j, storages)
+    assert power_loss(tmp_path) == 98
+    j, storages = open_node(tmp_path)
+    for p, s in storages.items():
+        assert s.last_index() == 49 and s.commit_index() == 40
+        assert s.entries(1, 50) == ents(1, 49, 1, size=30 + p)
+        assert any("replayed" in r for r in s.recovery)
+    close_node(j, storages)
+    # The restart checkpointed: one journal segment, nothing left to replay.
+    assert len(list_journal(str(tmp_path / "journal"))) == 1
+    assert read_journal(str(tmp_path / "journal")).ops == {}
+
+
+def test_a_checkpoint_syncs_the_wals_and_drops_the_journal_before_it(tmp_path):
+    j, storages = open_node(tmp_path, checkpoint_bytes=64 * 1024)
+
+    async def run() -> None:
+        index = 1
+        while not j.due():
+            for s in storages.values():
+                s.write(HardState(1, None, index), ents(index, index + 19, 1, size=200))
+            index += 20
+        j.sync()
+        before = list_journal(str(tmp_path / "journal"))
+
+        async def durable() -> None:
+            j.sync()
+
+        await j.checkpoint(lambda: {p: s.wal for p, s in storages.items()}, durable)
+        after = list_journal(str(tmp_path / "journal"))
+        assert len(before) == 1 and after == [before[0] + 1]
+        assert j.checkpoints == 1 and not j.due()
+
+    asyncio.run(run())
+    last = {p: s.last_index() for p, s in storages.items()}
+    close_node(j, storages)
+    found = read_journal(str(tmp_path / "journal"))
+    assert found.trusted == last and found.ops == {}  # everything was in the WALs, synced
+    assert power_loss(tmp_path) == 0
+
+
+def test_an_unfinished_checkpoint_replays_from_the_one_before(tmp_path):
+    j, storages = open_node(tmp_path)
+    storages[0].write(HardState(1, None, 0), ents(1, 9, 1))
+    j.sync()
+    # A checkpoint that started (new segment) but never got to DONE: the crash came first.
+    j._open_segment({p: s.last_index() for p, s in storages.items()})
+    storages[0].write(None, ents(10, 19, 1))
+    j.sync()
+    close_node(j, storages)
+    assert len(list_journal(str(tmp_path / "journal"))) == 2
+    power_loss(tmp_path)
+    j, storages = open_node(tmp_path)
+    assert storages[0].last_index() == 19
+    close_node(j, storages)
+
+
+def test_a_torn_journal_tail_is_cut(tmp_path):
+    j, storages = open_node(tmp_path)
+    storages[0].write(HardState(1, None, 0), ents(1, 29, 1))
+    j.sync()
+    storages[0].write(None, ents(30, 30, 1))
+    j.sync()
+    close_node(j, storages)
+    seg = Path(tmp_path / "journal" / f"{list_journal(str(tmp_path / 'journal'))[-1]:016x}.jrn")
+    raw = bytearray(seg.read_bytes())
+    end = len(raw.rstrip(b"\0"))
+    torn = tmp_path / "torn.jrn"
+    torn.write_bytes(bytes(raw[: end - 3]))  # the last record cut short
+    os.replace(torn, seg)
+    found = read_journal(str(tmp_path / "journal"))
+    assert found.repairs and "torn tail" in found.repairs[0]
+    assert len(found.ops[0]) == 1  # the first write's record; the cut one is gone
+    power_loss(tmp_path)
+    j, storages = open_node(tmp_path)  # opens: what was cut was never acknowledged
+    assert storages[0].last_index() == 29
+    close_node(j, storages)
+
+
+def test_damage_in_a_journal_with_whole_records_after_it_refuses_to_open(tmp_path):
+    j, storages = open_node(tmp_path)
+    for i in range(5):
+        storages[0].write(HardState(1, None, 0), ents(1 + 10 * i, 10 + 10 * i, 1))
+        j.sync()
+    close_node(j, storages)
+    seg = tmp_path / "journal" / f"{list_journal(str(tmp_path / 'journal'))[-1]:016x}.jrn"
+    raw = bytearray(seg.read_bytes())
+    raw[len(raw.rstrip(b"\0")) // 2] ^= 0x10
+    seg.write_bytes(bytes(raw))
+    with pytest.raises(WalCorruption, match="journal record checksum mismatch"):
+        read_journal(str(tmp_path / "journal"))
+
+
+def test_a_snapshot_install_is_journaled_before_the_reset(tmp_path):
+    j, storages = open_node(tmp_path, n=1)
+    s = storages[0]
+    s.write(HardState(1, None, 3), ents(1, 19, 1))
+    j.sync()
+    s.install_snapshot(SnapshotMeta(50, 2, ABC), b"")
+    s.write(None, ents(51, 54, 2))
+    j.sync()
+    close_node(j, storages)
+    power_loss(tmp_path, n=1)
+    j, storages = open_node(tmp_path, n=1)
+    s = storages[0]
+    assert s.first_index() == 51 and s.last_index() == 54
+    assert [e.term for e in s.entries(51, 55)] == [2, 2, 2, 2]
+    close_node(j, storages)
+
+
+def test_wal_check_reads_the_journal(tmp_path, capsys):
+    j, storages = open_node(tmp_path)
+    storages[1].write(HardState(1, None, 0), ents(1, 4, 1))
+    j.sync()
+    close_node(j, storages)
+    assert main(["wal", "check", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"journal {tmp_path / 'journal'}" in out
+    assert "to replay   1 records of 1 partitions" in out
