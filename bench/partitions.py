@@ -7,6 +7,11 @@ fsyncs per append (`raftlog_fsync_seconds_count`). Usage, e.g. with another comm
 
     python -m bench.partitions [1 4 16 64]          # BENCH_SECONDS per case, default 8
     BENCH_CODE=/tmp/old/node python -m bench.partitions 16   # nodes run that code
+    python -m bench.partitions --idle 1000          # idle CPU, memory and restart time
+
+`--idle N`: a 3-node cluster with N partitions and no load: the time until every partition has a
+leader, each node's CPU over 10 s once they settled, its resident memory, and the same after
+every node is killed (SIGKILL) and restarted on its data.
 """
 
 from __future__ import annotations
@@ -74,7 +79,42 @@ def run(partitions: int, workdir: Path) -> str:
         )
 
 
+def idle(partitions: int, workdir: Path) -> None:
+    env = {"PYTHONPATH": os.environ["BENCH_CODE"]} if "BENCH_CODE" in os.environ else {}
+    with LocalCluster(workdir / "idle", replicas=3, partitions=partitions, env=env) as c:
+        for run in ("first start", "restart after SIGKILL"):
+            started = time.monotonic()
+            c.wait_ready(timeout=600)
+            ready = time.monotonic() - started
+            time.sleep(5)  # elections settle, partitions quiesce
+            pids = {n: node.proc.pid for n, node in c.nodes.items() if node.proc is not None}
+            cpu = {n: cpu_seconds(p) for n, p in pids.items()}
+            time.sleep(10)
+            use = ", ".join(f"{(cpu_seconds(p) - cpu[n]) / 10:.1%}" for n, p in pids.items())
+            rss = ", ".join(f"{rss_mib(p):.0f}" for p in pids.values())
+            print(f"| {partitions} | {run} | {ready:.1f} s | {use} | {rss} MiB |", flush=True)
+            if run == "first start":
+                for node in c.nodes.values():
+                    if node.proc is not None:
+                        node.proc.kill()
+                        node.proc.wait()
+                c.start()
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
 def main(argv: list[str]) -> None:
+    if argv[:1] == ["--idle"]:
+        print("| partitions | | every partition led after | CPU per node (idle) | RSS per node |")
+        print("|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory(prefix="raftlog-idle-") as tmp:
+            idle(int(argv[1]) if len(argv) > 1 else 1000, Path(tmp))
+        return
     counts = [int(a) for a in argv] or [1, 4, 16, 64]
     print(
         f"| partitions | appends/s | p50 | p99 | CPU µs/append: n1 (leader) | followers "

@@ -529,3 +529,28 @@ def test_an_excursion_restarts_the_window_while_a_snapshot_install_takes_the_pas
     pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
     assert pr is not None and pr.window_started_at is None and pr.restarts == 1
     assert "PromotionWindowRestarted" in [e.reason for e in plan.events]
+
+
+# ===================================================================== partition count
+def test_raised_partitions_roll_the_members_before_the_new_partitions_have_leaders():
+    s = spec(partitions=4)
+    w = World(MEMBERS)  # the members serve 2 partitions until they restart with 4
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    for p in (0, 1):
+        w.follower(p, fv("c-1", lag=0, match=100))
+        w.follower(p, fv("c-2", lag=0, match=100))
+    plan = step(running_status(MEMBERS), w, s)
+    assert plan.action == RestartMember("c-1")
+    available = {c.type: c for c in plan.status.conditions}["Available"]
+    assert available.status == "True"
+    assert "partitions 2..3 start once every member restarted" in available.message
+
+
+def test_lowered_partitions_are_refused_and_nobody_restarts():
+    s = spec(partitions=1)
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    plan = step(running_status(MEMBERS), w, s)
+    assert isinstance(plan.action, Wait)
+    assert "spec.partitions is 1 but the members hold 2 partitions" in plan.action.reason
+    assert "lowering is refused" in plan.action.reason

@@ -128,6 +128,7 @@ def _next_action(ps: _Pass) -> Action | None:
         _bootstrap,
         _recreate_pods,
         _leaders,
+        _partitions_not_lowered,
         _peers,
         _removals,
         _snapshot_installs,
@@ -193,6 +194,20 @@ def _leaders(ps: _Pass) -> Action | None:
     if missing:
         return Wait(f"no leader for partitions {missing}")
     return None
+
+
+def _partitions_not_lowered(ps: _Pass) -> Action | None:
+    """A lower spec.partitions is refused (the CRD refuses it too; a local manifest is not
+    checked by an API server): members restarted with fewer would drop partitions with their
+    records."""
+    held = max((len(o.node.partitions) for o in ps.obs.members.values() if o.node), default=0)
+    if held <= ps.spec.partitions:
+        return None
+    return Wait(
+        f"spec.partitions is {ps.spec.partitions} but the members hold {held} partitions: "
+        f"lowering is refused (it would drop partitions with their records); set it back to "
+        f"{held} or more"
+    )
 
 
 def _peers(ps: _Pass) -> Action | None:
