@@ -89,6 +89,7 @@ class KubeRuntime:
                 manifests.pvc_name(name) in volumes,
                 self.url(name),
                 (meta.get("annotations") or {}).get(manifests.ANNOTATION_HASH),
+                (p.get("status") or {}).get("podIP"),
             )
         for m in status.members:  # members whose pod is gone: is their volume still there?
             if m.name not in out:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import aiohttp.abc
 
 from raftlog.client.session import SessionHolder
 from raftlog.operator.actions import (
@@ -50,6 +52,41 @@ class MemberTls:
         return paths[0], paths[1], paths[2]
 
 
+class KnownAddresses(aiohttp.abc.AbstractResolver):
+    """Members' host names resolved to their pods' addresses as the API server reports them,
+    any other name by DNS. A restarted pod is at a new address that the cluster's DNS may deny
+    for up to its negative-cache time (CoreDNS's default `cache 30`): the operator saw a member
+    it could not reach for 30 s after each restart, and a rolling restart waited that long for
+    every member."""
+
+    def __init__(self) -> None:
+        self.known: dict[str, str] = {}  # host name -> address
+        self._dns: aiohttp.abc.AbstractResolver | None = None
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[aiohttp.abc.ResolveResult]:
+        address = self.known.get(host)
+        if address is None:
+            if self._dns is None:
+                self._dns = aiohttp.ThreadedResolver()
+            return await self._dns.resolve(host, port, family)
+        return [
+            {
+                "hostname": host,
+                "host": address,
+                "port": port,
+                "family": socket.AF_INET6 if ":" in address else socket.AF_INET,
+                "proto": 0,
+                "flags": socket.AI_NUMERICHOST,
+            }
+        ]
+
+    async def close(self) -> None:
+        if self._dns is not None:
+            await self._dns.close()
+
+
 class NodeApi(SessionHolder):
     def __init__(
         self,
@@ -61,12 +98,14 @@ class NodeApi(SessionHolder):
         key_file: str | None = None,
     ) -> None:
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
+        self.addresses = KnownAddresses()
         super().__init__(
             token=token,
             ca_file=ca_file,
             cert_file=cert_file,
             key_file=key_file,
             timeout=self.timeout,
+            resolver=self.addresses,
         )
         # A snapshot install answers when the whole snapshot is streamed.
         self.install_timeout = aiohttp.ClientTimeout(total=install_timeout_s)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -38,6 +39,7 @@ class PodInfo:
     volume: bool
     url: str
     config_hash: str | None = None
+    address: str | None = None  # the pod's, as its runtime reports it (not the cluster DNS)
 
 
 class Runtime(Protocol):
@@ -67,6 +69,11 @@ async def observe(
 ) -> Observed:
     pods = await runtime.pods(spec, status)
     running = {n: p.url for n, p in pods.items() if p.pod == "running"}
+    api.addresses.known = {
+        host: p.address
+        for p in pods.values()
+        if p.address and (host := urllib.parse.urlsplit(p.url).hostname)
+    }
     views = await api.views(running)
     members = {
         n: MemberObserved(n, p.pod, p.volume, p.config_hash, views.get(n)) for n, p in pods.items()

@@ -29,6 +29,8 @@ class FrameReceiver(asyncio.Protocol):
         self.splitter = Splitter(node.settings.max_request_bytes)
         self.transport: asyncio.Transport | None = None
         self.peer = "?"
+        self.address: str | None = None
+        self.named = False  # the peer's name (its messages' src) told to the transport
         self.source = "peer frame stream"
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -36,6 +38,7 @@ class FrameReceiver(asyncio.Protocol):
         self.streams.add(t)
         peer = t.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) else str(peer)
+        self.address = str(peer[0]) if isinstance(peer, tuple) else None
         self.source = f"peer frame stream from {self.peer}"  # named in the log
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -49,7 +52,12 @@ class FrameReceiver(asyncio.Protocol):
         try:
             frames = self.splitter.feed(data)
             for frame in frames:
-                self.node.step_streamed(decode_frame(frame), self.source)
+                items = decode_frame(frame)
+                if items and not self.named and self.address is not None:
+                    # Where the peer is now (see `PeerSender._open_link`).
+                    self.node.transport.seen(items[0][1].src, self.address)
+                    self.named = True
+                self.node.step_streamed(items, self.source)
         except (FrameTooLarge, InvalidMessage) as e:
             reason = f"{e.field}: {e.reason}" if isinstance(e, InvalidMessage) else str(e)
             log.warning("peer frame stream from %s: bad frame (%s); closed", self.peer, reason)

@@ -89,6 +89,7 @@ class PeerSender:
         self._closed = False  # the open WebSocket was closed by the peer or failed while reading
         self.task: asyncio.Task[None] | None = None
         self._flush_due = False
+        self.seen_at: str | None = None  # the address the peer last connected to us from
 
     def send(self, partition: int, messages: list[Message] | list[Ping]) -> bool:
         """Queue `messages`; True when the frame stream's socket takes them at the start of the
@@ -201,15 +202,32 @@ class PeerSender:
             link.abort()
 
     async def _open_link(self) -> frames.Link:
+        """The frame stream, at the peer's URL; failing that, at the address the peer last
+        connected to this node from (`seen_at`), for the same name: a restarted pod is at a new
+        address that the cluster's DNS may deny for up to its negative-cache time (CoreDNS's
+        default `cache 30`: measured 30 s) while the pod itself already talks to us."""
         u = urllib.parse.urlsplit(self.url)
         host, tls = u.hostname or "localhost", u.scheme == "https"
         port = u.port or (443 if tls else 80)
+        try:
+            return await self._connect(host, port, host, tls)
+        except (OSError, TimeoutError):
+            seen = self.seen_at
+            if seen is None or seen == host:
+                raise
+            return await self._connect(seen, port, host, tls)
+
+    async def _connect(self, address: str, port: int, host: str, tls: bool) -> frames.Link:
         link = frames.Link(frames.handshake(host, port, self.token), self.ready.set)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
                 await loop.create_connection(
-                    lambda: link, host, port, ssl=(self.ssl_context or True) if tls else None
+                    lambda: link,
+                    address,
+                    port,
+                    ssl=(self.ssl_context or True) if tls else None,
+                    server_hostname=host if tls else None,  # the certificate names the host
                 )
                 status = await link.answered
         except BaseException:
@@ -338,6 +356,12 @@ class Transport:
                 s.task.cancel()
         if self.session is not None:
             await self.session.close()
+
+    def seen(self, name: str, address: str) -> None:
+        """`name` (an authenticated peer) connected to this node from `address`."""
+        sender = self.senders.get(name)
+        if sender is not None:
+            sender.seen_at = address
 
     def ping(self) -> None:
         """A liveness ping to every peer (`core/liveness.py`), with what else goes to it."""
