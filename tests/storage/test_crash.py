@@ -218,9 +218,9 @@ def test_sigkill_while_appending_loses_nothing_acknowledged(tmp_path, mode, seed
         f"entries audited, final {last}, recovery repairs: {dict(repairs) or 'none'}"
     )
     assert total > ITERATIONS * 20, "the child appended too little to test anything"
-    for p, figures in last.items():
-        assert figures["first"] > 1 and figures["snapshot"] > 0, f"p{p}: snapshots, compaction"
+    for part, figures in last.items():
+        assert figures["first"] > 1 and figures["snapshot"] > 0, f"p{part}: snapshots, compaction"
     if mode == "journal":
-        assert len(last) == 3 and all(len(acked.get(p, {})) > 0 for p in last)
+        assert len(last) == 3 and all(len(acked.get(part, {})) > 0 for part in last)
         assert power_losses > 0 and cut > 0, "the power losses cut something to replay"
         assert any("replayed" in r for r in repairs), "recovery replayed the journal"

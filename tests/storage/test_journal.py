@@ -11,7 +11,7 @@ import pytest
 from tests.storage.helpers import ents
 
 from raftlog.cli.main import main
-from raftlog.node.core.types import HardState, Membership, SnapshotMeta
+from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import WalCorruption
@@ -28,7 +28,7 @@ from raftlog.node.storage.wal import Wal
 ABC = Membership.of(["a", "b", "c"])
 
 
-def frames(entries: list, commit: int | None = None) -> bytes:
+def frames(entries: list[Entry], commit: int | None = None) -> bytes:
     out = b"".join(fmt.encode_entry(e) for e in entries)
     return out + (fmt.encode_commit(commit) if commit is not None else b"")
 

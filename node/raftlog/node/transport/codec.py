@@ -10,6 +10,7 @@ never trusts the peer: any shape error becomes `InvalidMessage`, and the core va
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -47,7 +48,7 @@ def _field_out(value: Any) -> Any:
     return value
 
 
-def encode_frame(items: list[Item]) -> bytes:
+def encode_frame(items: Sequence[Item]) -> bytes:
     out: list[list[Any]] = []
     for partition, m in items:
         if isinstance(m, Ping):

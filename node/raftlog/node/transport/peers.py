@@ -26,6 +26,7 @@ import logging
 import ssl
 import urllib.parse
 from collections import deque
+from collections.abc import Sequence
 from typing import Literal
 
 import aiohttp
@@ -91,7 +92,7 @@ class PeerSender:
         self._flush_due = False
         self.seen_at: str | None = None  # the address the peer last connected to us from
 
-    def send(self, partition: int, messages: list[Message] | list[Ping]) -> bool:
+    def send(self, partition: int, messages: Sequence[Message | Ping]) -> bool:
         """Queue `messages`; True when the frame stream's socket takes them at the start of the
         loop's next turn, with what the other partitions send in this one."""
         self.queue.extend((partition, m) for m in messages)
