@@ -26,8 +26,16 @@ finally:
 """
 
 
+def clean_env() -> dict[str, str]:
+    """The test's environment without PySpark's settings or a PYTHONPATH (either could hand
+    the workers raftlog)."""
+    return {
+        k: v for k, v in os.environ.items() if not k.startswith("PYSPARK") and k != "PYTHONPATH"
+    }
+
+
 def run_with_workers(python: str | None) -> str:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK")}
+    env = clean_env()
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = ":".join(d for d in env["PATH"].split(":") if d != venv_bin)
     if python:
@@ -39,8 +47,23 @@ def run_with_workers(python: str | None) -> str:
     return done.stdout
 
 
+def base_python() -> str:
+    """The interpreter the venv was made from: it cannot import raftlog. (`python3` from PATH
+    was used before; one CI run found a `python3` there that could.)"""
+    for name in ("python3", "python"):
+        path = Path(sys.base_prefix) / "bin" / name
+        if path.is_file():
+            return str(path)
+    raise AssertionError(f"no interpreter in {sys.base_prefix}/bin")
+
+
 def test_workers_without_raftlog_are_refused_naming_the_fix():
-    out = run_with_workers(None)  # python3 from PATH: not the venv's
+    python = base_python()
+    probe = subprocess.run(
+        [python, "-c", "import raftlog"], capture_output=True, check=False, env=clean_env()
+    )
+    assert probe.returncode != 0, f"{python} imports raftlog: not a worker without it"
+    out = run_with_workers(python)
     assert "REFUSED" in out and f"PYSPARK_PYTHON={sys.executable}" in out, out
 
 
