@@ -162,9 +162,11 @@ class Node:
     def _watch_peers(self, quiet: list[PartitionDriver]) -> None:
         """While partitions are quiesced: ping the peers every heartbeat, and wake those that
         rely on a peer gone silent (`core/liveness.py`)."""
+        # The members of those partitions only: a peer being added (its pod not up yet) is
+        # never looked up early, which would have the cluster DNS deny its name for a while.
+        peers = set().union(*(d.raft.membership.members for d in quiet)) - {self.id}
         if self.ticks % self._heartbeat_ticks == 0:
-            self.transport.ping()
-        peers = {n for n in self.transport.peers if n != self.id}
+            self.transport.ping(peers)
         silent = self.liveness.silent(peers, self.ticks)
         if not silent:
             return

@@ -318,7 +318,7 @@ class Cluster:
         quiet = [(p, r) for p, r in node.host.partitions.items() if r.quiesced]
         if not quiet:
             return
-        peers = {n for n, other in self.nodes.items() if n != node.id and not other.retired}
+        peers = set().union(*(r.membership.members for _, r in quiet)) - {node.id}
         if self.now % self.config.heartbeat_ticks == 0:
             for peer in sorted(peers):
                 self.network.send(self.now, node.id, peer, NodePing())

@@ -364,10 +364,11 @@ class Transport:
         if sender is not None:
             sender.seen_at = address
 
-    def ping(self) -> None:
-        """A liveness ping to every peer (`core/liveness.py`), with what else goes to it."""
-        for name, url in self.peers.items():
-            if name != self.node_id:
+    def ping(self, names: set[str]) -> None:
+        """A liveness ping to each of `names` (`core/liveness.py`), with what else goes to it."""
+        for name in sorted(names):
+            url = self.peers.get(name)
+            if url is not None and name != self.node_id:
                 sender = self.senders.get(name) or self._add(name, url)
                 sender.send(-1, [Ping(self.node_id)])
 
