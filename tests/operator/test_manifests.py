@@ -9,8 +9,8 @@ import kubernetes_validate
 import pytest
 
 from raftlog.operator import manifests
-from raftlog.operator.launch import node_env
 from raftlog.operator.models import RaftClusterSpec
+from raftlog.operator.node_launch import node_env
 from raftlog.operator.reconciler import config_hash
 
 VERSIONS = ["1.28", "1.37"]

@@ -172,9 +172,11 @@ def render() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m raftlog.operator.crd", description=__doc__)
-    ap.add_argument("--write", action="store_true", help=f"rewrite {CRD_PATH} and {CHART_CRD_PATH}")
-    args = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m raftlog.operator.crd", description=__doc__)
+    parser.add_argument(
+        "--write", action="store_true", help=f"rewrite {CRD_PATH} and {CHART_CRD_PATH}"
+    )
+    args = parser.parse_args(argv)
     text = render()
     if args.write:
         for path in (CRD_PATH, CHART_CRD_PATH):

@@ -137,9 +137,9 @@ def replace_section(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m raftlog.operator.docs", description=__doc__)
-    ap.add_argument("--write", metavar="FILE", type=Path, help="replace the section in FILE")
-    args = ap.parse_args(argv)
+    parser = argparse.ArgumentParser(prog="python -m raftlog.operator.docs", description=__doc__)
+    parser.add_argument("--write", metavar="FILE", type=Path, help="replace the section in FILE")
+    args = parser.parse_args(argv)
     if args.write is None:
         sys.stdout.write(render())
         return 0

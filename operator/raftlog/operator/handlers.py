@@ -122,12 +122,12 @@ async def reconcile(
     saved: list[RaftClusterStatus] = []
     version: list[str | None] = [meta.get("resourceVersion")]
 
-    async def save(st: RaftClusterStatus) -> None:
+    async def save(new_status: RaftClusterStatus) -> None:
         # An unchanged status is not written: every write is a watch event for every watcher.
-        if saved and saved[-1] == st:
+        if saved and saved[-1] == new_status:
             return
-        version[0] = await _save_status(name, namespace, st, version[0])
-        saved[:] = [st.model_copy(deep=True)]
+        version[0] = await _save_status(name, namespace, new_status, version[0])
+        saved[:] = [new_status.model_copy(deep=True)]
 
     try:
         while not stopped:
@@ -170,8 +170,8 @@ async def reconcile(
             metrics.RECONCILES.labels(outcome=kind).inc()
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
             _count(result.action, result.outcome is not None and result.outcome.ok)
-            for ev in result.events:
-                kopf.event(body, type=ev.type, reason=ev.reason, message=ev.message)
+            for event in result.events:
+                kopf.event(body, type=event.type, reason=event.reason, message=event.message)
             # Woken at once when kopf stops the daemon: a rollout or an uninstall does not wait
             # out the pass interval, nor kopf's cancellation timeout.
             await stopped.wait(operator_settings().interval_s)

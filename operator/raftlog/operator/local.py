@@ -28,8 +28,8 @@ from pydantic import ValidationError
 
 from raftlog.node.local import free_ports
 from raftlog.operator.actions import Event, describe
-from raftlog.operator.launch import node_args, node_env
 from raftlog.operator.models import GROUP, KIND, RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.node_launch import node_args, node_env
 from raftlog.operator.nodeapi import NodeApi
 from raftlog.operator.observed import PodState
 from raftlog.operator.reconciler import config_hash

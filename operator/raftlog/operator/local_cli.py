@@ -18,9 +18,9 @@ from raftlog.operator.actions import Event
 from raftlog.operator.local import MANIFEST, LocalOperator, ManifestError, load_manifest
 
 
-def _print_event(e: Event) -> None:
-    mark = "!" if e.type == "Warning" else " "
-    print(f"{time.strftime('%H:%M:%S')} {mark} {e.reason}: {e.message}", flush=True)
+def _print_event(event: Event) -> None:
+    mark = "!" if event.type == "Warning" else " "
+    print(f"{time.strftime('%H:%M:%S')} {mark} {event.reason}: {event.message}", flush=True)
 
 
 def _manifest_from_flags(args: argparse.Namespace) -> str:
@@ -40,11 +40,11 @@ def local_up(args: argparse.Namespace) -> int:
             text = (base / MANIFEST).read_text()  # the cluster already set up there
         else:
             text = _manifest_from_flags(args)
-        op = LocalOperator.create(base, text, on_event=_print_event)
+        local_operator = LocalOperator.create(base, text, on_event=_print_event)
     except (OSError, ManifestError) as e:
         print(f"raftctl local up: {e}", file=sys.stderr)
         return 1
-    name, spec = op.desired()
+    name, spec = local_operator.desired()
     print(
         f"cluster {name}: {spec.replicas} members, {spec.partitions} partitions, data in {base}",
         flush=True,
@@ -58,33 +58,33 @@ def local_up(args: argparse.Namespace) -> int:
         try:
             while not stop.is_set():
                 try:
-                    await op.step()
+                    await local_operator.step()
                 except ManifestError as e:
                     print(f"raftctl local up: {e} (keeping the cluster as it is)", file=sys.stderr)
-                _write_state(base, op)
-                endpoints = op.endpoints()
-                if op.status.phase == "Running" and endpoints != announced:
+                _write_state(base, local_operator)
+                endpoints = local_operator.endpoints()
+                if local_operator.status.phase == "Running" and endpoints != announced:
                     announced = endpoints
                     print(f"export RAFTLOG_ENDPOINTS={','.join(endpoints)}", flush=True)
-                    print(f"export RAFTLOG_TOKEN_FILE={op.token_file}", flush=True)
+                    print(f"export RAFTLOG_TOKEN_FILE={local_operator.token_file}", flush=True)
                     print("Ctrl-C stops the cluster.", flush=True)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), op.interval_s)
+                    await asyncio.wait_for(stop.wait(), local_operator.interval_s)
         finally:
-            await op.close()
+            await local_operator.close()
         print("stopped", flush=True)
         return 0
 
     return asyncio.run(run())
 
 
-def _write_state(base: Path, op: LocalOperator) -> None:
+def _write_state(base: Path, local_operator: LocalOperator) -> None:
     """`cluster.json`, read by `raftctl local status|down`."""
     state = {
-        "endpoints": op.endpoints(),
-        "pids": op.runtime.pids(),
+        "endpoints": local_operator.endpoints(),
+        "pids": local_operator.runtime.pids(),
         "supervisor": os.getpid(),  # `local down` asks it to stop its nodes
-        "phase": op.status.phase,
+        "phase": local_operator.status.phase,
     }
     tmp = base / "cluster.json.tmp"
     tmp.write_text(json.dumps(state))
@@ -111,17 +111,19 @@ def local_scale(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(lo: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = lo.add_parser(
+def add_commands(local_commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    up = local_commands.add_parser(
         "up", help="run a cluster here with the operator's reconciler, until interrupted"
     )
-    p.add_argument("-f", "--file", help="a RaftCluster manifest (e.g. examples/raftcluster.yaml)")
-    p.add_argument("--replicas", type=int, default=3, help="without -f: voters")
-    p.add_argument("--partitions", type=int, default=1, help="without -f: partitions")
-    p.add_argument("--data-dir", required=True)
-    p.set_defaults(run=local_up)
-    p = lo.add_parser("scale", help="change the replicas of the cluster `local up` runs")
-    p.add_argument("name", help="the cluster's name (metadata.name)")
-    p.add_argument("--replicas", type=int, required=True)
-    p.add_argument("--data-dir", required=True)
-    p.set_defaults(run=local_scale)
+    up.add_argument("-f", "--file", help="a RaftCluster manifest (e.g. examples/raftcluster.yaml)")
+    up.add_argument("--replicas", type=int, default=3, help="without -f: voters")
+    up.add_argument("--partitions", type=int, default=1, help="without -f: partitions")
+    up.add_argument("--data-dir", required=True)
+    up.set_defaults(run=local_up)
+    scale = local_commands.add_parser(
+        "scale", help="change the replicas of the cluster `local up` runs"
+    )
+    scale.add_argument("name", help="the cluster's name (metadata.name)")
+    scale.add_argument("--replicas", type=int, required=True)
+    scale.add_argument("--data-dir", required=True)
+    scale.set_defaults(run=local_scale)

@@ -18,33 +18,33 @@ def default_priority() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="raftlog-operator", description=__doc__)
-    scope = ap.add_mutually_exclusive_group()
+    parser = argparse.ArgumentParser(prog="raftlog-operator", description=__doc__)
+    scope = parser.add_mutually_exclusive_group()
     scope.add_argument(
         "-n", "--namespace", action="append", default=[], help="watch this namespace (repeatable)"
     )
     scope.add_argument("-A", "--all-namespaces", action="store_true", help="watch every namespace")
-    ap.add_argument(
+    parser.add_argument(
         "--standalone", action="store_true", help="no peering with other operator replicas"
     )
-    ap.add_argument("--peering", default="raftlog-operator", help="peering object name (HA)")
-    ap.add_argument(
+    parser.add_argument("--peering", default="raftlog-operator", help="peering object name (HA)")
+    parser.add_argument(
         "--priority",
         type=int,
         default=None,
         help="peering priority: the highest live one works, the others stand by (default: "
         "random, so that replicas never tie; kopf pauses every operator of a tied priority)",
     )
-    ap.add_argument(
+    parser.add_argument(
         "--liveness", default="http://0.0.0.0:8080/healthz", help="kopf's liveness endpoint"
     )
-    ap.add_argument("--log-level", default="INFO")
-    args = ap.parse_args(argv)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
     logging.basicConfig(
         level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     if not args.namespace and not args.all_namespaces:
-        ap.error("give --namespace NS (repeatable) or --all-namespaces")
+        parser.error("give --namespace NS (repeatable) or --all-namespaces")
     settings = kopf.OperatorSettings()
     # Watched namespaces are exact names: kopf need not list and watch namespaces and CRDs, so a
     # namespaced operator needs no cluster-scoped grant at all (the CRD exists before it starts).

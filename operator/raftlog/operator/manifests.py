@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from raftlog.operator.launch import CLIENT_PORT, PEER_PORT, node_args, node_env
 from raftlog.operator.models import DEFAULT_IMAGE, RaftClusterSpec
+from raftlog.operator.node_launch import CLIENT_PORT, PEER_PORT, node_args, node_env
+from raftlog.operator.safety import majority
 
 LABEL_CLUSTER = "raftlog.dev/cluster"
 LABEL_MEMBER = "raftlog.dev/member"
@@ -234,11 +235,6 @@ def services(cluster: str, namespace: str) -> list[dict[str, Any]]:
     return [headless, client]
 
 
-def quorum(replicas: int) -> int:
-    """A majority of `replicas` voters: what must stay up for every partition to commit."""
-    return replicas // 2 + 1
-
-
 def pdb(cluster: str, namespace: str, replicas: int) -> dict[str, Any]:
     """Voluntary evictions never take the cluster below a majority of its voters (with 1 or 2
     members: none at all, as losing one would cost the quorum)."""
@@ -247,7 +243,7 @@ def pdb(cluster: str, namespace: str, replicas: int) -> dict[str, Any]:
         "kind": "PodDisruptionBudget",
         "metadata": {"name": cluster, "namespace": namespace, "labels": labels(cluster)},
         "spec": {
-            "minAvailable": quorum(replicas),
+            "minAvailable": majority(replicas),
             "selector": {"matchLabels": selector(cluster)},
         },
     }

@@ -81,9 +81,9 @@ class Observed:
         """The partition's leader as the leaders themselves say (the highest term wins)."""
         best: PartitionView | None = None
         for m in self.members.values():
-            pv = m.node.partitions.get(partition) if m.node else None
-            if pv is not None and pv.is_leader and (best is None or pv.term > best.term):
-                best = pv
+            view = m.node.partitions.get(partition) if m.node else None
+            if view is not None and view.is_leader and (best is None or view.term > best.term):
+                best = view
         return best
 
 

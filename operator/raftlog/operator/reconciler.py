@@ -43,6 +43,18 @@ from raftlog.operator.models import (
     SnapshotInstall,
 )
 from raftlog.operator.observed import Observed, PartitionView
+from raftlog.operator.safety import (
+    can_serve_snapshot,
+    caught_up,
+    fit_to_lead,
+    has_quorum,
+    keeps_majority,
+    keeps_partitions,
+    next_to_remove,
+    next_to_restart,
+    others_caught_up,
+    within_promotion_lag,
+)
 
 INSTALL_MAX_ATTEMPTS = 5
 INSTALL_BACKOFF_S = 2.0  # doubled per failed attempt
@@ -65,10 +77,6 @@ def config_hash(spec: RaftClusterSpec) -> str:
     return hashlib.sha256(json.dumps(launch, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def majority(n: int) -> int:
-    return n // 2 + 1
-
-
 @dataclass
 class Plan:
     action: Action | None
@@ -77,14 +85,17 @@ class Plan:
 
 
 @dataclass
-class _Pass:
+class _ClusterPass:
+    """One cluster as one pass sees it, and what the pass has found so far. The steps write
+    the next status into `status`; the previous one is never changed."""
+
     name: str
     spec: RaftClusterSpec
-    st: RaftClusterStatus
-    obs: Observed
+    status: RaftClusterStatus
+    observed: Observed
     now: float
-    want_hash: str
-    leaders: dict[int, PartitionView | None]
+    wanted_hash: str  # the launch configuration every member should run
+    leader_views: dict[int, PartitionView | None]  # partition -> its leader's view, if any
     events: list[Event] = field(default_factory=list)
     lagging: dict[str, str] = field(default_factory=dict)  # learner -> why its window is shut
     windows_tracked: bool = False
@@ -93,37 +104,50 @@ class _Pass:
         self.events.append(Event("Warning" if warning else "Normal", reason, message))
 
     def ready(self, name: str) -> bool:
-        o = self.obs.members.get(name)
-        return o is not None and o.pod == "running" and o.node is not None
+        seen = self.observed.members.get(name)
+        return seen is not None and seen.pod == "running" and seen.node is not None
 
     def running(self, name: str) -> bool:
-        o = self.obs.members.get(name)
-        return o is not None and o.pod == "running"
+        seen = self.observed.members.get(name)
+        return seen is not None and seen.pod == "running"
+
+    def ready_names(self) -> set[str]:
+        return {name for name in self.observed.members if self.ready(name)}
 
     def url(self, name: str) -> str | None:
-        return self.obs.urls.get(name)
+        return self.observed.urls.get(name)
+
+    def led_partitions(self) -> list[tuple[int, PartitionView]]:
+        """Each partition with its leader's view, in order; only once `_leaders` found them all."""
+        views = []
+        for partition, leader_view in sorted(self.leader_views.items()):
+            assert leader_view is not None  # `_leaders` waited otherwise
+            views.append((partition, leader_view))
+        return views
 
 
 def decide(
     name: str,
     spec: RaftClusterSpec,
     previous: RaftClusterStatus,
-    obs: Observed,
+    observed: Observed,
     now: float,
     generation: int | None = None,
 ) -> Plan:
-    st = previous.model_copy(deep=True)
-    st.observed_generation = generation
-    leaders = {p: obs.leader_view(p) for p in range(obs.partitions_served(spec.partitions))}
-    ps = _Pass(name, spec, st, obs, now, config_hash(spec), leaders)
-    _refresh_members(ps)
-    action = _next_action(ps)
-    _promotion_windows(ps)  # when a step before the promotions acted (once a pass either way)
-    _summarize(ps, action)
-    return Plan(action, st, ps.events)
+    status = previous.model_copy(deep=True)
+    status.observed_generation = generation
+    leader_views = {
+        p: observed.leader_view(p) for p in range(observed.partitions_served(spec.partitions))
+    }
+    cluster = _ClusterPass(name, spec, status, observed, now, config_hash(spec), leader_views)
+    _refresh_members(cluster)
+    action = _next_action(cluster)
+    _promotion_windows(cluster)  # when a step before the promotions acted (once a pass either way)
+    _summarize(cluster, action)
+    return Plan(action, status, cluster.events)
 
 
-def _next_action(ps: _Pass) -> Action | None:
+def _next_action(cluster: _ClusterPass) -> Action | None:
     for step in (
         _bootstrap,
         _recreate_pods,
@@ -138,45 +162,48 @@ def _next_action(ps: _Pass) -> Action | None:
         _scale_up,
         _rolling_restart,
     ):
-        action = step(ps)
+        action = step(cluster)
         if action is not None:
             return action
     return None
 
 
 # ===================================================================== the steps
-def _bootstrap(ps: _Pass) -> Action | None:
-    if ps.st.members:
+def _bootstrap(cluster: _ClusterPass) -> Action | None:
+    if cluster.status.members:
         return None
-    n = ps.spec.replicas
-    ps.st.members = [
-        MemberStatus(name=member_name(ps.name, i), ordinal=i, role="voter", bootstrap=True)
-        for i in range(n)
+    replicas = cluster.spec.replicas
+    cluster.status.members = [
+        MemberStatus(name=member_name(cluster.name, i), ordinal=i, role="voter", bootstrap=True)
+        for i in range(replicas)
     ]
-    ps.st.next_ordinal = n
-    ps.event("Bootstrapping", f"creating {n} initial voters, {ps.spec.partitions} partitions")
-    return CreateMembers(tuple(m.name for m in ps.st.members), join=False)
+    cluster.status.next_ordinal = replicas
+    cluster.event(
+        "Bootstrapping",
+        f"creating {replicas} initial voters, {cluster.spec.partitions} partitions",
+    )
+    return CreateMembers(tuple(m.name for m in cluster.status.members), join=False)
 
 
-def _recreate_pods(ps: _Pass) -> Action | None:
+def _recreate_pods(cluster: _ClusterPass) -> Action | None:
     gone = [
         m
-        for m in ps.st.members
-        if m.role != "removing" and _pod(ps, m.name) in ("missing", "failed")
+        for m in cluster.status.members
+        if m.role != "removing" and _pod(cluster, m.name) in ("missing", "failed")
     ]
     if not gone:
         return None
-    if not ps.st.bootstrapped:
+    if not cluster.status.bootstrapped:
         # Until the initial voters have elected, a member without data may still bootstrap.
         return CreateMembers(tuple(m.name for m in gone), join=False)
     for m in gone:
-        o = ps.obs.members.get(m.name)
-        if (o is not None and o.volume) or m.role == "joining":
+        seen = cluster.observed.members.get(m.name)
+        if (seen is not None and seen.volume) or m.role == "joining":
             # Its data is there (or it never had any): the same member comes back. It starts
             # with `--join` so that an empty volume can never bootstrap a second cluster.
             return CreateMembers((m.name,), join=True)
         m.role = "removing"
-        ps.event(
+        cluster.event(
             "MemberLost",
             f"{m.name} lost its pod and its volume; it is removed and a new member replaces it",
             warning=True,
@@ -184,315 +211,300 @@ def _recreate_pods(ps: _Pass) -> Action | None:
     return None
 
 
-def _leaders(ps: _Pass) -> Action | None:
-    missing = [p for p, lv in ps.leaders.items() if lv is None]
-    if not ps.st.bootstrapped:
+def _leaders(cluster: _ClusterPass) -> Action | None:
+    missing = [p for p, leader_view in cluster.leader_views.items() if leader_view is None]
+    if not cluster.status.bootstrapped:
         if missing:
             return Wait(f"the initial voters have not elected a leader of partitions {missing}")
-        ps.st.bootstrapped = True
-        ps.event("Bootstrapped", "every partition has elected a leader")
+        cluster.status.bootstrapped = True
+        cluster.event("Bootstrapped", "every partition has elected a leader")
     if missing:
         return Wait(f"no leader for partitions {missing}")
     return None
 
 
-def _partitions_not_lowered(ps: _Pass) -> Action | None:
+def _partitions_not_lowered(cluster: _ClusterPass) -> Action | None:
     """A lower spec.partitions is refused (the CRD refuses it too; a local manifest is not
-    checked by an API server): members restarted with fewer would drop partitions with their
-    records."""
-    held = max((len(o.node.partitions) for o in ps.obs.members.values() if o.node), default=0)
-    if held <= ps.spec.partitions:
+    checked by an API server)."""
+    held = max(
+        (len(seen.node.partitions) for seen in cluster.observed.members.values() if seen.node),
+        default=0,
+    )
+    if keeps_partitions(held, cluster.spec.partitions):
         return None
     return Wait(
-        f"spec.partitions is {ps.spec.partitions} but the members hold {held} partitions: "
+        f"spec.partitions is {cluster.spec.partitions} but the members hold {held} partitions: "
         f"lowering is refused (it would drop partitions with their records); set it back to "
         f"{held} or more"
     )
 
 
-def _peers(ps: _Pass) -> Action | None:
-    want = {m.name: u for m in ps.st.members if (u := ps.url(m.name)) is not None}
-    for m in ps.st.members:
-        o = ps.obs.members.get(m.name)
-        if o is None or o.node is None:
+def _peers(cluster: _ClusterPass) -> Action | None:
+    want = {m.name: u for m in cluster.status.members if (u := cluster.url(m.name)) is not None}
+    for m in cluster.status.members:
+        seen = cluster.observed.members.get(m.name)
+        if seen is None or seen.node is None:
             continue
-        if any(o.node.peers.get(n) != u for n, u in want.items()):
+        if any(seen.node.peers.get(n) != u for n, u in want.items()):
             return SyncPeers(m.name, tuple(sorted(want.items())))
     return None
 
 
-def _removals(ps: _Pass) -> Action | None:
-    for m in ps.st.members:
+def _removals(cluster: _ClusterPass) -> Action | None:
+    for m in cluster.status.members:
         if m.role == "removing":
-            return _remove(ps, m)
+            return _remove(cluster, m)
     return None
 
 
-def _remove(ps: _Pass, m: MemberStatus) -> Action:
-    for p, lv in sorted(ps.leaders.items()):
-        assert lv is not None  # _leaders waited otherwise
-        if lv.leader == m.name:
-            target = _successor(ps, lv, exclude=m.name)
+def _remove(cluster: _ClusterPass, m: MemberStatus) -> Action:
+    for partition, leader_view in cluster.led_partitions():
+        if leader_view.leader == m.name:
+            target = _successor(cluster, leader_view, leaving=m.name)
             if target is None:
-                return Wait(f"partition {p}: no caught-up voter to take over from {m.name}")
-            return TransferLeader(p, m.name, target)
-        if m.name in lv.voters:
-            after = lv.voters - {m.name}
-            live = [v for v in after if ps.ready(v)]
-            if not after or len(live) < majority(len(after)):
+                return Wait(f"partition {partition}: no caught-up voter to take over from {m.name}")
+            return TransferLeader(partition, m.name, target)
+        if m.name in leader_view.voters:
+            ready = cluster.ready_names()
+            if not keeps_majority(leader_view.voters, m.name, ready):
+                after = leader_view.voters - {m.name}
                 return Wait(
-                    f"partition {p}: removing {m.name} would leave {len(live)} ready of "
-                    f"{len(after)} voters, below a majority"
+                    f"partition {partition}: removing {m.name} would leave {len(after & ready)} "
+                    f"ready of {len(after)} voters, below a majority"
                 )
-            return ChangeMembership(p, lv.leader or "", "remove", m.name)
-        if m.name in lv.learners:
-            return ChangeMembership(p, lv.leader or "", "remove", m.name)
-    return DeleteMember(m.name, delete_volume=ps.spec.storage.reclaim_policy == "Delete")
+            return ChangeMembership(partition, leader_view.leader or "", "remove", m.name)
+        if m.name in leader_view.learners:
+            return ChangeMembership(partition, leader_view.leader or "", "remove", m.name)
+    return DeleteMember(m.name, delete_volume=cluster.spec.storage.reclaim_policy == "Delete")
 
 
-def _snapshot_installs(ps: _Pass) -> Action | None:
-    names = {m.name for m in ps.st.members}
-    pending = {(i.member, i.partition): i for i in ps.st.snapshot_installs if i.state == "pending"}
+def _snapshot_installs(cluster: _ClusterPass) -> Action | None:
+    names = {m.name for m in cluster.status.members}
+    pending = {
+        (i.member, i.partition): i for i in cluster.status.snapshot_installs if i.state == "pending"
+    }
     due: list[tuple[SnapshotInstall, PartitionView]] = []
-    for p, lv in sorted(ps.leaders.items()):
-        assert lv is not None
-        for f in lv.followers.values():
+    for partition, leader_view in cluster.led_partitions():
+        for f in leader_view.followers.values():
             if not f.snapshot_required or f.name not in names:
                 continue
-            inst = pending.pop((f.name, p), None)
-            if inst is None:
-                if _cooling_down(ps, f.name, p):
+            install = pending.pop((f.name, partition), None)
+            if install is None:
+                if _cooling_down(cluster, f.name, partition):
                     continue
-                source = _snapshot_source(ps, lv, f.name)
-                inst = SnapshotInstall(
+                source = _snapshot_source(cluster, leader_view, f.name)
+                install = SnapshotInstall(
                     member=f.name,
-                    partition=p,
+                    partition=partition,
                     source=source,
-                    started_at=ps.now,
-                    next_attempt_at=ps.now,
+                    started_at=cluster.now,
+                    next_attempt_at=cluster.now,
                 )
-                ps.st.snapshot_installs.insert(0, inst)
-                ps.event(
+                cluster.status.snapshot_installs.insert(0, install)
+                cluster.event(
                     "SnapshotRequired",
-                    f"{f.name} needs entries of partition {p} below the compaction floor "
-                    f"{lv.compaction_floor}; a snapshot install from {source} is scheduled",
+                    f"{f.name} needs entries of partition {partition} below the compaction "
+                    f"floor {leader_view.compaction_floor}; a snapshot install from {source} "
+                    "is scheduled",
                 )
-            if inst.attempts >= INSTALL_MAX_ATTEMPTS:
-                _finish(ps, inst, "failed")
-                ps.event(
+            if install.attempts >= INSTALL_MAX_ATTEMPTS:
+                _finish(cluster, install, "failed")
+                cluster.event(
                     "SnapshotInstallFailed",
-                    f"partition {p}: installing a snapshot on {f.name} failed "
-                    f"{inst.attempts} times: {inst.last_error}",
+                    f"partition {partition}: installing a snapshot on {f.name} failed "
+                    f"{install.attempts} times: {install.last_error}",
                     warning=True,
                 )
                 continue
-            due.append((inst, lv))
+            due.append((install, leader_view))
     # Pending installs whose target no longer needs one: done (by the install or otherwise).
-    for inst in pending.values():
-        _finish(ps, inst, "installed")
-        inst.detail = inst.detail or "the member no longer needs a snapshot"
-        ps.event("SnapshotInstalled", f"partition {inst.partition}: {inst.member} caught up")
-    for inst, lv in due:
-        if ps.now >= inst.next_attempt_at:
-            return InstallSnapshot(inst.partition, lv.leader or "", inst.member, inst.source)
+    for install in pending.values():
+        _finish(cluster, install, "installed")
+        install.detail = install.detail or "the member no longer needs a snapshot"
+        cluster.event(
+            "SnapshotInstalled", f"partition {install.partition}: {install.member} caught up"
+        )
+    for install, leader_view in due:
+        if cluster.now >= install.next_attempt_at:
+            return InstallSnapshot(
+                install.partition, leader_view.leader or "", install.member, install.source
+            )
     if due:
-        inst = due[0][0]
+        install = due[0][0]
         return Wait(
-            f"partition {inst.partition}: next snapshot install attempt on {inst.member} in "
-            f"{inst.next_attempt_at - ps.now:.0f} s"
+            f"partition {install.partition}: next snapshot install attempt on {install.member} "
+            f"in {install.next_attempt_at - cluster.now:.0f} s"
         )
     return None
 
 
-def _joining(ps: _Pass) -> Action | None:
-    for m in ps.st.members:
+def _joining(cluster: _ClusterPass) -> Action | None:
+    for m in cluster.status.members:
         if m.role != "joining":
             continue
-        if not ps.running(m.name):
+        if not cluster.running(m.name):
             return Wait(f"{m.name} is starting")
-        for p, lv in sorted(ps.leaders.items()):
-            assert lv is not None
-            if m.name not in lv.voters | lv.learners:
-                return ChangeMembership(p, lv.leader or "", "add_learner", m.name)
+        for partition, leader_view in cluster.led_partitions():
+            if m.name not in leader_view.voters | leader_view.learners:
+                return ChangeMembership(partition, leader_view.leader or "", "add_learner", m.name)
         m.role = "learner"
-        m.promotion = Promotion(window_seconds=ps.spec.raft.learner_promotion_stable_window)
-        ps.event("LearnerAdded", f"{m.name} is a learner of every partition; catching up")
+        m.promotion = Promotion(window_seconds=cluster.spec.raft.learner_promotion_stable_window)
+        cluster.event("LearnerAdded", f"{m.name} is a learner of every partition; catching up")
     return None
 
 
-def _promotion_windows(ps: _Pass) -> None:
+def _promotion_windows(cluster: _ClusterPass) -> None:
     """Every pass, whichever step acts: a learner's window runs while its lag is within
     learnerPromotionLag in every partition, and starts again on an excursion (a lag above it,
     or unknown). Kept apart from `_promotions`, which an earlier step (a snapshot install, a
     removal) may pre-empt: an excursion meanwhile still restarts the window."""
-    if ps.windows_tracked:
+    if cluster.windows_tracked:
         return
-    ps.windows_tracked = True
-    limit = ps.spec.raft.learner_promotion_lag
-    for m in ps.st.members:
+    cluster.windows_tracked = True
+    limit = cluster.spec.raft.learner_promotion_lag
+    window = cluster.spec.raft.learner_promotion_stable_window
+    for m in cluster.status.members:
         if m.role != "learner":
             continue
-        pr = m.promotion or Promotion(window_seconds=ps.spec.raft.learner_promotion_stable_window)
-        m.promotion = pr
-        pr.window_seconds = ps.spec.raft.learner_promotion_stable_window
-        lags = {p: _lag(lv, m.name) for p, lv in sorted(ps.leaders.items())}
-        known = [lag for lag in lags.values() if lag is not None]
-        unknown = [p for p, lag in lags.items() if lag is None]
-        # A learner that stopped answering (a paused process) shows the lag it had: it must
-        # not be promoted on that (a voter that does not answer weakens the quorum).
-        silent = [
-            p
-            for p, lv in sorted(ps.leaders.items())
-            if lv is not None
-            and (f := lv.followers.get(m.name)) is not None
-            and not f.recent_active
-        ]
-        pr.max_lag = max(known) if known else None
-        if unknown or silent or any(lag > limit for lag in known):
+        promotion = m.promotion or Promotion(window_seconds=window)
+        m.promotion = promotion
+        promotion.window_seconds = window
+        followers = {
+            p: leader_view.followers.get(m.name) if leader_view is not None else None
+            for p, leader_view in sorted(cluster.leader_views.items())
+        }
+        known = [f.lag for f in followers.values() if f is not None and f.lag is not None]
+        promotion.max_lag = max(known) if known else None
+        if not all(within_promotion_lag(f, limit) for f in followers.values()):
+            unknown = [p for p, f in followers.items() if f is None or f.lag is None]
+            silent = [p for p, f in followers.items() if f is not None and not f.recent_active]
             why = (
                 f"lag unknown in partitions {unknown}"
                 if unknown
                 else f"not answering the leader of partitions {silent}"
                 if silent
-                else f"lags by {pr.max_lag}, more than learnerPromotionLag={limit}"
+                else f"lags by {promotion.max_lag}, more than learnerPromotionLag={limit}"
             )
-            if pr.window_started_at is not None:
-                pr.restarts += 1
-                ps.event(
+            if promotion.window_started_at is not None:
+                promotion.restarts += 1
+                cluster.event(
                     "PromotionWindowRestarted",
                     f"{m.name}: {why}; its promotion window starts again",
                 )
-            pr.window_started_at, pr.elapsed_seconds = None, 0.0
-            ps.lagging[m.name] = why
+            promotion.window_started_at, promotion.elapsed_seconds = None, 0.0
+            cluster.lagging[m.name] = why
             continue
-        if pr.window_started_at is None:
-            pr.window_started_at = ps.now
-        pr.elapsed_seconds = round(ps.now - pr.window_started_at, 3)
+        if promotion.window_started_at is None:
+            promotion.window_started_at = cluster.now
+        promotion.elapsed_seconds = round(cluster.now - promotion.window_started_at, 3)
 
 
-def _promotions(ps: _Pass) -> Action | None:
-    _promotion_windows(ps)
-    for m in ps.st.members:
+def _promotions(cluster: _ClusterPass) -> Action | None:
+    _promotion_windows(cluster)
+    for m in cluster.status.members:
         if m.role != "learner":
             continue
-        pr = m.promotion
-        assert pr is not None  # `_promotion_windows` gave every learner one
-        if m.name in ps.lagging:
-            return Wait(f"{m.name}: {ps.lagging[m.name]}")
-        if pr.elapsed_seconds < pr.window_seconds:
+        promotion = m.promotion
+        assert promotion is not None  # `_promotion_windows` gave every learner one
+        if m.name in cluster.lagging:
+            return Wait(f"{m.name}: {cluster.lagging[m.name]}")
+        if promotion.elapsed_seconds < promotion.window_seconds:
             return Wait(
-                f"{m.name} within learnerPromotionLag for {pr.elapsed_seconds:.1f} of "
-                f"{pr.window_seconds:g} s"
+                f"{m.name} within learnerPromotionLag for {promotion.elapsed_seconds:.1f} of "
+                f"{promotion.window_seconds:g} s"
             )
-        for p, lv in sorted(ps.leaders.items()):
-            assert lv is not None
-            if m.name in lv.learners:
-                return ChangeMembership(p, lv.leader or "", "promote", m.name)
+        for partition, leader_view in cluster.led_partitions():
+            if m.name in leader_view.learners:
+                return ChangeMembership(partition, leader_view.leader or "", "promote", m.name)
         m.role, m.promotion = "voter", None
-        ps.event("Promoted", f"{m.name} is a voter of every partition")
+        cluster.event("Promoted", f"{m.name} is a voter of every partition")
     return None
 
 
-def _scale_up(ps: _Pass) -> Action | None:
-    active = [m for m in ps.st.members if m.role != "removing"]
-    if len(active) >= ps.spec.replicas:
+def _scale_up(cluster: _ClusterPass) -> Action | None:
+    active = [m for m in cluster.status.members if m.role != "removing"]
+    if len(active) >= cluster.spec.replicas:
         return None
-    unready = [m.name for m in active if not ps.ready(m.name)]
+    unready = [m.name for m in active if not cluster.ready(m.name)]
     if unready:
         return Wait(f"scaling up waits for {', '.join(unready)} to be ready")
-    ordinal = ps.st.next_ordinal
-    new = MemberStatus(name=member_name(ps.name, ordinal), ordinal=ordinal, role="joining")
-    ps.st.next_ordinal = ordinal + 1
-    ps.st.members.append(new)
-    ps.event("ScalingUp", f"adding {new.name} ({len(active) + 1} of {ps.spec.replicas})")
+    ordinal = cluster.status.next_ordinal
+    new = MemberStatus(name=member_name(cluster.name, ordinal), ordinal=ordinal, role="joining")
+    cluster.status.next_ordinal = ordinal + 1
+    cluster.status.members.append(new)
+    cluster.event("ScalingUp", f"adding {new.name} ({len(active) + 1} of {cluster.spec.replicas})")
     return CreateMembers((new.name,), join=True)
 
 
-def _scale_down(ps: _Pass) -> Action | None:
-    active = [m for m in ps.st.members if m.role != "removing"]
-    if len(active) <= ps.spec.replicas:
+def _scale_down(cluster: _ClusterPass) -> Action | None:
+    active = [m for m in cluster.status.members if m.role != "removing"]
+    if len(active) <= cluster.spec.replicas:
         return None
-    # The newest first: a learner still joining goes before any voter.
-    victim = max(active, key=lambda m: m.ordinal)
+    victim = next_to_remove(active)
     victim.role = "removing"
-    ps.event("ScalingDown", f"removing {victim.name} ({len(active) - 1} of the members left)")
-    return _remove(ps, victim)
+    cluster.event("ScalingDown", f"removing {victim.name} ({len(active) - 1} of the members left)")
+    return _remove(cluster, victim)
 
 
-def _rolling_restart(ps: _Pass) -> Action | None:
+def _rolling_restart(cluster: _ClusterPass) -> Action | None:
     stale = [
         m
-        for m in ps.st.members
-        if (o := ps.obs.members.get(m.name)) is not None
-        and o.config_hash is not None
-        and o.config_hash != ps.want_hash
+        for m in cluster.status.members
+        if (seen := cluster.observed.members.get(m.name)) is not None
+        and seen.config_hash is not None
+        and seen.config_hash != cluster.wanted_hash
     ]
     if not stale:
         return None
-    unready = [m.name for m in ps.st.members if not ps.ready(m.name)]
+    unready = [m.name for m in cluster.status.members if not cluster.ready(m.name)]
     if unready:
         return Wait(f"restart of {stale[0].name} waits for {', '.join(unready)} to be ready")
-    threshold = ps.spec.raft.backfill_threshold
-    for p, lv in sorted(ps.leaders.items()):
-        assert lv is not None
-        behind = [f.name for f in lv.followers.values() if f.lag is None or f.lag > threshold]
-        if behind:
-            return Wait(f"restart waits: {', '.join(behind)} behind in partition {p}")
-    leading = {lv.leader for lv in ps.leaders.values() if lv is not None}
-    # Followers first; a leader last, and only after its leadership moved away.
-    target = min(stale, key=lambda m: (m.name in leading, m.ordinal))
-    for p, lv in sorted(ps.leaders.items()):
-        assert lv is not None
-        if lv.leader == target.name:
-            successor = _successor(ps, lv, exclude=target.name)
+    threshold = cluster.spec.raft.backfill_threshold
+    for partition, leader_view in cluster.led_partitions():
+        if not others_caught_up(leader_view, threshold):
+            behind = [f.name for f in leader_view.followers.values() if not caught_up(f, threshold)]
+            return Wait(f"restart waits: {', '.join(behind)} behind in partition {partition}")
+    leading = {
+        leader_view.leader for _, leader_view in cluster.led_partitions() if leader_view.leader
+    }
+    target = next_to_restart(stale, leading)
+    # A leader restarts only once its leaderships moved to a caught-up voter.
+    for partition, leader_view in cluster.led_partitions():
+        if leader_view.leader == target.name:
+            successor = _successor(cluster, leader_view, leaving=target.name)
             if successor is None:
-                return Wait(f"partition {p}: no caught-up voter to take over from {target.name}")
-            return TransferLeader(p, target.name, successor)
-    ps.event("RollingRestart", f"restarting {target.name} with the new configuration")
+                return Wait(
+                    f"partition {partition}: no caught-up voter to take over from {target.name}"
+                )
+            return TransferLeader(partition, target.name, successor)
+    cluster.event("RollingRestart", f"restarting {target.name} with the new configuration")
     return RestartMember(target.name)
 
 
 # ===================================================================== helpers
-def _pod(ps: _Pass, name: str) -> str:
-    o = ps.obs.members.get(name)
-    return "missing" if o is None else o.pod
+def _pod(cluster: _ClusterPass, name: str) -> str:
+    seen = cluster.observed.members.get(name)
+    return "missing" if seen is None else seen.pod
 
 
-def _lag(lv: PartitionView | None, name: str) -> int | None:
-    f = lv.followers.get(name) if lv is not None else None
-    return f.lag if f is not None else None
-
-
-def _successor(ps: _Pass, lv: PartitionView, exclude: str) -> str | None:
-    """The voter most fit to lead: replicating, responsive, furthest along."""
-    fit = [
-        f
-        for f in lv.followers.values()
-        if f.name != exclude
-        and not f.learner
-        and f.recent_active
-        and ps.ready(f.name)
-        and f.state == "replicate"
-    ]
+def _successor(cluster: _ClusterPass, leader_view: PartitionView, leaving: str) -> str | None:
+    """The voter most fit to lead, the furthest along."""
+    ready = cluster.ready_names()
+    fit = [f for f in leader_view.followers.values() if fit_to_lead(f, leaving, ready)]
     if not fit:
         return None
     return max(fit, key=lambda f: (f.match, f.name)).name
 
 
-def _snapshot_source(ps: _Pass, lv: PartitionView, target: str) -> str:
-    """RATIS-2428: an eligible follower (responsive, not itself in need, holding every entry
-    the target needs), ranked by in-sync then match; else the leader. The leader re-checks."""
-    if ps.spec.snapshot_source == "leader":
+def _snapshot_source(cluster: _ClusterPass, leader_view: PartitionView, target: str) -> str:
+    """An eligible follower ranked by in-sync then match (RATIS-2428); else the leader. The
+    leader re-checks."""
+    if cluster.spec.snapshot_source == "leader":
         return "leader"
-    required = lv.compaction_floor - 1
+    needed = leader_view.compaction_floor - 1
+    ready = cluster.ready_names()
     eligible = [
-        f
-        for f in lv.followers.values()
-        if f.name != target
-        and f.recent_active
-        and not f.snapshot_required
-        and f.match >= required
-        and ps.ready(f.name)
+        f for f in leader_view.followers.values() if can_serve_snapshot(f, target, needed, ready)
     ]
     if not eligible:
         return "leader"
@@ -500,70 +512,82 @@ def _snapshot_source(ps: _Pass, lv: PartitionView, target: str) -> str:
     return best.name
 
 
-def _cooling_down(ps: _Pass, member: str, partition: int) -> bool:
-    for i in ps.st.snapshot_installs:
+def _cooling_down(cluster: _ClusterPass, member: str, partition: int) -> bool:
+    for i in cluster.status.snapshot_installs:
         if i.member == member and i.partition == partition and i.state == "failed":
-            return i.finished_at is not None and ps.now - i.finished_at < INSTALL_COOLDOWN_S
+            return i.finished_at is not None and cluster.now - i.finished_at < INSTALL_COOLDOWN_S
     return False
 
 
-def _finish(ps: _Pass, inst: SnapshotInstall, state: str) -> None:
-    inst.state = "installed" if state == "installed" else "failed"
-    inst.finished_at = ps.now
-    pending = [i for i in ps.st.snapshot_installs if i.state == "pending"]
-    done = [i for i in ps.st.snapshot_installs if i.state != "pending"]
+def _finish(cluster: _ClusterPass, install: SnapshotInstall, state: str) -> None:
+    install.state = "installed" if state == "installed" else "failed"
+    install.finished_at = cluster.now
+    installs = cluster.status.snapshot_installs
+    pending = [i for i in installs if i.state == "pending"]
+    done = [i for i in installs if i.state != "pending"]
     done.sort(key=lambda i: i.finished_at or 0.0, reverse=True)
-    ps.st.snapshot_installs = pending + done[:INSTALL_HISTORY]
+    cluster.status.snapshot_installs = pending + done[:INSTALL_HISTORY]
 
 
-def _refresh_members(ps: _Pass) -> None:
-    for m in ps.st.members:
-        m.ready = ps.ready(m.name)
-        m.partitions = [_member_partition(p, lv, m.name) for p, lv in sorted(ps.leaders.items())]
-    ps.st.leaders = {str(p): lv.leader for p, lv in ps.leaders.items() if lv and lv.leader}
-    names = sorted(set(ps.st.leaders.values()))
-    ps.st.leader_summary = ",".join(names) if len(names) <= 3 else f"{len(names)} members"
+def _refresh_members(cluster: _ClusterPass) -> None:
+    status = cluster.status
+    for m in status.members:
+        m.ready = cluster.ready(m.name)
+        m.partitions = [
+            _member_partition(p, leader_view, m.name)
+            for p, leader_view in sorted(cluster.leader_views.items())
+        ]
+    status.leaders = {
+        str(p): leader_view.leader
+        for p, leader_view in cluster.leader_views.items()
+        if leader_view and leader_view.leader
+    }
+    names = sorted(set(status.leaders.values()))
+    status.leader_summary = ",".join(names) if len(names) <= 3 else f"{len(names)} members"
 
 
-def _member_partition(p: int, lv: PartitionView | None, name: str) -> MemberPartition:
-    if lv is not None and lv.leader == name:
-        return MemberPartition(partition=p, lag=0, state="leader")
-    f = lv.followers.get(name) if lv is not None else None
+def _member_partition(
+    partition: int, leader_view: PartitionView | None, name: str
+) -> MemberPartition:
+    if leader_view is not None and leader_view.leader == name:
+        return MemberPartition(partition=partition, lag=0, state="leader")
+    f = leader_view.followers.get(name) if leader_view is not None else None
     if f is None:
-        return MemberPartition(partition=p)
+        return MemberPartition(partition=partition)
     return MemberPartition(
-        partition=p, lag=f.lag, state=f.state, snapshot_required=f.snapshot_required
+        partition=partition, lag=f.lag, state=f.state, snapshot_required=f.snapshot_required
     )
 
 
-def _summarize(ps: _Pass, action: Action | None) -> None:
-    st = ps.st
-    active = [m for m in st.members if m.role != "removing"]
-    st.replicas = len(active)
-    st.ready_replicas = sum(1 for m in active if m.ready)
-    st.selector = f"raftlog.dev/cluster={ps.name}"
-    st.last_action = describe(action)
-    led = [p for p, lv in ps.leaders.items() if lv is not None]
+def _summarize(cluster: _ClusterPass, action: Action | None) -> None:
+    status = cluster.status
+    active = [m for m in status.members if m.role != "removing"]
+    status.replicas = len(active)
+    status.ready_replicas = sum(1 for m in active if m.ready)
+    status.selector = f"raftlog.dev/cluster={cluster.name}"
+    status.last_action = describe(action)
+    partitions = len(cluster.leader_views)
+    led = [p for p, leader_view in cluster.leader_views.items() if leader_view is not None]
     voters = [m for m in active if m.role == "voter"]
-    quorum = sum(1 for m in voters if m.ready) >= majority(max(len(voters), 1))
-    available = st.bootstrapped and len(led) == len(ps.leaders) and quorum
-    failed = [i for i in st.snapshot_installs if i.state == "failed" and _recent(ps, i)]
+    quorum = has_quorum({m.name for m in voters}, {m.name for m in voters if m.ready})
+    available = status.bootstrapped and len(led) == partitions and quorum
+    failed = [i for i in status.snapshot_installs if i.state == "failed" and _recent(cluster, i)]
     unready = [m.name for m in active if not m.ready]
     _condition(
-        ps,
+        cluster,
         "Available",
         available,
-        "QuorumAvailable" if available else "NoQuorum" if st.bootstrapped else "Bootstrapping",
-        f"{len(led)} of {len(ps.leaders)} partitions have a leader; "
-        f"{st.ready_replicas} of {len(active)} members ready"
+        "QuorumAvailable" if available else "NoQuorum" if status.bootstrapped else "Bootstrapping",
+        f"{len(led)} of {partitions} partitions have a leader; "
+        f"{status.ready_replicas} of {len(active)} members ready"
         + (
-            f"; partitions {len(ps.leaders)}..{ps.spec.partitions - 1} start once every "
+            f"; partitions {partitions}..{cluster.spec.partitions - 1} start once every "
             "member restarted with the new count"
-            if len(ps.leaders) < ps.spec.partitions
+            if partitions < cluster.spec.partitions
             else ""
         ),
     )
-    _condition(ps, "Progressing", action is not None, _reason(action), describe(action))
+    _condition(cluster, "Progressing", action is not None, _reason(action), describe(action))
     degraded_msg = []
     if unready:
         degraded_msg.append(f"not ready: {', '.join(unready)}")
@@ -572,7 +596,7 @@ def _summarize(ps: _Pass, action: Action | None) -> None:
             "snapshot install failed: " + ", ".join(f"{i.member}/p{i.partition}" for i in failed)
         )
     _condition(
-        ps,
+        cluster,
         "Degraded",
         bool(degraded_msg),
         ("SnapshotInstallFailed" if failed else "MembersNotReady")
@@ -580,40 +604,42 @@ def _summarize(ps: _Pass, action: Action | None) -> None:
         else "AsExpected",
         "; ".join(degraded_msg),
     )
-    if not st.bootstrapped:
-        st.phase = "Bootstrapping"
+    if not status.bootstrapped:
+        status.phase = "Bootstrapping"
     elif not available:
-        st.phase = "Unavailable"
-    elif any(m.role in ("joining", "learner", "removing") for m in st.members) or (
-        len(active) != ps.spec.replicas
+        status.phase = "Unavailable"
+    elif any(m.role in ("joining", "learner", "removing") for m in status.members) or (
+        len(active) != cluster.spec.replicas
     ):
-        st.phase = "Scaling"
+        status.phase = "Scaling"
     elif action is not None and not isinstance(action, Wait):
-        st.phase = "Reconciling"
+        status.phase = "Reconciling"
     elif degraded_msg:
-        st.phase = "Degraded"
+        status.phase = "Degraded"
     else:
-        st.phase = "Running"
+        status.phase = "Running"
 
 
-def _recent(ps: _Pass, i: SnapshotInstall) -> bool:
-    return i.finished_at is not None and ps.now - i.finished_at < INSTALL_COOLDOWN_S
+def _recent(cluster: _ClusterPass, install: SnapshotInstall) -> bool:
+    return (
+        install.finished_at is not None and cluster.now - install.finished_at < INSTALL_COOLDOWN_S
+    )
 
 
 def _reason(action: Action | None) -> str:
     return "Steady" if action is None else type(action).__name__
 
 
-def _condition(ps: _Pass, kind: str, value: bool, reason: str, message: str) -> None:
+def _condition(cluster: _ClusterPass, kind: str, value: bool, reason: str, message: str) -> None:
     status: Literal["True", "False"] = "True" if value else "False"
-    when = datetime.fromtimestamp(ps.now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    for c in ps.st.conditions:
+    when = datetime.fromtimestamp(cluster.now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    for c in cluster.status.conditions:
         if c.type == kind:
             if c.status != status:
                 c.status, c.last_transition_time = status, when
             c.reason, c.message = reason, message
             return
-    ps.st.conditions.append(
+    cluster.status.conditions.append(
         Condition.model_validate(
             {
                 "type": kind,
@@ -631,41 +657,45 @@ def record_outcome(
     status: RaftClusterStatus, action: Action, outcome: Outcome, now: float
 ) -> tuple[RaftClusterStatus, list[Event]]:
     """Fold what came of `action` into the status (the next pass decides from it)."""
-    st = status.model_copy(deep=True)
+    new_status = status.model_copy(deep=True)
     events: list[Event] = []
     if not outcome.ok and not isinstance(action, Wait):
         events.append(Event("Warning", "StepFailed", f"{describe(action)}: {outcome.detail}"))
     match action:
         case InstallSnapshot(p, _, target, source):
-            inst = next(
+            install = next(
                 (
                     i
-                    for i in st.snapshot_installs
+                    for i in new_status.snapshot_installs
                     if i.state == "pending" and i.member == target and i.partition == p
                 ),
                 None,
             )
-            if inst is not None:
-                inst.attempts += 1
+            if install is not None:
+                install.attempts += 1
                 if outcome.ok:
-                    inst.state, inst.finished_at, inst.detail = "installed", now, outcome.detail
-                    inst.last_error = None
+                    install.state, install.finished_at, install.detail = (
+                        "installed",
+                        now,
+                        outcome.detail,
+                    )
+                    install.last_error = None
                     events.append(
                         Event(
                             "Normal",
                             "SnapshotInstalled",
                             f"partition {p}: snapshot installed on {target} from {source} "
-                            f"in {now - inst.started_at:.1f} s ({outcome.detail})",
+                            f"in {now - install.started_at:.1f} s ({outcome.detail})",
                         )
                     )
                 else:
-                    inst.last_error = outcome.detail
+                    install.last_error = outcome.detail
                     backoff = min(
-                        INSTALL_BACKOFF_S * 2 ** (inst.attempts - 1), INSTALL_BACKOFF_MAX_S
+                        INSTALL_BACKOFF_S * 2 ** (install.attempts - 1), INSTALL_BACKOFF_MAX_S
                     )
-                    inst.next_attempt_at = now + backoff
+                    install.next_attempt_at = now + backoff
         case ChangeMembership(_, _, "promote", member) if not outcome.ok:
-            m = st.member(member)
+            m = new_status.member(member)
             if m is not None and m.promotion is not None:
                 # The leader's own check is the last word: the window starts again.
                 m.promotion.window_started_at, m.promotion.elapsed_seconds = None, 0.0
@@ -676,8 +706,8 @@ def record_outcome(
                     "promotion window starts again",
                 ))  # fmt: skip
         case DeleteMember(name, _) if outcome.ok:
-            st.members = [m for m in st.members if m.name != name]
+            new_status.members = [m for m in new_status.members if m.name != name]
             events.append(Event("Normal", "MemberRemoved", f"{name} left the cluster"))
         case _:
             pass
-    return st, events
+    return new_status, events

@@ -68,17 +68,18 @@ async def observe(
     runtime: Runtime, api: NodeApi, spec: RaftClusterSpec, status: RaftClusterStatus
 ) -> Observed:
     pods = await runtime.pods(spec, status)
-    running = {n: p.url for n, p in pods.items() if p.pod == "running"}
+    running = {name: info.url for name, info in pods.items() if info.pod == "running"}
     api.addresses.known = {
-        host: p.address
-        for p in pods.values()
-        if p.address and (host := urllib.parse.urlsplit(p.url).hostname)
+        host: info.address
+        for info in pods.values()
+        if info.address and (host := urllib.parse.urlsplit(info.url).hostname)
     }
     views = await api.views(running)
     members = {
-        n: MemberObserved(n, p.pod, p.volume, p.config_hash, views.get(n)) for n, p in pods.items()
+        name: MemberObserved(name, info.pod, info.volume, info.config_hash, views.get(name))
+        for name, info in pods.items()
     }
-    return Observed(members, {n: p.url for n, p in pods.items()})
+    return Observed(members, {name: info.url for name, info in pods.items()})
 
 
 async def reconcile_pass(
@@ -91,14 +92,14 @@ async def reconcile_pass(
     generation: int | None = None,
     clock: Callable[[], float] = time.time,
 ) -> PassResult:
-    obs = await observe(runtime, api, spec, status)
-    plan = decide(name, spec, status, obs, clock(), generation)
+    observed = await observe(runtime, api, spec, status)
+    plan = decide(name, spec, status, observed, clock(), generation)
     # Saved before acting: a restarted operator finds the member it was about to create.
     await save(plan.status)
     if plan.action is None or isinstance(plan.action, Wait):
         return PassResult(plan.action, None, plan.status, plan.events)
     log.info("%s: %s", name, describe(plan.action))
-    outcome = await act(plan.action, spec, plan.status, runtime, api, obs.urls)
+    outcome = await act(plan.action, spec, plan.status, runtime, api, observed.urls)
     new_status, more = record_outcome(plan.status, plan.action, outcome, clock())
     await save(new_status)
     return PassResult(plan.action, outcome, new_status, plan.events + more)
