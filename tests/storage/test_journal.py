@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -127,6 +128,27 @@ def test_one_fsync_for_every_partition_and_nothing_synced_is_lost_to_a_power_los
     # The restart checkpointed: one journal segment, nothing left to replay.
     assert len(list_journal(str(tmp_path / "journal"))) == 1
     assert read_journal(str(tmp_path / "journal")).ops == {}
+
+
+def test_a_commit_record_never_synced_survives_a_kill_and_may_go_with_a_power_loss(tmp_path):
+    # What the crash test's audit allows: a commit index read back from the page cache may go
+    # back after a power loss, never below what was synced, and the entries it covered stay.
+    root, copy = tmp_path / "node", tmp_path / "power-loss"
+    j, storages = open_node(root, n=1)
+    s = storages[0]
+    s.write(HardState(1, None, 4), ents(1, 9, 1))
+    j.sync()  # the entries are durable (a leader commits only synced entries)...
+    s.write(HardState(1, None, 9), [])  # ... and their commit record is written, not synced
+    close_node(j, storages)  # the process dies: the WAL's write is in the page cache alone
+    shutil.copytree(root, copy)
+    j, storages = open_node(root, n=1)  # a plain kill: the page cache is what the disk reads
+    assert storages[0].commit_index() == 9
+    close_node(j, storages)
+    assert power_loss(copy, n=1) == 9
+    j, storages = open_node(copy, n=1)
+    s = storages[0]
+    assert s.commit_index() == 4 and s.entries(1, 10) == ents(1, 9, 1)
+    close_node(j, storages)
 
 
 def test_a_checkpoint_syncs_the_wals_and_drops_the_journal_before_it(tmp_path):
