@@ -55,6 +55,21 @@ def test_idempotent_append_and_refusals(cluster, capsys):
     assert code == 1 and "404" in err
 
 
+def test_admin_commands_go_to_the_leader_the_endpoints_name(cluster, capsys):
+    leader = cluster.leader(0)
+    assert leader is not None
+    follower = next(n for n in sorted(cluster.nodes) if n != leader)
+    code, out, _ = ctl(cluster, capsys, "lag", follower)
+    assert code == 0 and f"{follower} on partition 0: lag " in out, out
+    code, out, _ = ctl(cluster, capsys, "leader", "transfer", follower)
+    assert code == 0 and f"partition 0: leader is now {follower}" in out, out
+
+
+def test_a_cluster_that_does_not_answer_is_named_unreachable(capsys):
+    assert main(["read", "--endpoints", "http://127.0.0.1:9"]) == 1
+    assert "raftctl: cannot reach the cluster: " in capsys.readouterr().err
+
+
 def test_tail_prints_the_last_records_like_tail(cluster, capsys):
     values = [f"t{i}" for i in range(25)]
     assert ctl(cluster, capsys, "append", "-p", "0", "--key", "tail", *values)[0] == 0

@@ -16,9 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-from raftlog.client import AsyncClient, ClientError
+from raftlog.client import NO_ANSWER, AsyncClient, ClientError
 from raftlog.operator.local_cli import add_commands as add_local_commands
 
 
@@ -56,10 +54,11 @@ def _run(coro: Any) -> int:
     try:
         return int(asyncio.run(coro))
     except ClientError as e:
-        print(f"raftctl: {e}", file=sys.stderr)
+        unreachable = "cannot reach the cluster: " if e.status == NO_ANSWER else ""
+        print(f"raftctl: {unreachable}{e}", file=sys.stderr)
         return 1
-    except (aiohttp.ClientError, OSError, TimeoutError) as e:
-        print(f"raftctl: cannot reach the cluster: {e}", file=sys.stderr)
+    except OSError as e:  # the token file
+        print(f"raftctl: {e}", file=sys.stderr)
         return 1
 
 
@@ -72,7 +71,7 @@ async def fetch_status(endpoints: list[str], token: str | None = None) -> dict[s
             try:
                 st = await c.status(url)
                 nodes[st["node"]] = st
-            except (aiohttp.ClientError, OSError, TimeoutError, ClientError) as e:
+            except ClientError as e:
                 nodes[url] = {"node": url, "error": str(e)}
     return nodes
 
@@ -195,32 +194,9 @@ async def _tail(args: argparse.Namespace) -> int:
 
 
 # ====================================================================== admin
-async def _leader_url(c: AsyncClient, args: argparse.Namespace, partition: int) -> str:
-    for url in _endpoints(args):
-        try:
-            st = await c.status(url)
-        except (aiohttp.ClientError, OSError, TimeoutError, ClientError):
-            continue
-        for p in st["partitions"]:
-            if p["partition"] == partition and p["role"] == "leader":
-                return url
-    raise ClientError(503, {"error": "no_leader", "reason": f"no leader found for {partition}"})
-
-
-async def _admin(args: argparse.Namespace, method: str, path: str, body: Any = None) -> Any:
-    async with _client(args) as c:
-        url = await _leader_url(c, args, args.partition)
-        async with c.session.request(method, url + path, json=body) as resp:
-            reply = await resp.json(content_type=None)
-            if resp.status >= 400:
-                raise ClientError(resp.status, reply)
-            return reply
-
-
 async def _lag(args: argparse.Namespace) -> int:
-    r = await _admin(
-        args, "GET", f"/v1/admin/partitions/{args.partition}/followers/{args.node}/lag"
-    )
+    async with _client(args) as c:
+        r = await c.follower_lag(args.partition, args.node)
     state = "snapshot required" if r["snapshot_required"] else r["state"]
     _out(args, r, f"{args.node} on partition {args.partition}: lag {r['lag']} ({state})")
     return 0
@@ -228,10 +204,9 @@ async def _lag(args: argparse.Namespace) -> int:
 
 async def _members(args: argparse.Namespace) -> int:
     op = args.op.replace("-", "_")
-    body: dict[str, Any] = {"op": op, "node": args.node}
-    if getattr(args, "url", None):
-        body["url"] = args.url
-    r = await _admin(args, "POST", f"/v1/admin/partitions/{args.partition}/members", body)
+    async with _client(args) as c:
+        url = getattr(args, "url", None) or None  # only add-learner has one
+        r = await c.change_membership(args.partition, op, args.node, url)
     _out(
         args,
         r,
@@ -242,8 +217,8 @@ async def _members(args: argparse.Namespace) -> int:
 
 
 async def _snapshot_install(args: argparse.Namespace) -> int:
-    body = {"target": args.target, "source": args.source}
-    r = await _admin(args, "POST", f"/v1/admin/partitions/{args.partition}/snapshot-install", body)
+    async with _client(args) as c:
+        r = await c.install_snapshot(args.partition, args.target, args.source)
     if r["status"] == "already_installed":
         text = f"{args.target} needs no snapshot: it is in state {r['state']}, lag {r['lag']}"
     else:
@@ -255,8 +230,8 @@ async def _snapshot_install(args: argparse.Namespace) -> int:
 
 
 async def _transfer(args: argparse.Namespace) -> int:
-    body = {"target": args.target}
-    r = await _admin(args, "POST", f"/v1/admin/partitions/{args.partition}/transfer", body)
+    async with _client(args) as c:
+        r = await c.transfer_leader(args.partition, args.target)
     _out(args, r, f"partition {r['partition']}: leader is now {r['leader']}")
     return 0
 

@@ -1,257 +1,125 @@
-"""A client of the node API with leader discovery and bounded retries.
+"""The asynchronous client of the node API (aiohttp), and idempotent producers on top of it.
 
 Appends go to the partition's leader: the client remembers it per partition, follows a
 `not_leader` answer's hint, and otherwise tries the other endpoints. Transient failures (a node
-down, no leader yet, an election) are retried with exponential back-off up to `retries` times;
-a client mistake (4xx other than 421) is raised at once as `ClientError`.
-
-Appends are idempotent by default, as Kafka's producers are since 3.0: a retry after a lost
-answer (a timeout, a dropped connection, a leader deposed mid-append) must not add the records
-twice, so each append carries a producer id and sequence (see `_Lanes`).
+down, no leader yet, an election: see `raftlog.client.retry`) are retried with exponential
+back-off; a client mistake is raised at once as `ClientError`. What each call sends and retries
+is in `raftlog.client.calls`, shared with the blocking `Client`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import random
-import uuid
-from dataclasses import dataclass, field
-from typing import Any
+import functools
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import aiohttp
+import aiohttp.abc
+import yarl
 
+from raftlog.client.calls import AppendResult, Calls, Pause, Plan, Reply, Send
+from raftlog.client.retry import NO_ANSWER, RetryPolicy
 from raftlog.client.session import SessionHolder
-from raftlog.node.routing import partition_for
+
+P = ParamSpec("P")
+T = TypeVar("T")
 
 
-class ClientError(Exception):
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
-        self.status = status
-        self.body = body
-        self.error = body.get("error", "error")
-        super().__init__(f"HTTP {status} {self.error}: {body.get('reason', '')}")
+def _awaitable(
+    plan: Callable[Concatenate[Calls, P], Plan[T]],
+) -> Callable[Concatenate[AsyncClient, P], Coroutine[Any, Any, T]]:
+    """The call `plan` describes, as a coroutine method of `AsyncClient`."""
 
+    @functools.wraps(plan)
+    async def call(self: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+        return await self.run(plan(self.calls, *args, **kwargs))
 
-@dataclass(frozen=True)
-class AppendResult:
-    partition: int
-    first_index: int
-    last_index: int
-    term: int
-    duplicate: bool = False  # an idempotent retry answered with the first attempt's indexes
-
-
-_RETRYABLE = {421, 502, 503, 504}
-
-
-@dataclass
-class _Lane:
-    producer_id: str
-    next_sequence: int = 0
-
-
-@dataclass
-class _Lanes:
-    """The producer ids one client's plain appends to one partition go under.
-
-    The node admits a producer's sequences strictly in order, so a lane carries one append at a
-    time; concurrent appends each take a free lane (made on demand), so they still run in
-    parallel. A lane whose append failed is dropped: whether its records landed is unknown, and a
-    fresh producer id never collides with them.
-    """
-
-    prefix: str
-    free: list[_Lane] = field(default_factory=list)
-    made: itertools.count[int] = field(default_factory=itertools.count)
-
-    def take(self) -> _Lane:
-        return self.free.pop() if self.free else _Lane(f"{self.prefix}.{next(self.made)}")
+    return call
 
 
 class AsyncClient(SessionHolder):
     def __init__(
         self,
-        endpoints: list[str],
+        endpoints: Sequence[str] = (),
         *,
         token: str | None = None,
         retries: int = 8,
-        backoff_s: float = 0.05,
+        retry: RetryPolicy | None = None,
         timeout_s: float = 15.0,
         ca_file: str | None = None,
+        cert_file: str | None = None,
+        key_file: str | None = None,
+        resolver: aiohttp.abc.AbstractResolver | None = None,
         idempotent: bool = True,
     ) -> None:
-        """`idempotent=False` sends plain appends without a producer id (as Kafka's
-        `enable.idempotence=false`): a retry after a lost answer may then add records twice."""
-        if not endpoints:
-            raise ValueError("endpoints: at least one node URL is needed")
+        """`endpoints` are the nodes appends and reads choose from (the other calls name their
+        node). `retries` is short for `retry=RetryPolicy(retries=...)`. `idempotent=False`
+        sends plain appends without a producer id (as Kafka's `enable.idempotence=false`): a
+        retry after a lost answer may then add records twice. `cert_file`, `key_file` and
+        `resolver`: see `SessionHolder`."""
         super().__init__(
-            token=token, ca_file=ca_file, timeout=aiohttp.ClientTimeout(total=timeout_s)
+            token=token,
+            ca_file=ca_file,
+            cert_file=cert_file,
+            key_file=key_file,
+            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            resolver=resolver,
         )
-        self.endpoints = [e.rstrip("/") for e in endpoints]
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self._leaders: dict[int, str] = {}
-        self._partitions: int | None = None
-        self.idempotent = idempotent
-        self._producer = f"client-{uuid.uuid4().hex}"  # unique per client: never shared
-        self._lanes: dict[int, _Lanes] = {}
+        self.calls = Calls(endpoints, retry or RetryPolicy(retries=retries), idempotent)
 
-    async def _request(self, method: str, url: str, **kw: Any) -> tuple[int, dict[str, Any]]:
-        async with self.session.request(method, url, **kw) as resp:
+    @property
+    def endpoints(self) -> list[str]:
+        return self.calls.endpoints
+
+    async def run(self, plan: Plan[T]) -> T:
+        """Carry a plan out: send what it asks, sleep its pauses, return its result."""
+        reply: Reply | None = None
+        while True:
             try:
-                body = await resp.json(content_type=None)
-            except ValueError:
-                body = {"error": "bad_response", "reason": (await resp.text())[:200]}
-            return resp.status, body
-
-    async def append(
-        self,
-        partition: int,
-        records: list[dict[str, Any]],
-        *,
-        producer_id: str | None = None,
-        sequence: int | None = None,
-    ) -> AppendResult:
-        """Append records (each `{"key": ..., "value": ...}`) as one batch; returns after commit.
-
-        The retries this method makes land the records exactly once: under this client's own
-        producer ids (unless made with `idempotent=False`), or under `producer_id` and
-        `sequence` (of the first record) when given, which also makes a retry of the same call
-        by the caller land once.
-        """
-        if producer_id is not None or not self.idempotent:
-            return await self._append(partition, records, producer_id, sequence)
-        lanes = self._lanes.setdefault(partition, _Lanes(f"{self._producer}.p{partition}"))
-        lane = lanes.take()
-        result = await self._append(partition, records, lane.producer_id, lane.next_sequence)
-        lane.next_sequence += len(records)  # not reached on failure: the lane is dropped
-        lanes.free.append(lane)
-        return result
-
-    async def _append(
-        self,
-        partition: int,
-        records: list[dict[str, Any]],
-        producer_id: str | None,
-        sequence: int | None,
-    ) -> AppendResult:
-        body: dict[str, Any] = {"records": records}
-        if producer_id is not None:
-            body["producer_id"], body["sequence"] = producer_id, sequence
-        last_error: Exception | None = None
-        for attempt in range(self.retries + 1):
-            base = self._leaders.get(partition) or self.endpoints[attempt % len(self.endpoints)]
-            try:
-                status, reply = await self._request(
-                    "POST", f"{base}/v1/partitions/{partition}/records", json=body
-                )
-            except (TimeoutError, aiohttp.ClientError) as e:
-                last_error = e
-                self._leaders.pop(partition, None)
+                step = plan.send(reply)
+            except StopIteration as done:
+                return done.value  # type: ignore[no-any-return]
+            if isinstance(step, Pause):
+                await asyncio.sleep(step.seconds)
+                reply = None
             else:
-                if status == 200:
-                    self._leaders[partition] = base
-                    return AppendResult(
-                        reply["partition"],
-                        reply["first_index"],
-                        reply["last_index"],
-                        reply["term"],
-                        bool(reply.get("duplicate", False)),
-                    )
-                if status not in _RETRYABLE:
-                    raise ClientError(status, reply)
-                last_error = ClientError(status, reply)
-                hint = reply.get("leader_url")
-                if hint:
-                    self._leaders[partition] = hint
-                    continue  # follow the hint at once
-                self._leaders.pop(partition, None)
-            await asyncio.sleep(self.backoff_s * (2 ** min(attempt, 6)) * random.uniform(0.5, 1.5))
-        raise last_error or RuntimeError("append failed")
+                reply = await self._send(step)
 
-    async def append_keyed(self, records: list[dict[str, Any]], **kw: Any) -> AppendResult:
-        """Append records routed by key (all of them must map to one partition)."""
-        if self._partitions is None:
-            st = await self._any_status()
-            self._partitions = len(st["partitions"])
-        parts = {partition_for(str(r["key"]).encode(), self._partitions) for r in records}
-        if len(parts) != 1:
-            raise ValueError(f"the keys map to partitions {sorted(parts)}; append them apart")
-        return await self.append(parts.pop(), records, **kw)
+    async def _send(self, step: Send) -> Reply:
+        r = step.request
+        payload = r.payload()
+        kw: dict[str, Any] = {}
+        if payload is not None:
+            kw["data"], kw["headers"] = payload, {"Content-Type": "application/json"}
+        if r.timeout_s is not None:  # else the session's (aiohttp takes None for no timeout)
+            kw["timeout"] = aiohttp.ClientTimeout(total=r.timeout_s)
+        try:
+            async with self.session.request(
+                r.method, yarl.URL(step.base + r.path, encoded=True), **kw
+            ) as resp:  # (the plans encode their paths)
+                raw = await resp.read()
+                return Reply(step.base, resp.status, resp.content_type, raw)
+        except (TimeoutError, OSError, aiohttp.ClientError) as e:
+            return Reply(step.base, NO_ANSWER, reason=f"{type(e).__name__}: {e}")
 
-    async def _any_status(self) -> dict[str, Any]:
-        last: Exception | None = None
-        for url in self.endpoints:
-            try:
-                return await self.status(url)
-            except (TimeoutError, aiohttp.ClientError, ClientError) as e:
-                last = e
-        raise last or RuntimeError("no endpoint answered")
-
-    async def read(
-        self,
-        partition: int,
-        start: int = 1,
-        limit: int = 100,
-        *,
-        endpoint: str | None = None,
-        min_index: int = 0,
-        wait_ms: int = 0,
-    ) -> dict[str, Any]:
-        """Committed records from `start`, from one replica (any, unless `endpoint`)."""
-        params = {"from": start, "limit": limit, "min_index": min_index, "wait_ms": wait_ms}
-        targets = [endpoint] if endpoint else self.endpoints
-        last_error: Exception | None = None
-        for attempt in range(self.retries + 1):
-            base = targets[attempt % len(targets)]
-            try:
-                status, reply = await self._request(
-                    "GET", f"{base}/v1/partitions/{partition}/records", params=params
-                )
-            except (TimeoutError, aiohttp.ClientError) as e:
-                last_error = e
-            else:
-                if status == 200:
-                    return reply
-                if status not in _RETRYABLE:
-                    raise ClientError(status, reply)
-                last_error = ClientError(status, reply)
-            await asyncio.sleep(self.backoff_s * (2 ** min(attempt, 6)))
-        raise last_error or RuntimeError("read failed")
-
-    async def status(self, endpoint: str) -> dict[str, Any]:
-        status, reply = await self._request("GET", f"{endpoint.rstrip('/')}/v1/status")
-        if status != 200:
-            raise ClientError(status, reply)
-        return reply
-
-
-class Client:
-    """The blocking face of `AsyncClient` (for scripts and the CLI)."""
-
-    def __init__(self, endpoints: list[str], **kw: Any) -> None:
-        self._loop = asyncio.new_event_loop()
-        self._client = AsyncClient(endpoints, **kw)
-
-    def append(self, partition: int, records: list[dict[str, Any]]) -> AppendResult:
-        return self._loop.run_until_complete(self._client.append(partition, records))
-
-    def read(self, partition: int, start: int = 1, limit: int = 100, **kw: Any) -> dict[str, Any]:
-        return self._loop.run_until_complete(self._client.read(partition, start, limit, **kw))
-
-    def status(self, endpoint: str) -> dict[str, Any]:
-        return self._loop.run_until_complete(self._client.status(endpoint))
-
-    def close(self) -> None:
-        self._loop.run_until_complete(self._client.close())
-        self._loop.close()
-
-    def __enter__(self) -> Client:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    append = _awaitable(Calls.append)
+    append_keyed = _awaitable(Calls.append_keyed)
+    read = _awaitable(Calls.read)
+    index_for_time = _awaitable(Calls.index_for_time)
+    columns = _awaitable(Calls.columns)
+    snapshot_table = _awaitable(Calls.snapshot_table)
+    status = _awaitable(Calls.status)
+    peers = _awaitable(Calls.peers)
+    set_peers = _awaitable(Calls.set_peers)
+    holds = _awaitable(Calls.holds)
+    set_hold = _awaitable(Calls.set_hold)
+    delete_hold = _awaitable(Calls.delete_hold)
+    leader = _awaitable(Calls.leader)
+    follower_lag = _awaitable(Calls.follower_lag)
+    change_membership = _awaitable(Calls.change_membership)
+    transfer_leader = _awaitable(Calls.transfer_leader)
+    install_snapshot = _awaitable(Calls.install_snapshot)
 
 
 class IdempotentProducer:

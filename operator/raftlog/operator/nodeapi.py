@@ -1,4 +1,4 @@
-"""The operator's calls to the nodes: status, peers and the admin API, each with a timeout."""
+"""The operator's calls to the nodes (status, peers, the admin API), through `raftlog.client`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from typing import Any
 import aiohttp
 import aiohttp.abc
 
-from raftlog.client.session import SessionHolder
+from raftlog.client import NO_ANSWER, AsyncClient, ClientError
 from raftlog.operator.actions import (
     Action,
     ChangeMembership,
@@ -23,10 +23,6 @@ from raftlog.operator.actions import (
     TransferLeader,
 )
 from raftlog.operator.observed import NodeView, parse_node_status
-
-
-class NodeApiError(Exception):
-    pass
 
 
 @dataclass(frozen=True)
@@ -87,7 +83,10 @@ class KnownAddresses(aiohttp.abc.AbstractResolver):
             await self._dns.close()
 
 
-class NodeApi(SessionHolder):
+class NodeApi:
+    """The operator's calls to the nodes, through the node API's client: each one try with a
+    short timeout (the next reconcile pass is the retry), a snapshot install with a long one."""
+
     def __init__(
         self,
         token: str | None = None,
@@ -97,45 +96,29 @@ class NodeApi(SessionHolder):
         cert_file: str | None = None,
         key_file: str | None = None,
     ) -> None:
-        self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.addresses = KnownAddresses()
-        super().__init__(
+        self.client = AsyncClient(
             token=token,
             ca_file=ca_file,
             cert_file=cert_file,
             key_file=key_file,
-            timeout=self.timeout,
+            timeout_s=timeout_s,
             resolver=self.addresses,
         )
         # A snapshot install answers when the whole snapshot is streamed.
-        self.install_timeout = aiohttp.ClientTimeout(total=install_timeout_s)
+        self.install_timeout_s = install_timeout_s
 
-    async def call(
-        self,
-        method: str,
-        url: str,
-        body: Any = None,
-        timeout: aiohttp.ClientTimeout | None = None,
-    ) -> tuple[int, dict[str, Any]]:
-        try:
-            async with self.session.request(
-                method, url, json=body, timeout=timeout or self.timeout
-            ) as r:
-                data = await r.json(content_type=None) if r.content_length != 0 else {}
-                return r.status, data if isinstance(data, dict) else {"value": data}
-        except (aiohttp.ClientError, TimeoutError, ValueError) as e:
-            raise NodeApiError(f"{method} {url}: {type(e).__name__}: {e}") from None
+    async def close(self) -> None:
+        await self.client.close()
 
     async def view(self, url: str) -> NodeView | None:
         """The node's status and known peers; None when it does not answer (or not fully)."""
         try:
-            code, status = await self.call("GET", f"{url}/v1/status")
-            pcode, peers = await self.call("GET", f"{url}/v1/admin/peers")
-        except NodeApiError:
+            status = await self.client.status(url)
+            peers = await self.client.peers(url)
+        except ClientError:
             return None
-        if code != 200 or pcode != 200:
-            return None
-        return parse_node_status(status, peers.get("peers", {}))
+        return parse_node_status(status, peers)
 
     async def views(self, urls: dict[str, str]) -> dict[str, NodeView | None]:
         names = list(urls)
@@ -144,37 +127,30 @@ class NodeApi(SessionHolder):
 
     async def perform(self, action: Action, urls: dict[str, str]) -> Outcome:
         """Carry out an action that is a call to a node; the reply's reason on refusal."""
+        c = self.client
+        body: dict[str, Any]
         try:
             match action:
                 case SyncPeers(name, peers):
-                    code, body = await self.call(
-                        "POST", f"{urls[name]}/v1/admin/peers", dict(peers)
-                    )
+                    await c.set_peers(urls[name], dict(peers))
+                    body = {}  # the peers it answers with are not part of the summary
                 case ChangeMembership(p, leader, op, member):
-                    req: dict[str, Any] = {"op": op, "node": member}
-                    if op == "add_learner":
-                        req["url"] = urls[member]
-                    code, body = await self.call(
-                        "POST", f"{urls[leader]}/v1/admin/partitions/{p}/members", req
-                    )
+                    url = urls[member] if op == "add_learner" else None
+                    body = await c.change_membership(p, op, member, url, endpoint=urls[leader])
                 case TransferLeader(p, leader, target):
-                    code, body = await self.call(
-                        "POST", f"{urls[leader]}/v1/admin/partitions/{p}/transfer",
-                        {"target": target},
-                    )  # fmt: skip
+                    body = await c.transfer_leader(p, target, endpoint=urls[leader])
                 case InstallSnapshot(p, leader, target, source):
-                    code, body = await self.call(
-                        "POST", f"{urls[leader]}/v1/admin/partitions/{p}/snapshot-install",
-                        {"target": target, "source": source}, timeout=self.install_timeout,
-                    )  # fmt: skip
+                    body = await c.install_snapshot(
+                        p, target, source, endpoint=urls[leader], timeout_s=self.install_timeout_s
+                    )
                 case _:
                     raise TypeError(f"not a node call: {action}")
-        except NodeApiError as e:
-            return Outcome(False, str(e))
+        except ClientError as e:
+            if e.status == NO_ANSWER:
+                return Outcome(False, str(e))
+            return Outcome(False, f"HTTP {e.status}: {e.reason}")
         except KeyError as e:
             return Outcome(False, f"no address known for {e}")
-        if code != 200:
-            return Outcome(False, f"HTTP {code}: {body.get('reason') or body.get('error')}")
         return Outcome(True, _summary(body))
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import logging
-import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -33,8 +32,9 @@ from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
 from pyspark.sql.types import BinaryType, StringType, StructType
 
+from raftlog.client import ClientError
 from raftlog.node.routing import partition_for
-from raftlog.spark.nodes import NodeError, Nodes
+from raftlog.spark.nodes import client
 from raftlog.spark.options import READ_OPTIONS, OptionError, Options, parse
 
 log = logging.getLogger("raftlog.spark.sink")
@@ -149,24 +149,24 @@ def _key_bytes(v: Any) -> bytes:
 
 class _Appender:
     """One task's appends: per raftlog partition, chunks under the producer id and the next
-    sequence; to the partition's leader, found by following the nodes' hints."""
+    sequence; to the partition's leader (the client finds it and retries for up to
+    `timeoutSeconds`)."""
 
     def __init__(self, opts: WriteOptions, producer: str) -> None:
         self.opts = opts
-        self.nodes = Nodes(opts.nodes)
+        self.nodes = client(opts.nodes)
         self.producer = producer
         self.partitions = self._partition_count()
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.sequence: dict[int, int] = {}
-        self.leaders: dict[int, str] = {}
         self.written = self.duplicates = 0
 
     def _partition_count(self) -> int:
         last: Exception | None = None
         for base in self.opts.nodes.endpoints:
             try:
-                return len(self.nodes.json(base, "GET", "/v1/status")["partitions"])
-            except NodeError as e:
+                return len(self.nodes.status(base)["partitions"])
+            except ClientError as e:
                 last = e
         raise RuntimeError(f"raftlog option 'endpoints': no node answered /v1/status ({last})")
 
@@ -192,37 +192,24 @@ class _Appender:
         if not chunk:
             return
         seq = self.sequence.get(p, 0)
-        body = {"records": chunk, "producer_id": f"{self.producer}-r{p}", "sequence": seq}
-        reply = self._append(p, body)
+        self.duplicates += self._append(p, chunk, seq)
         self.sequence[p] = seq + len(chunk)
         self.written += len(chunk)
-        self.duplicates += bool(reply.get("duplicate"))
 
-    def _append(self, p: int, body: dict[str, Any]) -> dict[str, Any]:
-        deadline = time.monotonic() + self.opts.nodes.timeout_s
-        endpoints = self.opts.nodes.endpoints
-        attempt = 0
-        while True:
-            base = self.leaders.get(p) or endpoints[attempt % len(endpoints)]
-            try:
-                return self.nodes.json(base, "POST", f"/v1/partitions/{p}/records", body)
-            except NodeError as e:
-                if e.status == 409 and e.body.get("error") == "already_appended":
-                    # A retried task's early chunks: in the log once already.
-                    return {"duplicate": True}
-                self.leaders.pop(p, None)
-                hint = e.body.get("leader_url")
-                if e.status == 421 and hint:
-                    self.leaders[p] = str(hint)
-                elif not e.retryable:
-                    raise RuntimeError(f"raftlog write to partition {p}: {e}") from None
-                if time.monotonic() > deadline:
-                    raise RuntimeError(
-                        f"raftlog write to partition {p}: not appended within timeoutSeconds "
-                        f"({self.opts.nodes.timeout_s} s): {e}"
-                    ) from None
-            attempt += 1
-            time.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)))
+    def _append(self, p: int, chunk: list[dict[str, Any]], seq: int) -> bool:
+        """Whether the chunk was in the log already (sent again by a retried task)."""
+        try:
+            result = self.nodes.append(p, chunk, producer_id=f"{self.producer}-r{p}", sequence=seq)
+        except ClientError as e:
+            if e.status == 409 and e.error == "already_appended":
+                return True  # one of a retried task's early chunks
+            if e.retryable:
+                raise RuntimeError(
+                    f"raftlog write to partition {p}: not appended within timeoutSeconds "
+                    f"({self.opts.nodes.timeout_s} s): {e}"
+                ) from None
+            raise RuntimeError(f"raftlog write to partition {p}: {e}") from None
+        return result.duplicate
 
     def finish(self) -> Written:
         try:

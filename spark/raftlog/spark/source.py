@@ -36,15 +36,15 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from raftlog.client import Client, ClientError
 from raftlog.spark import arrow, sink
 from raftlog.spark.nodes import (
     ClusterView,
     DataLoss,
-    NodeError,
-    Nodes,
     PartitionView,
-    backoff,
+    client,
     index_for_time,
+    rounds,
     survey,
 )
 from raftlog.spark.options import (
@@ -118,7 +118,7 @@ def _check_json_partitions(name: str, spec: OffsetSpec, view: ClusterView) -> No
 
 
 def _at_times(
-    nodes: Nodes,
+    nodes: Client,
     view: ClusterView,
     times: TimeSpec,
     option: str,
@@ -139,7 +139,7 @@ def _at_times(
         pv = view.partitions[p]
         try:
             index, compacted = index_for_time(nodes, pv, t)
-        except NodeError as e:
+        except ClientError as e:
             raise OptionError(option, f"partition {p}: no replica answered ({e})") from None
         if index is None and not (ending or latest):
             raise OptionError(
@@ -225,19 +225,18 @@ def spread(splits: list[LogSplit], min_partitions: int | None) -> list[LogSplit]
 
 
 # ====================================================================== reading
-def _fetch(nodes: Nodes, split: LogSplit, at: int, opts: Options) -> dict[str, Any] | int:
+def _fetch(nodes: Client, split: LogSplit, at: int, opts: Options) -> dict[str, Any] | int:
     """The next column page of `split` from `at`, or the index to skip to after data loss."""
-    deadline = time.monotonic() + opts.timeout_s
+    tries = rounds(opts).start()
     floors: dict[str, int] = {}
     errors: dict[str, str] = {}
-    attempt = 0
     while True:
         for url in split.replicas:
             if url in floors:
                 continue
             try:
                 page = nodes.columns(url, split.partition, at, split.stop, opts.page_records)
-            except NodeError as e:
+            except ClientError as e:
                 if e.status == 410:
                     floor = int(e.body.get("compaction_floor", at + 1))
                     if floor > at:
@@ -268,17 +267,17 @@ def _fetch(nodes: Nodes, split: LogSplit, at: int, opts: Options) -> dict[str, A
                 skip_to,
             )
             return skip_to
-        if time.monotonic() >= deadline:
+        pause = tries.again()
+        if pause is None:
             raise TimeoutError(
                 f"raftlog partition {split.partition}: no replica served [{at}, {split.stop}) "
                 f"within timeoutSeconds={opts.timeout_s}: " + "; ".join(errors.values())
             )
-        backoff(attempt)
-        attempt += 1
+        time.sleep(pause)
 
 
 def read_log(opts: Options, split: LogSplit) -> Iterator[pa.RecordBatch]:
-    nodes = Nodes(opts)
+    nodes = client(opts)
     try:
         at = split.start
         while at < split.stop:
@@ -299,17 +298,17 @@ def read_table(opts: Options, split: TableSplit) -> Iterator[pa.RecordBatch]:
     end, merged to the latest value per key. When a new snapshot compacts the tail meanwhile,
     the read starts over from it (the table is then as of that newer snapshot). Replicas are
     retried with back-off for up to `timeoutSeconds` without an answer (as pages are)."""
-    nodes = Nodes(opts)
+    nodes = client(opts)
     strict = Options(**{**opts.__dict__, "fail_on_data_loss": True})
     try:
         last: Exception | None = None
-        deadline = time.monotonic() + opts.timeout_s
-        attempt = restarts = 0
+        tries = rounds(opts).start()
+        restarts = 0
         while True:
             for i, url in enumerate(split.replicas):
                 try:
                     snap = nodes.snapshot_table(url, split.partition)
-                except NodeError as e:
+                except ClientError as e:
                     if not e.retryable:
                         raise RuntimeError(f"raftlog partition {split.partition}: {e}") from None
                     last = e
@@ -327,20 +326,20 @@ def read_table(opts: Options, split: TableSplit) -> Iterator[pa.RecordBatch]:
                             f"compaction passed the snapshot read {restarts} times ({e})"
                         ) from None
                     last = e
-                    deadline = time.monotonic() + opts.timeout_s  # a replica did answer
+                    tries = rounds(opts).start()  # a replica did answer
                     break
                 table = arrow.latest_per_key(
                     arrow.snapshot_to_table(snap), pa.Table.from_batches(tail, arrow.ARROW_SCHEMA)
                 )
                 yield from table.to_batches(max_chunksize=opts.page_records)
                 return
-            if time.monotonic() >= deadline:
+            pause = tries.again()
+            if pause is None:
                 raise TimeoutError(
                     f"raftlog partition {split.partition}: the table could not be read within "
                     f"timeoutSeconds={opts.timeout_s}: {last}"
                 )
-            backoff(attempt)
-            attempt += 1
+            time.sleep(pause)
     finally:
         nodes.close()
 
@@ -352,9 +351,9 @@ class RaftlogBatchReader(DataSourceReader):
 
     def partitions(self) -> Sequence[InputPartition]:
         opts = self.opts
-        nodes = Nodes(opts)
+        nodes = client(opts)
         try:
-            view = survey(nodes)
+            view = survey(nodes, opts)
             starting, ending = opts.starting, opts.ending
             if opts.starting_times is not None:
                 starting = _at_times(nodes, view, opts.starting_times, _starting_name(opts),
@@ -447,9 +446,9 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 "_last_batch_at": -math.inf, "_latest": None}  # fmt: skip
 
     def _survey(self) -> ClusterView:
-        nodes = Nodes(self.opts)
+        nodes = client(self.opts)
         try:
-            self._view = survey(nodes)
+            self._view = survey(nodes, self.opts)
         finally:
             nodes.close()
         return self._view
@@ -458,7 +457,7 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         view = self._survey()
         starting = self.opts.starting
         if self.opts.starting_times is not None:
-            nodes = Nodes(self.opts)
+            nodes = client(self.opts)
             try:
                 starting = _at_times(nodes, view, self.opts.starting_times,
                                      _starting_name(self.opts), ending=False,
@@ -558,14 +557,14 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._holds = _Holds(time.monotonic(), merged)
         offsets = merged
         view = self._view or self._survey()
-        nodes = Nodes(self.opts)
+        nodes = client(self.opts)
         try:
             for p, index in sorted(offsets.items()):
                 pv = view.partitions.get(p)
                 for r in pv.replicas if pv else []:
                     try:
                         nodes.set_hold(r.url, p, holder, index, self.opts.retention_hold_ttl_s)
-                    except NodeError as e:
+                    except ClientError as e:
                         if not e.retryable and e.status != 410:
                             # A refusal (no or a wrong token, a bad request) is not passing:
                             # without the hold, compaction could pass what is not read yet.

@@ -1,0 +1,448 @@
+"""The calls of the node API, written once for both clients as sans-I/O plans.
+
+A plan is a generator: it yields the requests to send (`Send`) and the pauses to make (`Pause`),
+is sent each request's `Reply`, and returns the call's result or raises `ClientError`. Which
+node to ask, what to retry, when to follow a leader hint and how long to wait live here; the
+clients only carry plans out, `AsyncClient` with aiohttp and `Client` with blocking
+`http.client`, so the two behave alike by construction (and the plans are tested without I/O).
+
+Appends are idempotent by default, as Kafka's producers are since 3.0: a retry after a lost
+answer (a timeout, a dropped connection, a leader deposed mid-append) must not add the records
+twice, so each append carries a producer id and sequence (see `_Lanes`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import urllib.parse
+import uuid
+from collections.abc import Generator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+import msgspec
+
+from raftlog.client.retry import NO_ANSWER, RetryPolicy, retried
+from raftlog.node.routing import partition_for
+
+T = TypeVar("T")
+
+
+class ClientError(Exception):
+    """A node refused a call (its HTTP status and JSON body), or none answered it (status
+    `NO_ANSWER`, 0, and why in the body's `reason`)."""
+
+    def __init__(self, status: int, body: dict[str, Any], url: str = "") -> None:
+        self.status = status
+        self.body = body
+        self.url = url  # the node's base URL, when one was asked
+        self.error = str(body.get("error", "error" if status else "no_answer"))
+        self.reason = str(body.get("reason") or self.error)
+        where = f"{url}: " if url else ""
+        if status != NO_ANSWER:
+            super().__init__(f"{where}HTTP {status} {self.error}: {body.get('reason', '')}")
+        else:
+            super().__init__(f"{where}no answer: {self.reason}")
+
+    @property
+    def retryable(self) -> bool:
+        """Whether another try (or another replica) may answer otherwise."""
+        return retried(self.status)
+
+    def __reduce__(self) -> tuple[type[ClientError], tuple[int, dict[str, Any], str]]:
+        # Spark sends a task's exception back to the driver pickled.
+        return ClientError, (self.status, self.body, self.url)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    partition: int
+    first_index: int
+    last_index: int
+    term: int
+    duplicate: bool = False  # an idempotent retry answered with the first attempt's indexes
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # percent-encoded, with its query
+    body: Any = None  # sent as JSON when not None
+    timeout_s: float | None = None  # None: the client's
+
+    def payload(self) -> bytes | None:
+        return None if self.body is None else json.dumps(self.body).encode()
+
+
+@dataclass(frozen=True)
+class Send:
+    base: str  # the node's URL
+    request: Request
+
+
+@dataclass(frozen=True)
+class Pause:
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Reply:
+    """A node's answer to a `Send`, or that none came (`status` NO_ANSWER, `reason` why)."""
+
+    base: str
+    status: int
+    content_type: str = ""
+    raw: bytes = b""
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return 200 <= self.status < 300
+
+    def _object(self) -> dict[str, Any] | None:
+        try:
+            body = json.loads(self.raw) if self.raw else {}
+        except ValueError:
+            return None
+        return body if isinstance(body, dict) else None
+
+    def _bad(self, why: str) -> ClientError:
+        return ClientError(self.status, {"error": "bad_response", "reason": why}, self.base)
+
+    def error(self) -> ClientError:
+        if self.status == NO_ANSWER:
+            return ClientError(NO_ANSWER, {"error": "no_answer", "reason": self.reason}, self.base)
+        body = self._object()
+        if body is None:  # a proxy's page, say: its start is the best reason there is
+            return self._bad(self.raw[:200].decode(errors="replace"))
+        return ClientError(self.status, body, self.base)
+
+    def json(self) -> dict[str, Any]:
+        """The JSON object of a 2xx answer (an empty body: {})."""
+        body = self._object()
+        if body is None:
+            raise self._bad(f"not a JSON object: {self.raw[:200]!r}")
+        return body
+
+    def msgpack(self) -> dict[str, Any]:
+        """The msgpack map of a 2xx answer (a column page, a table)."""
+        try:
+            return dict(msgspec.msgpack.decode(self.raw))
+        except (msgspec.DecodeError, TypeError, ValueError) as e:
+            raise self._bad(f"not a msgpack map: {e}") from None
+
+
+Step = Send | Pause
+Plan = Generator[Step, Reply | None, T]  # what a call does, carried out by a client
+
+
+def ask(base: str, request: Request) -> Plan[Reply]:
+    """One try of `request` at `base`, whatever the answer."""
+    reply = yield Send(base.rstrip("/"), request)
+    assert reply is not None, "a client answers every Send with a Reply"
+    return reply
+
+
+def once(base: str, request: Request) -> Plan[Reply]:
+    """One try of `request` at `base`: its 2xx answer, or ClientError."""
+    reply = yield from ask(base, request)
+    if not reply.ok:
+        raise reply.error()
+    return reply
+
+
+def _q(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")
+
+
+@dataclass
+class _Lane:
+    producer_id: str
+    next_sequence: int = 0
+
+
+@dataclass
+class _Lanes:
+    """The producer ids one client's plain appends to one partition go under.
+
+    The node admits a producer's sequences strictly in order, so a lane carries one append at a
+    time; concurrent appends each take a free lane (made on demand), so they still run in
+    parallel. A lane whose append failed is dropped: whether its records landed is unknown, and a
+    fresh producer id never collides with them.
+    """
+
+    prefix: str
+    free: list[_Lane] = field(default_factory=list)
+    made: itertools.count[int] = field(default_factory=itertools.count)
+
+    def take(self) -> _Lane:
+        return self.free.pop() if self.free else _Lane(f"{self.prefix}.{next(self.made)}")
+
+
+class Calls:
+    """The calls of the node API as plans, and what a client remembers between calls (each
+    partition's leader, the partition count, the producer lanes).
+
+    Appends and reads choose the node among `endpoints` and retry under `retry`. Every other
+    call is one try at one node: the node's own calls (status, peers, holds, pages) at the
+    `endpoint` given, and the admin calls on a partition at its leader (`endpoint`, else the
+    leader found among `endpoints`). Those are not retried here: a membership change or a
+    transfer that timed out may still happen, and the caller (a person, the operator's next
+    pass, a reader's loop over replicas) knows better whether to ask again.
+    """
+
+    def __init__(self, endpoints: Sequence[str], retry: RetryPolicy, idempotent: bool) -> None:
+        self.endpoints = [e.rstrip("/") for e in endpoints]
+        self.retry = retry
+        self.idempotent = idempotent
+        self._leaders: dict[int, str] = {}
+        self._partitions: int | None = None
+        self._producer = f"client-{uuid.uuid4().hex}"  # unique per client: never shared
+        self._lanes: dict[int, _Lanes] = {}
+
+    def _targets(self, endpoint: str | None = None) -> list[str]:
+        if endpoint:
+            return [endpoint.rstrip("/")]
+        if not self.endpoints:
+            raise ValueError("endpoints: at least one node URL is needed for this call")
+        return self.endpoints
+
+    def _retried(
+        self, request: Request, targets: list[str], leader_of: int | None = None
+    ) -> Plan[Reply]:
+        """`request` until a 2xx answer, to `targets` in turn; with `leader_of`, to that
+        partition's leader when known, following the hints of nodes that are not."""
+        tries = self.retry.start()
+        while True:
+            known = self._leaders.get(leader_of) if leader_of is not None else None
+            base = known or targets[(tries.made - 1) % len(targets)]
+            reply = yield from ask(base, request)
+            if reply.ok:
+                if leader_of is not None:
+                    self._leaders[leader_of] = base
+                return reply
+            error = reply.error()
+            if not error.retryable:
+                raise error
+            hint = error.body.get("leader_url") if leader_of is not None else None
+            if leader_of is not None:
+                if hint:
+                    self._leaders[leader_of] = str(hint)
+                else:
+                    self._leaders.pop(leader_of, None)
+            pause = tries.again()
+            if pause is None:
+                raise error
+            if not hint:  # a hint is followed at once
+                yield Pause(pause)
+
+    # ------------------------------------------------------------------ records
+    def append(
+        self,
+        partition: int,
+        records: list[dict[str, Any]],
+        *,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> Plan[AppendResult]:
+        """Append records (each `{"key": ..., "value": ...}`) as one batch; returns after commit.
+
+        The retries this call makes land the records exactly once: under this client's own
+        producer ids (unless made with `idempotent=False`), or under `producer_id` and
+        `sequence` (of the first record) when given, which also makes a retry of the same call
+        by the caller land once.
+        """
+        if producer_id is not None or not self.idempotent:
+            return (yield from self._append(partition, records, producer_id, sequence))
+        lanes = self._lanes.setdefault(partition, _Lanes(f"{self._producer}.p{partition}"))
+        lane = lanes.take()
+        result = yield from self._append(partition, records, lane.producer_id, lane.next_sequence)
+        lane.next_sequence += len(records)  # not reached on failure: the lane is dropped
+        lanes.free.append(lane)
+        return result
+
+    def _append(
+        self,
+        partition: int,
+        records: list[dict[str, Any]],
+        producer_id: str | None,
+        sequence: int | None,
+    ) -> Plan[AppendResult]:
+        body: dict[str, Any] = {"records": records}
+        if producer_id is not None:
+            body["producer_id"], body["sequence"] = producer_id, sequence
+        request = Request("POST", f"/v1/partitions/{partition}/records", body)
+        reply = (yield from self._retried(request, self._targets(), leader_of=partition)).json()
+        return AppendResult(
+            reply["partition"],
+            reply["first_index"],
+            reply["last_index"],
+            reply["term"],
+            bool(reply.get("duplicate", False)),
+        )
+
+    def append_keyed(
+        self,
+        records: list[dict[str, Any]],
+        *,
+        producer_id: str | None = None,
+        sequence: int | None = None,
+    ) -> Plan[AppendResult]:
+        """Append records routed by key (all of them must map to one partition)."""
+        if self._partitions is None:
+            self._partitions = len((yield from self._any_status())["partitions"])
+        parts = {partition_for(str(r["key"]).encode(), self._partitions) for r in records}
+        if len(parts) != 1:
+            raise ValueError(f"the keys map to partitions {sorted(parts)}; append them apart")
+        return (
+            yield from self.append(parts.pop(), records, producer_id=producer_id, sequence=sequence)
+        )
+
+    def _any_status(self) -> Plan[dict[str, Any]]:
+        last: ClientError | None = None
+        for url in self._targets():
+            reply = yield from ask(url, Request("GET", "/v1/status"))
+            if reply.ok:
+                return reply.json()
+            last = reply.error()
+        assert last is not None
+        raise last
+
+    def read(
+        self,
+        partition: int,
+        start: int = 1,
+        limit: int = 100,
+        *,
+        endpoint: str | None = None,
+        min_index: int = 0,
+        wait_ms: int = 0,
+    ) -> Plan[dict[str, Any]]:
+        """Committed records from `start`, from one replica (any, unless `endpoint`)."""
+        query = f"from={start}&limit={limit}&min_index={min_index}&wait_ms={wait_ms}"
+        request = Request("GET", f"/v1/partitions/{partition}/records?{query}")
+        return (yield from self._retried(request, self._targets(endpoint))).json()
+
+    def index_for_time(
+        self, endpoint: str, partition: int, timestamp_ms: int, *, min_index: int = 0
+    ) -> Plan[dict[str, Any]]:
+        """The first index stamped at or after `timestamp_ms` that `endpoint` holds
+        (`{"index": ..., "compacted": ...}`); 503 `behind` below `min_index`."""
+        query = f"timestamp_ms={timestamp_ms}&min_index={min_index}"
+        path = f"/v1/partitions/{partition}/index-for-time?{query}"
+        return (yield from once(endpoint, Request("GET", path))).json()
+
+    def columns(
+        self, endpoint: str, partition: int, start: int, stop: int, limit: int
+    ) -> Plan[dict[str, Any]]:
+        """A column page of committed records [start, stop) from `endpoint` (503 `behind` when
+        it has not committed `stop` - 1 yet)."""
+        # Integers need no encoding, and urlencode took most of a page call's own time.
+        query = f"from={start}&to={stop}&limit={limit}&min_index={stop - 1}"
+        path = f"/v1/partitions/{partition}/columns?{query}"
+        return (yield from once(endpoint, Request("GET", path))).msgpack()
+
+    def snapshot_table(self, endpoint: str, partition: int) -> Plan[dict[str, Any]]:
+        """The keyed table of `endpoint`'s latest snapshot of the partition."""
+        path = f"/v1/partitions/{partition}/snapshot/table"
+        return (yield from once(endpoint, Request("GET", path))).msgpack()
+
+    # ------------------------------------------------------------------ one node
+    def status(self, endpoint: str, *, timeout_s: float | None = None) -> Plan[dict[str, Any]]:
+        request = Request("GET", "/v1/status", timeout_s=timeout_s)
+        return (yield from once(endpoint, request)).json()
+
+    def peers(self, endpoint: str) -> Plan[dict[str, str]]:
+        """The peers the node knows, name -> URL."""
+        reply = (yield from once(endpoint, Request("GET", "/v1/admin/peers"))).json()
+        return dict(reply.get("peers", {}))
+
+    def set_peers(self, endpoint: str, peers: Mapping[str, str]) -> Plan[dict[str, str]]:
+        """Tell the node these peers' URLs; the peers it knows after."""
+        request = Request("POST", "/v1/admin/peers", dict(peers))
+        return dict((yield from once(endpoint, request)).json().get("peers", {}))
+
+    def holds(self, endpoint: str, partition: int) -> Plan[dict[str, Any]]:
+        """The node's retention holds on the partition, and its compaction floor."""
+        path = f"/v1/admin/partitions/{partition}/holds"
+        return (yield from once(endpoint, Request("GET", path))).json()
+
+    def set_hold(
+        self, endpoint: str, partition: int, holder: str, min_index: int, ttl_s: float
+    ) -> Plan[dict[str, Any]]:
+        """Keep the node from compacting the partition past `min_index` for `ttl_s` (set again
+        to renew); 410 when it already has."""
+        path = f"/v1/admin/partitions/{partition}/holds/{_q(holder)}"
+        request = Request("PUT", path, {"min_index": min_index, "ttl_seconds": ttl_s})
+        return (yield from once(endpoint, request)).json()
+
+    def delete_hold(self, endpoint: str, partition: int, holder: str) -> Plan[None]:
+        path = f"/v1/admin/partitions/{partition}/holds/{_q(holder)}"
+        yield from once(endpoint, Request("DELETE", path))
+
+    # ------------------------------------------------------------------ a partition's leader
+    def leader(self, partition: int) -> Plan[str]:
+        """The endpoint that leads the partition, as the endpoints' statuses say."""
+        for url in self._targets():
+            reply = yield from ask(url, Request("GET", "/v1/status"))
+            if not reply.ok:
+                continue
+            for p in reply.json().get("partitions", []):
+                if p.get("partition") == partition and p.get("role") == "leader":
+                    return url
+        reason = f"no leader found for partition {partition}"
+        raise ClientError(503, {"error": "no_leader", "reason": reason})
+
+    def _at_leader(
+        self, partition: int, endpoint: str | None, request: Request
+    ) -> Plan[dict[str, Any]]:
+        base = endpoint or (yield from self.leader(partition))
+        return (yield from once(base, request)).json()
+
+    def follower_lag(
+        self, partition: int, node: str, *, endpoint: str | None = None
+    ) -> Plan[dict[str, Any]]:
+        """How far `node` lags behind the partition's leader, and its replication state."""
+        path = f"/v1/admin/partitions/{partition}/followers/{_q(node)}/lag"
+        return (yield from self._at_leader(partition, endpoint, Request("GET", path)))
+
+    def change_membership(
+        self,
+        partition: int,
+        op: str,
+        node: str,
+        url: str | None = None,
+        *,
+        endpoint: str | None = None,
+    ) -> Plan[dict[str, Any]]:
+        """`op` ("add_learner" with the new member's `url`, "promote", "remove") on `node`;
+        the partition's voters and learners after."""
+        body: dict[str, Any] = {"op": op, "node": node}
+        if url is not None:
+            body["url"] = url
+        request = Request("POST", f"/v1/admin/partitions/{partition}/members", body)
+        return (yield from self._at_leader(partition, endpoint, request))
+
+    def transfer_leader(
+        self, partition: int, target: str, *, endpoint: str | None = None
+    ) -> Plan[dict[str, Any]]:
+        """Hand the partition's leadership to the voter `target`."""
+        path = f"/v1/admin/partitions/{partition}/transfer"
+        request = Request("POST", path, {"target": target})
+        return (yield from self._at_leader(partition, endpoint, request))
+
+    def install_snapshot(
+        self,
+        partition: int,
+        target: str,
+        source: str = "leader",
+        *,
+        endpoint: str | None = None,
+        timeout_s: float | None = None,
+    ) -> Plan[dict[str, Any]]:
+        """Install a snapshot on `target` from `source` (a follower's name, or "leader"); the
+        answer comes once the whole snapshot is streamed, so give a `timeout_s` to match."""
+        path = f"/v1/admin/partitions/{partition}/snapshot-install"
+        request = Request("POST", path, {"target": target, "source": source}, timeout_s)
+        return (yield from self._at_leader(partition, endpoint, request))

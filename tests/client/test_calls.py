@@ -1,0 +1,199 @@
+"""The client's plans without I/O: which node each call asks, what it retries, what it pauses
+for, and what it raises, given the answers a test scripts."""
+
+from __future__ import annotations
+
+import json
+import pickle
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from raftlog.client.calls import Calls, ClientError, Pause, Plan, Reply, Request, Send
+from raftlog.client.retry import NO_ANSWER, RetryPolicy
+
+A, B, C = "http://a:1", "http://b:1", "http://c:1"
+Answer = Callable[[Send], tuple[int, dict[str, Any]] | None]  # None: no answer
+
+
+def run(plan: Plan[Any], answer: Answer) -> tuple[Any, list[Send | Pause]]:
+    """The plan's result and every step it took, each Send answered by `answer`."""
+    steps: list[Send | Pause] = []
+    reply: Reply | None = None
+    while True:
+        try:
+            step = plan.send(reply)
+        except StopIteration as done:
+            return done.value, steps
+        steps.append(step)
+        reply = None
+        if isinstance(step, Send):
+            got = answer(step)
+            if got is None:
+                reply = Reply(step.base, NO_ANSWER, reason="ConnectionRefusedError: refused")
+            else:
+                reply = Reply(step.base, got[0], "application/json", json.dumps(got[1]).encode())
+
+
+def sends(steps: list[Send | Pause]) -> list[Send]:
+    return [s for s in steps if isinstance(s, Send)]
+
+
+def appended(first: int = 1) -> tuple[int, dict[str, Any]]:
+    return 200, {"partition": 0, "first_index": first, "last_index": first, "term": 2}
+
+
+def calls(*endpoints: str, retries: int = 8, idempotent: bool = True) -> Calls:
+    return Calls(list(endpoints), RetryPolicy(retries=retries), idempotent)
+
+
+def test_an_append_follows_the_leader_hint_at_once_and_remembers_the_leader():
+    c = calls(A, B, C)
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]]:
+        if s.base != C:
+            return 421, {"error": "not_leader", "leader": "n3", "leader_url": C + "/"}
+        return appended()
+
+    result, steps = run(c.append(0, [{"value": "v"}]), answer)
+    assert result.first_index == 1 and not result.duplicate
+    assert [s.base for s in sends(steps)] == [A, C]
+    assert not any(isinstance(s, Pause) for s in steps), "a hint is followed without a pause"
+    _, steps = run(c.append(0, [{"value": "w"}]), answer)
+    assert [s.base for s in sends(steps)] == [C], "the leader is remembered"
+
+
+@pytest.mark.parametrize("status", [421, 502, 503, 504, NO_ANSWER])
+def test_passing_failures_are_retried_after_a_pause_on_the_next_endpoint(status):
+    failures = iter([True, True])
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]] | None:
+        if next(failures, False):
+            return None if status == NO_ANSWER else (status, {"error": "x", "reason": "x"})
+        return appended()
+
+    result, steps = run(calls(A, B, C).append(0, [{"value": "v"}]), answer)
+    assert result.first_index == 1
+    assert [type(s) for s in steps] == [Send, Pause, Send, Pause, Send]
+    assert [s.base for s in sends(steps)] == [A, B, C]
+
+
+@pytest.mark.parametrize("status", [400, 401, 404, 409, 410, 500])
+def test_other_answers_are_raised_at_once(status):
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B).append(0, [{"value": "v"}]), lambda s: (status, {"error": "no"}))
+    assert e.value.status == status and e.value.url == A and not e.value.retryable
+
+
+def test_the_retries_are_bounded_and_the_last_failure_is_raised():
+    plan = calls(A, B, retries=3).read(0, 1, 10)
+    steps: list[Send | Pause] = []
+
+    def answer(s: Send) -> None:
+        steps.append(s)
+        return None
+
+    with pytest.raises(ClientError) as e:
+        run(plan, answer)
+    assert e.value.status == NO_ANSWER and e.value.retryable
+    assert "no answer: ConnectionRefusedError" in str(e.value)
+    assert len(steps) == 4, "one try and three retries"
+
+
+def test_idempotent_appends_take_lanes_and_a_failed_lane_is_dropped():
+    c = calls(A, retries=0)
+    bodies: list[dict[str, Any]] = []
+
+    def ok(s: Send) -> tuple[int, dict[str, Any]]:
+        bodies.append(s.request.body)
+        return appended()
+
+    run(c.append(0, [{"value": "1"}, {"value": "2"}]), ok)
+    run(c.append(0, [{"value": "3"}]), ok)
+    first, second = bodies
+    assert first["producer_id"] == second["producer_id"]
+    assert (first["sequence"], second["sequence"]) == (0, 2)
+    with pytest.raises(ClientError):
+        run(c.append(0, [{"value": "4"}]), lambda s: (503, {"error": "timeout"}))
+    run(c.append(0, [{"value": "5"}]), ok)
+    assert bodies[-1]["producer_id"] != first["producer_id"], "whether 4 landed is unknown"
+    assert bodies[-1]["sequence"] == 0
+    run(calls(A, idempotent=False).append(0, [{"value": "6"}]), ok)
+    assert "producer_id" not in bodies[-1]
+
+
+def test_an_admin_call_goes_to_the_leader_the_statuses_name_and_is_tried_once():
+    asked: list[tuple[str, str]] = []
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]] | None:
+        asked.append((s.base, s.request.path))
+        if s.request.path == "/v1/status":
+            if s.base == A:
+                return None  # down: passed over
+            role = "leader" if s.base == C else "follower"
+            return 200, {"partitions": [{"partition": 1, "role": role}]}
+        return 503, {"error": "timeout", "reason": "not committed yet"}
+
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B, C).transfer_leader(1, "n2"), answer)
+    assert e.value.status == 503 and e.value.url == C
+    transfer = "/v1/admin/partitions/1/transfer"
+    assert asked == [(A, "/v1/status"), (B, "/v1/status"), (C, "/v1/status"), (C, transfer)]
+    got: list[Request] = []
+
+    def record(s: Send) -> tuple[int, dict[str, Any]]:
+        got.append(s.request)
+        return 200, {"partition": 1, "leader": "n2"}
+
+    reply, steps = run(calls(A, B, C).transfer_leader(1, "n2", endpoint=B + "/"), record)
+    assert reply == {"partition": 1, "leader": "n2"}
+    assert [s.base for s in sends(steps)] == [B], "a given endpoint is asked, nothing else"
+    assert got == [Request("POST", transfer, {"target": "n2"})]
+
+
+def test_no_leader_found_is_a_503_no_leader():
+    follower = {"partitions": [{"partition": 0, "role": "follower"}]}
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B).follower_lag(0, "n2"), lambda s: (200, follower))
+    assert (e.value.status, e.value.error) == (503, "no_leader")
+
+
+def test_names_in_paths_are_percent_encoded():
+    got: list[str] = []
+
+    def record(s: Send) -> tuple[int, dict[str, Any]]:
+        got.append(s.request.path)
+        return 200, {}
+
+    run(calls().set_hold(A, 2, "job/one two", 10, 60.0), record)
+    run(calls().follower_lag(2, "n?1", endpoint=A), record)
+    assert got == [
+        "/v1/admin/partitions/2/holds/job%2Fone%20two",
+        "/v1/admin/partitions/2/followers/n%3F1/lag",
+    ]
+
+
+def test_a_2xx_answer_that_is_not_json_is_a_bad_response():
+    plan = calls(A).status(A)
+    step = next(plan)
+    assert isinstance(step, Send)
+    with pytest.raises(ClientError) as e:
+        plan.send(Reply(A, 200, "text/html", b"<html>"))
+    assert (e.value.status, e.value.error) == (200, "bad_response")
+
+
+def test_an_error_answer_that_is_not_json_keeps_its_start_as_the_reason():
+    error = Reply(A, 502, "text/html", b"<html>Bad Gateway</html>").error()
+    assert error.retryable and error.reason == "<html>Bad Gateway</html>"
+
+
+def test_calls_that_choose_a_node_need_endpoints():
+    with pytest.raises(ValueError, match="endpoints"):
+        run(calls().read(0), lambda s: (200, {}))
+
+
+def test_a_client_error_survives_pickling_as_spark_sends_it_back_from_a_task():
+    e = Reply(A, 503, "application/json", b'{"error": "behind", "reason": "at 4"}').error()
+    back = pickle.loads(pickle.dumps(e))
+    assert (back.status, back.body, back.url, str(back)) == (e.status, e.body, e.url, str(e))
