@@ -8,6 +8,11 @@ fsyncs per append (`raftlog_fsync_seconds_count`). Usage, e.g. with another comm
     python -m bench.partitions [1 4 16 64]          # BENCH_SECONDS per case, default 8
     BENCH_CODE=/tmp/old/node python -m bench.partitions 16   # nodes run that code
     python -m bench.partitions --idle 1000          # idle CPU, memory and restart time
+    python -m bench.partitions --balanced 1 16      # leaders spread over the three nodes
+
+`--balanced`: partition p is led by node p % 3 (what a cluster's elections tend to, rather than
+the worst case of one node leading everything), and one `wrk` per node spreads its share of the
+clients over the partitions that node leads. Figures are the sums of the three (p99: the worst).
 
 `--idle N`: a 3-node cluster with N partitions and no load: the time until every partition has a
 leader, each node's CPU over 10 s once they settled, its resident memory, and the same after
@@ -20,9 +25,11 @@ import os
 import re
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from bench.compare import raftlog_body, wrk
 from bench.cpu_per_append import cpu_seconds
@@ -40,7 +47,11 @@ def fsyncs(url: str) -> float:
 
 
 def lead_all_from(cluster: LocalCluster, target: str, partitions: int) -> None:
-    for p in range(partitions):
+    lead(cluster, {p: target for p in range(partitions)})
+
+
+def lead(cluster: LocalCluster, leaders: dict[int, str]) -> None:
+    for p, target in leaders.items():
         for _ in range(50):
             leader = cluster.leader(p)
             if leader == target:
@@ -79,6 +90,54 @@ def run(partitions: int, workdir: Path) -> str:
         )
 
 
+def run_balanced(partitions: int, workdir: Path) -> str:
+    env = {"PYTHONPATH": os.environ["BENCH_CODE"]} if "BENCH_CODE" in os.environ else {}
+    with LocalCluster(workdir / f"b{partitions}", replicas=3, partitions=partitions, env=env) as c:
+        c.wait_ready(timeout=120)
+        names = sorted(c.nodes)
+        leaders = {p: names[p % len(names)] for p in range(partitions)}
+        lead(c, leaders)
+        led = {n: [p for p, t in leaders.items() if t == n] for n in names}
+        led = {n: ps for n, ps in led.items() if ps}
+        # Clients shared out by the partitions each node leads (64 over 16: 22, 21, 21).
+        share = {n: CLIENTS * len(ps) // partitions for n, ps in led.items()}
+        share[names[0]] += CLIENTS - sum(share.values())
+        body = raftlog_body(1)
+        script = HERE / "spread.lua"
+
+        def load(seconds: float, clients: dict[str, int]) -> dict[str, dict[str, Any]]:
+            out: dict[str, dict[str, Any]] = {}
+
+            def one(n: str) -> None:
+                parts = ",".join(map(str, led[n])) + ","
+                out[n] = wrk(c.nodes[n].url, body, clients[n], seconds, workdir, script, (parts,))
+
+            threads = [threading.Thread(target=one, args=(n,)) for n in led]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            return out
+
+        load(2, {n: max(1, k // 4) for n, k in share.items()})  # warm up
+        pids = {n: node.proc.pid for n, node in c.nodes.items() if node.proc is not None}
+        cpu = {n: cpu_seconds(p) for n, p in pids.items()}
+        syncs = {n: fsyncs(c.nodes[n].url) for n in names}
+        results = load(SECONDS, share)
+        requests = sum(r["requests"] for r in results.values())
+        syncs = {n: fsyncs(c.nodes[n].url) - v for n, v in syncs.items()}
+        per = [(cpu_seconds(p) - cpu[n]) * 1e6 / max(1, requests) for n, p in pids.items()]
+        rate = sum(r["requests"] / (r["duration_us"] / 1e6) for r in results.values())
+        p50 = max(r["latency_us"]["p50"] for r in results.values()) / 1000
+        p99 = max(r["latency_us"]["p99"] for r in results.values()) / 1000
+        errors = sum(sum(r["errors"].values()) for r in results.values())
+        nodes_cpu = ", ".join(f"{v:.0f}" for v in per)
+        return (
+            f"| {partitions} | {rate:,.0f} | {p50:.2f} ms | {p99:.2f} ms | {nodes_cpu} "
+            f"| {sum(per):.0f} | {requests / max(sum(syncs.values()), 1):.1f} | {errors} |"
+        )
+
+
 def idle(partitions: int, workdir: Path) -> None:
     env = {"PYTHONPATH": os.environ["BENCH_CODE"]} if "BENCH_CODE" in os.environ else {}
     with LocalCluster(workdir / "idle", replicas=3, partitions=partitions, env=env) as c:
@@ -114,6 +173,17 @@ def main(argv: list[str]) -> None:
         print("|---|---|---|---|---|")
         with tempfile.TemporaryDirectory(prefix="raftlog-idle-") as tmp:
             idle(int(argv[1]) if len(argv) > 1 else 1000, Path(tmp))
+        return
+    if argv[:1] == ["--balanced"]:
+        print(
+            f"| partitions | appends/s | p50 (worst node) | p99 (worst node) | CPU µs/append: "
+            f"n1, n2, n3 | sum | appends per fsync (all) | errors |   ({CLIENTS} clients, "
+            f"{SECONDS:g} s)"
+        )
+        print("|---|---|---|---|---|---|---|---|")
+        with tempfile.TemporaryDirectory(prefix="raftlog-partitions-") as tmp:
+            for n in [int(a) for a in argv[1:]] or [1, 4, 16, 64]:
+                print(run_balanced(n, Path(tmp)), flush=True)
         return
     counts = [int(a) for a in argv] or [1, 4, 16, 64]
     print(

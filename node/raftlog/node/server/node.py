@@ -14,7 +14,7 @@ from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
 from raftlog.node.server.answers import AnswerBudget
 from raftlog.node.server.metrics import NodeMetrics
-from raftlog.node.server.partition import PartitionDriver
+from raftlog.node.server.partition import COMMIT_TELL_DELAY, PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.group_commit import GroupCommit
@@ -84,6 +84,11 @@ class Node:
         self._heartbeat_ticks = config.heartbeat_ticks
         self._checkpoint: asyncio.Task[None] | None = None
         self._tasks: list[asyncio.Task[None]] = []
+        # Partitions with work for the next pass, in the order they asked (`schedule`).
+        self._busy: dict[int, PartitionDriver] = {}
+        self._work = asyncio.Event()
+        self._untold: set[PartitionDriver] = set()  # leaders with a commit followers lack
+        self._tell_timer: asyncio.TimerHandle | None = None
         self.metrics.attach(self)
 
     def _open(self, p: int, bootstrap: Membership | None) -> DurableStorage:
@@ -117,16 +122,86 @@ class Node:
             except Exception:
                 log.exception("journal checkpoint failed; the partitions stop writing")
                 for d in self.drivers.values():
-                    d.wake.set()
+                    d.wake()
 
         self._checkpoint = asyncio.get_running_loop().create_task(run())
 
     async def start(self) -> None:
         await self.transport.start()
         loop = asyncio.get_running_loop()
-        for d in self.drivers.values():
-            self._tasks.append(loop.create_task(d.run()))
+        self._tasks.append(loop.create_task(self._drive()))
         self._tasks.append(loop.create_task(self._clock()))
+
+    def schedule(self, d: PartitionDriver) -> None:
+        """Have the next pass take `d`'s inbox and Ready."""
+        if d.p not in self._busy:
+            self._busy[d.p] = d
+            self._work.set()
+
+    async def _drive(self) -> None:
+        """The node's Ready loop: one pass over every partition with work, one fsync per pass.
+
+        Per partition, a turn costs a few task switches and an fsync wait of its own when each
+        runs its own loop; at 16 partitions under load that was most of a leader's CPU per
+        append (bench/partitions.py, bench/RESULTS.md).
+        """
+        while True:
+            if not self._busy:
+                self._work.clear()
+                await self._work.wait()
+            await self._pass()
+
+    async def _pass(self) -> None:
+        drivers = list(self._busy.values())
+        self._busy.clear()
+        begun = []
+        for d in drivers:
+            if d.failed is not None:
+                continue
+            try:
+                rd = d.begin()
+            except Exception as e:
+                d.stop(e)
+                continue
+            if rd is not None:
+                begun.append((d, rd))
+        if any(rd.entries for _, rd in begun):
+            if any(d.early_unwritten for d, _ in begun) and self.group.inline_now():
+                # One turn of the loop for the peer senders to write what a frame stream did
+                # not take at once: a fast disk's sync runs in the loop
+                # (`GroupCommit.inline_below`) and would hold them back. A sync in the
+                # fsync thread gives them that turn anyway.
+                await asyncio.sleep(0)
+            try:
+                await self._durable()
+            except Exception as e:  # the storage failed: whoever wrote entries stops
+                for d, rd in begun:
+                    if rd.entries:
+                        d.stop(e)
+                begun = [(d, rd) for d, rd in begun if not rd.entries]
+        for d, rd in begun:
+            try:
+                d.finish(rd)
+            except Exception as e:
+                d.stop(e)
+                continue
+            if d.has_work():
+                self.schedule(d)
+            elif d.raft.commit_untold():
+                # Followers learn a new high-water mark from the next append; if none comes
+                # within COMMIT_TELL_DELAY, they are told by a commit-only append.
+                self._untold.add(d)
+                if self._tell_timer is None:
+                    self._tell_timer = asyncio.get_running_loop().call_later(
+                        COMMIT_TELL_DELAY, self._tell_untold
+                    )
+
+    def _tell_untold(self) -> None:
+        self._tell_timer = None
+        untold, self._untold = self._untold, set()
+        for d in untold:
+            if d.failed is None and d.raft.commit_untold():
+                d.tell_commit_due()
 
     async def _clock(self) -> None:
         loop = asyncio.get_running_loop()
@@ -147,6 +222,8 @@ class Node:
             self._maybe_checkpoint()
 
     async def close(self) -> None:
+        if self._tell_timer is not None:
+            self._tell_timer.cancel()
         tasks = self._tasks + ([self._checkpoint] if self._checkpoint is not None else [])
         for t in tasks:
             t.cancel()

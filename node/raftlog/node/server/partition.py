@@ -1,15 +1,17 @@
-"""The driver of one partition: the only code that touches its core and its storage.
+"""The state of one partition beside its core: the only code that touches its core and storage.
 
 Everything that changes the core (peer messages, client proposals, ticks, admin operations) goes
-through the inbox and runs in this driver's loop, between one `advance` and the next `ready`, so
-the core stays single-threaded while the loop awaits the disk. Proposals that arrive while an
-fsync is in flight become one batch in the next Ready: that is the node's group commit.
+into the inbox and is taken in the node's pass (`Node._drive`), between one `advance` and the
+next `ready`, so the core stays single-threaded while the node awaits the disk. Proposals that
+arrive while an fsync is in flight become one batch in the next Ready: that is the group commit,
+and one pass writes every partition's Ready before one fsync covers them all.
 
 Per Ready: install a received snapshot, write entries and hard state, send a leader's appends
-and heartbeats, wait until durable, send the other messages, apply committed entries (waking the
-appenders and the readers), serve snapshot requests, advance, then start a snapshot when one is
-due: the table is copied in the loop, encoded and written in a worker thread, and the log is
-compacted behind it in the loop once it is durable (at most one in flight per partition).
+and heartbeats (`begin`); once durable, send the other messages, apply committed entries (waking
+the appenders and the readers), serve snapshot requests, advance (`finish`), then start a
+snapshot when one is due: the table is copied in the loop, encoded and written in a worker
+thread, and the log is compacted behind it in the loop once it is durable (at most one in flight
+per partition).
 """
 
 from __future__ import annotations
@@ -133,7 +135,6 @@ class PartitionDriver:
         self.config = config
         self.table = KeyedTable.restore(storage.snapshot_data())
         self.group = node.group  # the node's: one fsync for every partition's writes
-        self.wake = asyncio.Event()
         self.committed = CommitSignal()  # readers waiting for the high-water mark
         # Why the partition stopped writing: a disk fault, or a bug caught by the loop. Reads of
         # what it holds go on; appends get 503 with this reason.
@@ -144,6 +145,8 @@ class PartitionDriver:
         self._waiters: dict[int, _Waiter] = {}  # last index of a batch -> its appender
         self._ticks = 0
         self._tell = False  # COMMIT_TELL_DELAY passed with a commit untold: tell it now
+        self._unsent: list[Message] = []  # a Ready's messages that wait for its fsync
+        self.early_unwritten = False  # appends `begin` sent that no peer link took at once
         # Snapshots received and offered to the core, by index (several may be offered before the
         # next Ready; it installs at most one, the others are dropped).
         self._offered: dict[int, tuple[SnapshotReceiver, SnapshotMeta, bytes]] = {}
@@ -163,14 +166,14 @@ class PartitionDriver:
     def call(self, fn: Callable[[], None]) -> None:
         """Run `fn` on the core in the driver loop (peer messages, admin operations)."""
         self._calls.append(fn)
-        self.wake.set()
+        self.wake()
 
     def step(self, m: Message) -> None:
         self.call(lambda: self.raft.step(m))
 
     def tick(self) -> None:
         self._ticks += 1
-        self.wake.set()
+        self.wake()
         if self._ticks > STUCK_TICKS:
             # The driver has not taken its ticks for a while (a hung fsync holds it): the
             # appenders past their deadline are answered from here, without it.
@@ -191,7 +194,7 @@ class PartitionDriver:
             raise self.failed
         fut: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
         self._proposals.append(_Proposal(records, fut, time.monotonic() + timeout))
-        self.wake.set()
+        self.wake()
         return await fut
 
     async def propose_idempotent(
@@ -287,49 +290,117 @@ class PartitionDriver:
         self.call(call)
         return await fut
 
-    # ================================================================== the loop
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while True:
-                if self.raft.commit_untold():
-                    # Followers learn a new high-water mark from the next append; if none comes
-                    # within COMMIT_TELL_DELAY, tell them with a commit-only append.
-                    timer = loop.call_later(COMMIT_TELL_DELAY, self._tell_due)
-                    await self.wake.wait()
-                    timer.cancel()
-                else:
-                    await self.wake.wait()
-                self.wake.clear()
-                if self._snapshot_error is not None:
-                    raise self._snapshot_error
-                self._take_inbox()
-                while self.raft.has_ready():
-                    rd = self.raft.ready()
-                    await self._handle(rd)
-                    self.raft.advance(rd)
-                    self._after_advance()
-                    self._take_inbox()
-        except Exception as e:
-            # The partition stops accepting writes; reads of what it holds go on.
-            self.failed = e
-            if isinstance(e, StorageFailed):
-                log.error("p%d: %s", self.p, e)
-            else:  # a bug: stop this partition loudly rather than go on in an unknown state
-                log.exception("p%d: the partition driver failed; writes are stopped", self.p)
-            for w in self._waiters.values():
-                if not w.done.done():
-                    w.done.set_exception(e)
-            for prop in self._proposals:
-                if not prop.done.done():
-                    prop.done.set_exception(e)
-            for fut in list(self._on_core):  # admin calls and a snapshot's adoption
-                if not fut.done():
-                    fut.set_exception(e)
+    # ================================================================== the node's pass
+    # The node runs one pass over every partition with work (`Node._drive`): `begin` each (take
+    # the inbox, the next Ready, write it), one fsync for all of them, then `finish` each (send,
+    # apply, advance). A partition is never between `begin` and `finish` twice.
 
-    def _tell_due(self) -> None:
+    def wake(self) -> None:
+        """Have the node's next pass take this partition's inbox and Ready."""
+        self.node.schedule(self)
+
+    def has_work(self) -> bool:
+        return bool(
+            self._calls
+            or self._ticks
+            or self._tell
+            or self._proposals
+            or self._snapshot_error is not None
+            or self.raft.has_ready()
+        )
+
+    def begin(self) -> Ready | None:
+        """Take the inbox and, when the core has one, the next Ready: install its snapshot,
+        write its entries and hard state, and send a leader's appends and heartbeats (which need
+        not wait for this node's fsync). Returns the Ready for `finish`, after the fsync."""
+        if self._snapshot_error is not None:
+            raise self._snapshot_error
+        self._take_inbox()
+        if not self.raft.has_ready():
+            return None
+        rd = self.raft.ready()
+        if rd.snapshot is not None:  # first: installing resets the log behind the snapshot
+            self._install(rd.snapshot)
+        for receiver, _, _ in self._offered.values():
+            receiver.abort()  # offered but not wanted (stale, or superseded in the same batch)
+        self._offered.clear()
+        self.storage.write(rd.hard_state, rd.entries)
+        # Entries wait for their fsync; term and vote were synced by their own atomic write;
+        # a commit index alone rides with the next sync (after a power loss it may step back
+        # to the last synced value, which Raft allows: the leader tells it again).
+        self._unsent = rd.messages
+        if rd.entries:
+            # A leader's appends and heartbeats go out while its own fsync runs (Raft
+            # dissertation 10.2.1; etcd does the same): they claim nothing about this node's
+            # disk, and the core counts the leader in a quorum only once `advance` marks its
+            # entries stable, after the fsync. Every other message (an AppendResponse says
+            # "durable here", a vote relies on the term and vote written above) waits for it.
+            early: list[Message] = [
+                m for m in rd.messages if isinstance(m, AppendRequest | HeartbeatRequest)
+            ]
+            if early:
+                self.early_unwritten = not self.node.transport.send(self.p, early)
+                self._unsent = [
+                    m for m in rd.messages if not isinstance(m, AppendRequest | HeartbeatRequest)
+                ]
+        return rd
+
+    def finish(self, rd: Ready) -> None:
+        """After the fsync covering `rd`'s entries: send the rest, apply what committed, answer
+        appenders and readers, advance the core, then start a snapshot when one is due."""
+        self.early_unwritten = False
+        messages, self._unsent = self._unsent, []
+        if messages:
+            self.node.transport.send(self.p, messages)
+        if rd.committed:
+            self._apply(rd)
+        for req in rd.snapshot_requests:
+            self._serve_snapshot(req)
+        for ev in rd.events:
+            self._count_event(ev.kind, ev.detail)
+        for rs in rd.read_states:
+            fut = self._reads.pop(rs.request_id, None)
+            if fut is not None and not fut.done():
+                fut.set_result(rs.index)
+        if self._waiters and self.raft.role != Role.LEADER:
+            lost, self._waiters = self._waiters, {}
+            for index, w in lost.items():
+                if not w.done.done():
+                    w.done.set_exception(
+                        LeadershipLost(f"{self.node.id} stopped leading before index {index}")
+                    )
+        if self._reads and self.raft.role != Role.LEADER:
+            for fut in self._reads.values():  # the core dropped them when it stepped down
+                if not fut.done():
+                    fut.set_exception(NotLeader(self.raft.leader))
+            self._reads.clear()
+        self.raft.advance(rd)
+        self._after_advance()
+
+    def tell_commit_due(self) -> None:
+        """COMMIT_TELL_DELAY passed since a commit followers have not heard of: tell them on the
+        next pass, unless an append carried it meanwhile (checked there by the core)."""
         self._tell = True
-        self.wake.set()
+        self.wake()
+
+    def stop(self, e: Exception) -> None:
+        """The partition stops accepting writes; reads of what it holds go on."""
+        if self.failed is not None:
+            return
+        self.failed = e
+        if isinstance(e, StorageFailed):
+            log.error("p%d: %s", self.p, e)
+        else:  # a bug: stop this partition loudly rather than go on in an unknown state
+            log.error("p%d: the partition driver failed; writes are stopped", self.p, exc_info=e)
+        for w in self._waiters.values():
+            if not w.done.done():
+                w.done.set_exception(e)
+        for prop in self._proposals:
+            if not prop.done.done():
+                prop.done.set_exception(e)
+        for fut in list(self._on_core):  # admin calls and a snapshot's adoption
+            if not fut.done():
+                fut.set_exception(e)
 
     def _take_inbox(self) -> None:
         calls, self._calls = self._calls, []
@@ -369,63 +440,6 @@ class PartitionDriver:
             w = self._waiters.pop(i)
             if not w.done.done():
                 w.done.set_exception(TimeoutError(f"index {i} not committed in time"))
-
-    async def _handle(self, rd: Ready) -> None:
-        if rd.snapshot is not None:  # first: installing resets the log behind the snapshot
-            self._install(rd.snapshot)
-        for receiver, _, _ in self._offered.values():
-            receiver.abort()  # offered but not wanted (stale, or superseded in the same batch)
-        self._offered.clear()
-        self.storage.write(rd.hard_state, rd.entries)
-        # Entries wait for their fsync; term and vote were synced by their own atomic write;
-        # a commit index alone rides with the next sync (after a power loss it may step back
-        # to the last synced value, which Raft allows: the leader tells it again).
-        messages = rd.messages
-        if rd.entries:
-            # A leader's appends and heartbeats go out while its own fsync runs (Raft
-            # dissertation 10.2.1; etcd does the same): they claim nothing about this node's
-            # disk, and the core counts the leader in a quorum only once `advance` marks its
-            # entries stable, after the fsync. Every other message (an AppendResponse says
-            # "durable here", a vote relies on the term and vote written above) waits for it.
-            early: list[Message] = [
-                m for m in messages if isinstance(m, AppendRequest | HeartbeatRequest)
-            ]
-            if early:
-                written = self.node.transport.send(self.p, early)
-                messages = [
-                    m for m in messages if not isinstance(m, AppendRequest | HeartbeatRequest)
-                ]
-                if not written and self.group.inline_now():
-                    # One turn of the loop for the peer senders to write what a frame stream
-                    # did not take at once: a fast disk's sync runs in the loop
-                    # (`GroupCommit.inline_below`) and would hold them back. A sync in the
-                    # fsync thread gives them that turn anyway.
-                    await asyncio.sleep(0)
-            await self.group.durable(self.group.wrote())
-        if messages:
-            self.node.transport.send(self.p, messages)
-        if rd.committed:
-            self._apply(rd)
-        for req in rd.snapshot_requests:
-            self._serve_snapshot(req)
-        for ev in rd.events:
-            self._count_event(ev.kind, ev.detail)
-        for rs in rd.read_states:
-            fut = self._reads.pop(rs.request_id, None)
-            if fut is not None and not fut.done():
-                fut.set_result(rs.index)
-        if self._waiters and self.raft.role != Role.LEADER:
-            lost, self._waiters = self._waiters, {}
-            for index, w in lost.items():
-                if not w.done.done():
-                    w.done.set_exception(
-                        LeadershipLost(f"{self.node.id} stopped leading before index {index}")
-                    )
-        if self._reads and self.raft.role != Role.LEADER:
-            for fut in self._reads.values():  # the core dropped them when it stepped down
-                if not fut.done():
-                    fut.set_exception(NotLeader(self.raft.leader))
-            self._reads.clear()
 
     def _install(self, wanted: SnapshotMeta) -> None:
         offered = self._offered.pop(wanted.index, None)
@@ -493,7 +507,7 @@ class PartitionDriver:
             error = self.storage.snapshot_write_failed(e) if isinstance(e, OSError) else e
             self._snapshot_error = error
             self._snapshotting = None
-            self.wake.set()
+            self.wake()
             raise
         done: asyncio.Future[CompactionPass | None] = self._answered_by_core()
 
