@@ -164,7 +164,9 @@ class Demo:
         self.write(600)
         st0 = self.p0(lead)
         behind = st0["high_water_mark"] - st0["followers"][slow]["match"]
-        print(f"    {slow} is {behind} entries behind (backfill_threshold=10); writes went on")
+        raft = self.op.desired()[1].raft
+        print(f"    {slow} is {behind} entries behind "
+              f"(backfill_threshold={raft.backfill_threshold}); writes went on")  # fmt: skip
         self.signal(slow, signal.SIGCONT)
         self.write(100)
         self.converge(slow)
@@ -172,7 +174,8 @@ class Demo:
         f, counters = st0["followers"][slow], st0["counters"]
         print(f"    {slow} caught up in {f['backfill_rounds']} backfill rounds "
               f"({f['backfill_entries']} entries, largest round "
-              f"{counters['backfill_largest_round']} <= max_backfill_entries_per_round=128), "
+              f"{counters['backfill_largest_round']} <= max_backfill_entries_per_round="
+              f"{raft.max_backfill_entries_per_round}), "
               "then rejoined live replication")  # fmt: skip
 
         self.chapter("3. A follower stops; the others compact past it; the operator heals it")

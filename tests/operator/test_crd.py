@@ -109,16 +109,33 @@ def test_a_bad_manifest_is_refused_with_the_reason(text, message):
         load_manifest(text)
 
 
-def test_a_raft_setting_left_out_of_the_spec_runs_as_the_node_default():
-    # A cluster that says nothing about a setting must get what a bare node would run with.
+def test_every_member_setting_of_the_spec_is_the_nodes_own_definition():
+    # Defined once, in the node: the spec takes each field's default, bounds and description,
+    # so a cluster that leaves one out runs as a bare node and the CRD refuses what it would.
+    from raftlog.node.core.config import RaftConfig
+    from raftlog.node.settings import NodeSettings
+    from raftlog.operator.models import RaftSettings, Storage
+
+    def definition(model: Any, name: str, text: bool = True) -> tuple[Any, ...]:
+        f = model.model_fields[name]
+        return (f.annotation, f.default, f.metadata, f.description if text else None)
+
+    member_raft = set(RaftSettings.model_fields) - RaftSettings.OPERATOR_ONLY - {"tick_ms"}
+    assert member_raft <= set(RaftConfig.model_fields) and len(member_raft) >= 9
+    for name in member_raft:
+        assert definition(RaftSettings, name) == definition(RaftConfig, name), name
+    assert definition(RaftSettings, "tick_ms") == definition(NodeSettings, "tick_ms")
+    # The spec words these two for a volume and a member; the values and bounds are the node's.
+    for model, name in ((Storage, "segment_bytes"), (RaftClusterSpec, "snapshot_source")):
+        assert definition(model, name, text=False) == definition(NodeSettings, name, text=False)
+
+
+def test_operator_only_settings_never_reach_a_member():
     from raftlog.node.core.config import RaftConfig
     from raftlog.operator.models import RaftSettings
 
-    shared = set(RaftSettings.model_fields) & set(RaftConfig.model_fields)
-    assert "compact_every_operations" in shared and len(shared) >= 9
-    differ = {
-        name: (RaftSettings.model_fields[name].default, RaftConfig.model_fields[name].default)
-        for name in shared
-        if RaftSettings.model_fields[name].default != RaftConfig.model_fields[name].default
-    }
-    assert differ == {}
+    raft = RaftClusterSpec.model_validate({"raft": {"learnerPromotionStableWindow": 30}}).raft
+    assert "learner_promotion_stable_window" in RaftSettings.OPERATOR_ONLY
+    assert not RaftSettings.OPERATOR_ONLY & set(RaftConfig.model_fields)
+    assert not any("STABLE_WINDOW" in k for k in raft.node_env())
+    assert raft.node_config() == RaftClusterSpec().raft.node_config()

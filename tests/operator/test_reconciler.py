@@ -501,6 +501,22 @@ def test_scaling_alone_restarts_nobody():
     assert config_hash(spec()) != config_hash(spec(raft={"backfillThreshold": 20}))
 
 
+def test_a_change_of_the_promotion_window_restarts_nobody():
+    # Only the operator reads the window: the members run what they ran, and a pass over a
+    # steady cluster with the new window takes no step at all.
+    s = spec(raft={"learnerPromotionStableWindow": 30})
+    assert config_hash(s) == config_hash(spec())
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    plan = step(running_status(MEMBERS), w, s)
+    assert plan.action is None
+    assert "RollingRestart" not in [e.reason for e in plan.events]
+    # A setting the members do read, changed the same way, rolls them.
+    assert step(running_status(MEMBERS), w, spec(raft={"learnerPromotionLag": 5})).action == (
+        RestartMember("c-1")
+    )
+
+
 def test_a_condition_keeps_its_transition_time_until_it_changes():
     st = running_status(MEMBERS)
     w = World(MEMBERS)

@@ -11,7 +11,6 @@ def test_defaults_are_the_source_documents_values() -> None:
     assert c.backfill_threshold == 10
     assert c.max_backfill_entries_per_round == 128
     assert c.learner_promotion_lag == 10
-    assert c.learner_promotion_stable_window == 3.0
 
 
 @pytest.mark.parametrize(
@@ -19,7 +18,6 @@ def test_defaults_are_the_source_documents_values() -> None:
     [
         ("backfill_threshold", -1, "greater than or equal to 0"),
         ("max_backfill_entries_per_round", 0, "greater than or equal to 1"),
-        ("learner_promotion_stable_window", 0, "greater than 0"),
         ("election_ticks", "soon", "valid integer"),
         ("compact_every_operations", 0, "greater than or equal to 1"),
     ],
@@ -43,3 +41,10 @@ def test_heartbeat_must_be_below_election() -> None:
     with pytest.raises(ValidationError) as info:
         RaftConfig(election_ticks=5, heartbeat_ticks=5)
     assert "heartbeat_ticks (5) must be below election_ticks (5)" in str(info.value)
+
+
+def test_the_promotion_window_is_not_a_node_setting() -> None:
+    # Only the operator watches it; a node given it refuses it by name.
+    with pytest.raises(ValidationError) as info:
+        RaftConfig(learner_promotion_stable_window=3.0)  # type: ignore[call-arg]
+    assert "learner_promotion_stable_window: Extra inputs" in describe_validation_error(info.value)

@@ -4,17 +4,22 @@ The CRD in `crds/` is generated from these models (`python -m raftlog.operator.c
 schema the API server enforces, the operator's own validation and the docs cannot drift apart.
 Field names are camelCase on the wire (Kubernetes' convention) and snake case in Python; the Raft
 settings keep the source documents' names (backfillThreshold, maxBackfillEntriesPerRound, ...).
+A setting the members read is defined once, in the node (`RaftConfig`, `NodeSettings`), and taken
+here with its default, bounds and description (`_node`); only what the operator alone reads is
+defined here.
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.fields import FieldInfo
 
-from raftlog.node.core.config import RaftConfig
+from raftlog.node.core.config import RaftConfig, ticks_problem
+from raftlog.node.settings import NodeSettings
 
 GROUP = "raftlog.dev"
 VERSION = "v1alpha1"
@@ -29,14 +34,10 @@ DNS_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DEFAULT_IMAGE = "ghcr.io/raftlog/raftlog:0.1.0"
 
 
-def _doc(name: str) -> str | None:
-    """The node's own description of a Raft setting: one text for the CRD and the node."""
-    return RaftConfig.model_fields[name].description
-
-
-def _default(name: str) -> Any:
-    """The node's own default of a Raft setting: a cluster that leaves it out runs as a node."""
-    return RaftConfig.model_fields[name].default
+def _node(model: type[BaseModel], name: str) -> FieldInfo:
+    """A node setting's own field (default, bounds, description), for use in `Annotated`: the
+    spec refuses what the node would refuse, and a cluster that leaves it out runs as a node."""
+    return model.model_fields[name]
 
 
 def _rules(*rules: dict[str, str]) -> dict[str, Any]:
@@ -75,68 +76,51 @@ class RaftSettings(_Model):
         )
     )
 
-    backfill_threshold: int = Field(
-        _default("backfill_threshold"),
-        ge=0,
-        le=1_000_000,
-        description=_doc("backfill_threshold"),
-    )
-    max_backfill_entries_per_round: int = Field(
-        _default("max_backfill_entries_per_round"),
-        ge=1,
-        le=100_000,
-        description=_doc("max_backfill_entries_per_round"),
-    )
-    compact_every_operations: int = Field(
-        _default("compact_every_operations"), ge=1, description=_doc("compact_every_operations")
-    )
-    compact_every_bytes: int = Field(
-        _default("compact_every_bytes"), ge=0, description=_doc("compact_every_bytes")
-    )
-    compact_number_entries: int = Field(
-        _default("compact_number_entries"), ge=0, description=_doc("compact_number_entries")
-    )
-    max_entries_per_compaction: int = Field(
-        _default("max_entries_per_compaction"), ge=1, description=_doc("max_entries_per_compaction")
-    )
-    learner_promotion_lag: int = Field(
-        _default("learner_promotion_lag"), ge=0, description=_doc("learner_promotion_lag")
-    )
+    backfill_threshold: Annotated[int, _node(RaftConfig, "backfill_threshold")]
+    max_backfill_entries_per_round: Annotated[
+        int, _node(RaftConfig, "max_backfill_entries_per_round")
+    ]
+    compact_every_operations: Annotated[int, _node(RaftConfig, "compact_every_operations")]
+    compact_every_bytes: Annotated[int, _node(RaftConfig, "compact_every_bytes")]
+    compact_number_entries: Annotated[int, _node(RaftConfig, "compact_number_entries")]
+    max_entries_per_compaction: Annotated[int, _node(RaftConfig, "max_entries_per_compaction")]
+    learner_promotion_lag: Annotated[int, _node(RaftConfig, "learner_promotion_lag")]
     learner_promotion_stable_window: float = Field(
-        _default("learner_promotion_stable_window"),
+        3.0,
         gt=0,
         le=3600,
-        description=_doc("learner_promotion_stable_window"),
+        description="Seconds the learner's lag must stay within learner_promotion_lag before "
+        "the operator asks for the promotion. Read by the operator alone: a change restarts "
+        "no member.",
     )
-    election_ticks: int = Field(
-        _default("election_ticks"), ge=3, le=10_000, description=_doc("election_ticks")
-    )
-    heartbeat_ticks: int = Field(
-        _default("heartbeat_ticks"), ge=1, le=1_000, description=_doc("heartbeat_ticks")
-    )
-    tick_ms: int = Field(50, ge=5, le=5000, description="One Raft tick, in milliseconds.")
+    election_ticks: Annotated[int, _node(RaftConfig, "election_ticks")]
+    heartbeat_ticks: Annotated[int, _node(RaftConfig, "heartbeat_ticks")]
+    tick_ms: Annotated[int, _node(NodeSettings, "tick_ms")]
+
+    # Not passed to the members (`node_config`, `node_env`) nor part of what they are launched
+    # with (`reconciler.config_hash`), so changing them rolls nobody.
+    OPERATOR_ONLY: ClassVar[frozenset[str]] = frozenset({"learner_promotion_stable_window"})
 
     @model_validator(mode="after")
     def _coherent(self) -> RaftSettings:
         # The node's own rule, checked here so that a bad spec never reaches a pod.
-        if self.heartbeat_ticks >= self.election_ticks:
-            raise ValueError(
-                f"heartbeatTicks ({self.heartbeat_ticks}) must be below electionTicks "
-                f"({self.election_ticks})"
-            )
+        problem = ticks_problem(
+            self.heartbeat_ticks, self.election_ticks, names=("heartbeatTicks", "electionTicks")
+        )
+        if problem:
+            raise ValueError(problem)
         return self
+
+    def _raft_fields(self) -> dict[str, Any]:
+        return self.model_dump(exclude={"tick_ms", *self.OPERATOR_ONLY})
 
     def node_config(self) -> RaftConfig:
         """The node's `RaftConfig` these settings give (raises on an incoherent pair)."""
-        fields = self.model_dump(exclude={"tick_ms"})
-        return RaftConfig(**fields)
+        return RaftConfig(**self._raft_fields())
 
     def node_env(self) -> dict[str, str]:
         """The node's environment for these settings (`RAFTLOG_RAFT__...`, `RAFTLOG_TICK_MS`)."""
-        env = {
-            f"RAFTLOG_RAFT__{k.upper()}": str(v)
-            for k, v in self.model_dump(exclude={"tick_ms"}).items()
-        }
+        env = {f"RAFTLOG_RAFT__{k.upper()}": str(v) for k, v in self._raft_fields().items()}
         env["RAFTLOG_TICK_MS"] = str(self.tick_ms)
         return env
 
@@ -169,14 +153,17 @@ class Storage(_Model):
         description="Storage class of the members' volumes (the cluster default if unset); "
         "fixed after creation.",
     )
-    segment_bytes: int = Field(
-        64 * 1024 * 1024,
-        ge=4096,
-        description="Size of a partition's WAL segment; compaction removes whole segments "
-        "behind a snapshot. Segments grow with their records; each member's journal (one for "
-        "all its partitions) is allocated ahead, at 64 MiB, so size the volume for the "
-        "retained log and snapshots of every partition plus about 130 MiB.",
-    )
+    segment_bytes: Annotated[
+        int,
+        _node(NodeSettings, "segment_bytes"),
+        # The node's default and bounds; this text adds what a volume must hold.
+        Field(
+            description="Size of a partition's WAL segment; compaction removes whole segments "
+            "behind a snapshot. Segments grow with their records; each member's journal (one for "
+            "all its partitions) is allocated ahead, at 64 MiB, so size the volume for the "
+            "retained log and snapshots of every partition plus about 130 MiB."
+        ),
+    ]
     reclaim_policy: Literal["Delete", "Retain"] = Field(
         "Delete",
         description="What happens to a member's volume when the member is removed or the "
@@ -273,11 +260,14 @@ class RaftClusterSpec(_Model):
         ),
     )
     raft: RaftSettings = Field(default_factory=RaftSettings, description="Raft settings.")
-    snapshot_source: Literal["follower-first", "leader"] = Field(
-        "follower-first",
-        description="Who streams a snapshot to a member in SnapshotRequired: an eligible, "
-        "ranked follower (RATIS-2428) with the leader as fallback, or always the leader.",
-    )
+    snapshot_source: Annotated[
+        Literal["follower-first", "leader"],
+        _node(NodeSettings, "snapshot_source"),
+        Field(
+            description="Who streams a snapshot to a member in SnapshotRequired: an eligible, "
+            "ranked follower (RATIS-2428) with the leader as fallback, or always the leader."
+        ),
+    ]
     auth_secret_name: str | None = Field(
         None,
         pattern=DNS_NAME,

@@ -40,6 +40,7 @@ from raftlog.operator.models import (
     Promotion,
     RaftClusterSpec,
     RaftClusterStatus,
+    RaftSettings,
     SnapshotInstall,
 )
 from raftlog.operator.observed import Observed, PartitionView
@@ -71,9 +72,13 @@ def config_hash(spec: RaftClusterSpec) -> str:
     """What a member's pod is launched with; a change rolls the members one at a time.
 
     `replicas` is left out (scaling does not restart anybody), and so is the volume itself (it
-    is not resized or moved by restarting its pod)."""
+    is not resized or moved by restarting its pod), and so are the Raft settings only the
+    operator reads (they never reach a member)."""
     volume = {"size", "storage_class_name", "reclaim_policy"}
-    launch = spec.model_dump(mode="json", exclude={"replicas": True, "storage": volume})
+    operator_only = set(RaftSettings.OPERATOR_ONLY)
+    launch = spec.model_dump(
+        mode="json", exclude={"replicas": True, "storage": volume, "raft": operator_only}
+    )
     return hashlib.sha256(json.dumps(launch, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -459,6 +464,9 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
     unready = [m.name for m in cluster.status.members if not cluster.ready(m.name)]
     if unready:
         return Wait(f"restart of {stale[0].name} waits for {', '.join(unready)} to be ready")
+    # The leader's own line between live replication and backfill, not a second setting: a
+    # member within it is not being repaired, which is what rolling needs; any other number
+    # would either roll while the leader still repairs someone or wait on live followers.
     threshold = cluster.spec.raft.backfill_threshold
     for partition, leader_view in cluster.led_partitions():
         if not others_caught_up(leader_view, threshold):

@@ -1,9 +1,11 @@
 """One validated configuration for a partition's Raft core.
 
 The names are the source documents' (Kommander's BackfillThreshold, MaxBackfillEntriesPerRound,
-CompactEveryOperations, CompactNumberEntries, MaxEntriesPerCompaction, LearnerPromotionLag,
-LearnerPromotionStableWindow) in snake case, so that the CRD, the node's flags and environment
-(`RAFTLOG_` prefix) and the docs all say the same thing. Time inside the core is logical ticks.
+CompactEveryOperations, CompactNumberEntries, MaxEntriesPerCompaction, LearnerPromotionLag) in
+snake case, so that the CRD, the node's flags and environment (`RAFTLOG_` prefix) and the docs all
+say the same thing. Each setting is defined here once, with its bounds: the operator's spec takes
+these fields as they are. LearnerPromotionStableWindow is not here: only the operator watches it
+(`raftlog.operator.models.RaftSettings`). Time inside the core is logical ticks.
 """
 
 from __future__ import annotations
@@ -99,14 +101,10 @@ class RaftConfig(BaseModel):
         100_000, ge=1, description="Most entries one compaction pass removes."
     )
     learner_promotion_lag: int = Field(
-        10, ge=0, description="A learner is promoted only while its lag is at most this."
-    )
-    learner_promotion_stable_window: float = Field(
-        3.0,
-        gt=0,
-        le=3600,
-        description="Seconds the learner's lag must stay within "
-        "learner_promotion_lag before the operator asks for the promotion.",
+        10,
+        ge=0,
+        description="A learner is promoted only while its lag is at most this (the leader "
+        "refuses a promotion beyond it; the operator waits for a whole window within it).",
     )
     snapshot_retry_ticks: int = Field(
         20,
@@ -120,11 +118,8 @@ class RaftConfig(BaseModel):
 
     @model_validator(mode="after")
     def _coherent(self) -> Self:
-        if self.heartbeat_ticks >= self.election_ticks:
-            raise ValueError(
-                f"heartbeat_ticks ({self.heartbeat_ticks}) must be below election_ticks "
-                f"({self.election_ticks}), or followers campaign between heartbeats"
-            )
+        if problem := ticks_problem(self.heartbeat_ticks, self.election_ticks):
+            raise ValueError(problem)
         if self.snapshot_retry_max_ticks < self.snapshot_retry_ticks:
             raise ValueError("snapshot_retry_max_ticks must be at least snapshot_retry_ticks")
         if self.max_append_bytes > self.max_message_bytes:
@@ -133,6 +128,22 @@ class RaftConfig(BaseModel):
                 f"({self.max_message_bytes}), or followers refuse the appends"
             )
         return self
+
+
+def ticks_problem(
+    heartbeat_ticks: int,
+    election_ticks: int,
+    names: tuple[str, str] = ("heartbeat_ticks", "election_ticks"),
+) -> str | None:
+    """The heartbeat/election rule, stated once for the node and the operator's spec (which
+    passes its camelCase `names`); None when the pair is coherent."""
+    if heartbeat_ticks < election_ticks:
+        return None
+    heartbeat, election = names
+    return (
+        f"{heartbeat} ({heartbeat_ticks}) must be below {election} ({election_ticks}), "
+        "or followers campaign between heartbeats"
+    )
 
 
 def describe_validation_error(err: ValidationError) -> str:

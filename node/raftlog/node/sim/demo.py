@@ -122,7 +122,11 @@ class Story:
         c.pause(slow.id)
         self.write(400)
         lag = self.leader().raft().commit - slow.raft().commit
-        print(f"    {slow.id} is {lag} entries behind (backfill_threshold=10, rounds of <= 128)")
+        cfg = c.config
+        print(
+            f"    {slow.id} is {lag} entries behind (backfill_threshold={cfg.backfill_threshold}, "
+            f"rounds of <= {cfg.max_backfill_entries_per_round})"
+        )
         c.resume(slow.id)
         self.write(20)
         c.run_until(lambda: slow.raft().commit >= self.leader().raft().commit, 300, "catch-up")
