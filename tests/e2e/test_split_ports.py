@@ -96,12 +96,11 @@ def test_clients_and_peers_are_served_on_their_own_ports(split_cluster):
 
     # The client port has no admin or peer routes, even with the token.
     assert call(f"http://{follower}:{CLIENT}/v1/admin/peers", token=TOKEN) == 404
-    assert call(f"http://{follower}:{CLIENT}/peer/v1/stream", token=TOKEN) == 404
     for port, status in ((CLIENT, 404), (PEER, 101)):  # the frame stream: peer port only
         s, got, _ = open_frame_stream(follower, port, TOKEN)
         s.close()
         assert got == status, port
-    assert call(f"http://{follower}:{CLIENT}/peer/v1/messages", "POST", TOKEN, {}) == 404
+    assert call(f"http://{follower}:{CLIENT}/peer/v1/partitions/0/snapshot", token=TOKEN) == 404
     # Retention holds are on both (a reader holds through the port it reads from), token first.
     hold = f"http://{follower}:{CLIENT}/v1/admin/partitions/0/holds/reader"
     assert call(hold, "PUT", None, {"min_index": 1, "ttl_seconds": 60}) == 401

@@ -75,7 +75,7 @@ def test_bad_append_bodies_are_named_400s_and_change_nothing(tmp_path: Path) -> 
 @pytest.mark.parametrize("value", [b"Bearer \xff", b"Bearer s3cret\xff", b"\xc3\xa9"])
 def test_a_non_ascii_token_is_a_401_not_a_500(tmp_path: Path, value: bytes) -> None:
     async def run(s: ClientSession, srv: TestServer, d: Any) -> None:
-        for path in (b"/v1/admin/partitions/0/holds", b"/peer/v1/stream"):
+        for path in (b"/v1/admin/partitions/0/holds", b"/peer/v1/partitions/0/snapshot"):
             rd, wr = await asyncio.open_connection("127.0.0.1", srv.port)
             wr.write(
                 b"GET "

@@ -38,7 +38,7 @@ GOOD = [
 @pytest.mark.parametrize(
     "lines",
     [
-        [b"GET /peer/v1/stream HTTP/1.1", *GOOD[1:]],  # another route: aiohttp's
+        [b"GET /peer/v1/partitions/0/snapshot HTTP/1.1", *GOOD[1:]],  # another route
         [b"GET /peer/v1/frames HTTP/1.0", *GOOD[1:]],
         [b"POST /peer/v1/frames HTTP/1.1", *GOOD[1:]],
         [GOOD[0], *GOOD[2:]],  # no Host

@@ -1,18 +1,18 @@
 """A peer sender against fake peers on loopback: frames its peer takes, back-off that starts
-over after a link that worked, and frames asked for again after a fallback."""
+over after a link that worked, and a refused handshake retried with back-off."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 
-import aiohttp
 import pytest
 
 from raftlog.node.core.messages import AppendRequest, HeartbeatRequest
 from raftlog.node.core.types import Entry
-from raftlog.node.transport import frames, peers
+from raftlog.node.transport import frames
 from raftlog.node.transport.frames import FrameTooLarge, Splitter
 from raftlog.node.transport.peers import PeerSender
 
@@ -50,14 +50,13 @@ def test_backoff_starts_over_after_a_link_that_worked():
 
     async def go() -> None:
         server, port = await fake_peer(for_a_while)
-        async with aiohttp.ClientSession() as s:
-            sender = PeerSender("p", f"http://127.0.0.1:{port}", s, None)
-            task = asyncio.create_task(sender.run())
-            started = time.monotonic()
-            while time.monotonic() - started < 4:
-                sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
-                await asyncio.sleep(0.01)
-            task.cancel()
+        sender = PeerSender("p", f"http://127.0.0.1:{port}", None)
+        task = asyncio.create_task(sender.run())
+        started = time.monotonic()
+        while time.monotonic() - started < 4:
+            sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
+            await asyncio.sleep(0.01)
+        task.cancel()
         server.close()
 
     asyncio.run(go())
@@ -82,18 +81,17 @@ def test_no_frame_is_larger_than_the_receiver_takes():
 
     async def go() -> None:
         server, port = await fake_peer(read_all)
-        async with aiohttp.ClientSession() as s:
-            sender = PeerSender("p", f"http://127.0.0.1:{port}", s, None)
-            for i in range(500):  # 10 MB of appends queued before the stream is up
-                e = (Entry(i + 1, 1, data=b"x" * 20_000),)
-                sender.send(0, [AppendRequest("me", "p", 1, i, 1, e, 0)])
-            task = asyncio.create_task(sender.run())
-            deadline = time.monotonic() + 10
-            while sender.queue or sender.link is None:
-                assert time.monotonic() < deadline, "the queue was never sent"
-                await asyncio.sleep(0.05)
-            await asyncio.sleep(0.3)  # for the fake peer to read the rest
-            task.cancel()
+        sender = PeerSender("p", f"http://127.0.0.1:{port}", None)
+        for i in range(500):  # 10 MB of appends queued before the stream is up
+            e = (Entry(i + 1, 1, data=b"x" * 20_000),)
+            sender.send(0, [AppendRequest("me", "p", 1, i, 1, e, 0)])
+        task = asyncio.create_task(sender.run())
+        deadline = time.monotonic() + 10
+        while sender.queue or sender.link is None:
+            assert time.monotonic() < deadline, "the queue was never sent"
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.3)  # for the fake peer to read the rest
+        task.cancel()
         server.close()
 
     asyncio.run(go())
@@ -101,34 +99,39 @@ def test_no_frame_is_larger_than_the_receiver_takes():
     assert len(received) >= 3 and sum(received) > 10_000_000
 
 
-def test_a_sender_asks_for_frames_again_some_time_after_falling_back(monkeypatch):
-    monkeypatch.setattr(peers, "RETRY_FRAMES_S", 0.5)
-    upgraded = asyncio.Event()
+def test_a_refused_handshake_is_retried_with_back_off_and_logged_once(caplog):
+    """Frames are the only transport: a peer that refuses the handshake (another token, or no
+    frame stream: 404) is asked again with back-off, its reason logged once, and streamed to
+    once it takes frames."""
+    takes = asyncio.Event()
     streams: list[float] = []
 
     async def hold(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         streams.append(time.monotonic())
         await r.read()  # until the sender goes
 
-    async def go() -> None:
-        server, port = await fake_peer(hold, upgraded.is_set)  # an old build: 404 to all
-        async with aiohttp.ClientSession() as s:
-            sender = PeerSender("p", f"http://127.0.0.1:{port}", s, None)
-            task = asyncio.create_task(sender.run())
-            sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
-            await asyncio.sleep(0.3)
-            assert sender.mode != "frames"  # fell back (404 to the WebSocket and POST too)
-            upgraded.set()  # the peer is upgraded and restarted
-            deadline = time.monotonic() + 10
-            while not streams:
-                assert time.monotonic() < deadline, "frames were never asked for again"
-                sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
-                await asyncio.sleep(0.05)
-            assert str(sender.mode) == "frames"  # (mypy narrowed it at the first assert)
-            task.cancel()
+    async def go() -> PeerSender:
+        server, port = await fake_peer(hold, takes.is_set)
+        sender = PeerSender("p", f"http://127.0.0.1:{port}", None)
+        task = asyncio.create_task(sender.run())
+        sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
+        await asyncio.sleep(0.5)
+        assert not streams and 2 <= sender.failures <= 5  # 50, 100, 200 ms apart: backing off
+        takes.set()
+        deadline = time.monotonic() + 10
+        while not streams:
+            assert time.monotonic() < deadline, "the peer was never streamed to"
+            await asyncio.sleep(0.05)
+        task.cancel()
         server.close()
+        return sender
 
-    asyncio.run(go())
+    with caplog.at_level(logging.WARNING, "raftlog.transport"):
+        sender = asyncio.run(go())
+    refused = [r for r in caplog.records if "HTTP 404" in r.getMessage()]
+    assert len(refused) == 1, caplog.text
+    assert "peer p unreachable" in refused[0].getMessage()
+    assert sender.connected and sender.last_failure == ""
 
 
 @pytest.mark.parametrize(("host", "expected"), [("10.0.0.1", b"10.0.0.1:7"), ("::1", b"[::1]:7")])

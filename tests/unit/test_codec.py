@@ -3,8 +3,6 @@ their exact fields, and a frame a peer got wrong is refused with a reason, never
 
 from __future__ import annotations
 
-from typing import Any, cast
-
 import msgspec
 import pytest
 
@@ -85,7 +83,7 @@ def test_malformed_entries_are_refused_with_a_reason(entries: list[object]) -> N
 def test_queued_messages_go_out_in_frames_a_peer_takes_in_order() -> None:
     """A sender's queue (messages held while its stream was down) leaves in frames of at most
     its budget, or one message alone, oldest first: a peer refuses a frame over its limit."""
-    sender = PeerSender("b", "http://127.0.0.1:1", cast(Any, None), None, frame_budget=4096)
+    sender = PeerSender("b", "http://127.0.0.1:1", None, frame_budget=4096)
     big = tuple(Entry(i, 1, EntryKind.NORMAL, b"x" * 1000) for i in range(1, 4))
     messages: list[tuple[int, Message]] = [
         (0, AppendRequest("a", "b", 1, 0, 0, big, 0)),  # 3 x 1,024 + 64 bytes

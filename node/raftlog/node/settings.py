@@ -65,13 +65,6 @@ class NodeSettings(BaseSettings):
         "request machinery (`server/fastpath.py`; about a tenth of its CPU per request); "
         "every other request there is served by aiohttp as before",
     )
-    peer_frames: bool = Field(
-        True,
-        description="stream Raft messages to peers over a raw connection of length-prefixed "
-        "frames (an HTTP/1.1 Upgrade on the peer port, `transport/frames.py`), handled in the "
-        "socket's callbacks with no task hop on either side; off: a WebSocket per peer, as "
-        "before (a peer that does not know frames is sent them over the WebSocket anyway)",
-    )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop",
         description="the event loop the node runs on: uvloop (libuv; its transports and "
@@ -285,6 +278,12 @@ class NodeSettings(BaseSettings):
             ctx.load_verify_locations(cafile=str(self.tls_ca_file))
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
+
+    @property
+    def peer_frames(self) -> bool:
+        """Not a setting: frames are the one peer transport. `server/node.py` still passes this
+        to `Transport`, which ignores it; the two go together."""
+        return True
 
     def client_ssl(self) -> ssl.SSLContext | None:
         """How this node verifies https peers (the system's CAs unless `tls_ca_file`), and the

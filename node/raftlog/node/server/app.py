@@ -19,7 +19,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
-from raftlog.node.core.errors import Compacted, InvalidMessage, NotLeader, ProposalRefused
+from raftlog.node.core.errors import Compacted, NotLeader, ProposalRefused
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, decode_record, encode_record
@@ -46,10 +46,8 @@ from raftlog.node.server.partition import (
     SequenceConflict,
     SnapshotTooOld,
 )
-from raftlog.node.server.peer_stream import add_stream_routes
 from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed, WalCorruption
 from raftlog.node.storage.snapshots import Chunk
-from raftlog.node.transport.codec import Ping, decode_frame
 
 
 def _bytes_field(item: dict[str, Any], name: str, where: str) -> bytes | None:
@@ -608,23 +606,7 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 # ====================================================================== peers
-async def peer_messages(request: web.Request) -> web.Response:
-    node = node_of(request)
-    try:
-        items = decode_frame(await request.read())
-    except InvalidMessage as e:
-        raise bad(e.field, e.reason) from None
-    node.heard(items)
-    for p, m in items:
-        if isinstance(m, Ping):
-            continue
-        d = node.driver(p)
-        if d is None:
-            raise ApiError(404, "unknown_partition", f"partition {p} does not exist here")
-        d.step(m)
-    return web.Response(status=204)
-
-
+# Raft messages come over the frame stream (`peer_frames.py`); these routes carry snapshots.
 def _snapshot_params(request: web.Request) -> tuple[PartitionDriver, str, int, int, int]:
     d = driver_of(request)
     leader = request.query.get("leader", "")
@@ -711,8 +693,6 @@ def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Applicat
         app.router.add_get("/v1/partitions/{partition}/keys/{key}", get_key)
     if "peer" in planes:
         admin.add_routes(app)
-        app.router.add_post("/peer/v1/messages", peer_messages)
-        add_stream_routes(app)
         app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
         app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
         app.router.add_post(

@@ -136,7 +136,7 @@ async def serve(settings: NodeSettings) -> None:
         aiohttp_server = runner.server  # the protocol factory the fast path hands over to
         assert aiohttp_server is not None
         appends = "client" in planes and settings.client_fast_path
-        frames = "peer" in planes and settings.peer_frames
+        frames = "peer" in planes
         # Every connection starts on the fast path's protocol, which admits it (or not) under
         # the listener's cap and hands whatever it does not serve itself to aiohttp.
         setting = "max_client_connections" if name == "client" else "max_peer_connections"

@@ -5,7 +5,7 @@ Each frame's messages are stepped into the partitions' drivers in the callback t
 the frame, in order: no task wakes between the socket and the driver. A frame that does not
 decode, or is larger than `max_request_bytes`, closes the stream (the sender reconnects and goes
 on with later frames); a message for a partition this node does not have is dropped and logged,
-as on the WebSocket stream.
+and the stream stays up.
 """
 
 from __future__ import annotations

@@ -5,15 +5,15 @@ same token and TLS as every peer call, then length-prefixed binary frames one wa
 TCP_NODELAY). The messages every partition sends to a peer in one turn of the event loop go out
 in one frame at the start of the next (a callback, no task hop): one write here and one read
 there for all of the node's partitions, not one per partition. Messages also queue while the
-stream is not up or the kernel's buffer for the peer is full, and go out together then.
-A peer that does not know frames (an older node, or `peer_frames` off: 404 on the handshake)
-is sent them over a WebSocket (`/peer/v1/stream`, a sender task writing each frame), and one
-that knows neither by `POST /peer/v1/messages`, one request per frame.
+stream is not up or the kernel's buffer for the peer is full, and go out together then. The
+frame stream is the only way Raft messages travel between peers: it measured fastest, against a
+WebSocket per peer and a POST per frame (bench/RESULTS.md, the sixth and second passes).
 
 A failed send drops its frame (Raft retransmits what matters) and the sender backs off, doubling
-from 50 ms to 2 s, until the peer answers again; a stream that cannot take a write within
-`SEND_TIMEOUT` (a peer that stopped reading) is dropped. The queue is bounded: when a peer is
-down for long, the oldest messages are dropped first.
+from 50 ms to 2 s, until the peer answers again; a peer that refuses the handshake (401: another
+token; 404: not a raftlog peer port) is retried the same way, and each new reason is logged once.
+A stream that cannot take a write within `SEND_TIMEOUT` (a peer that stopped reading) is dropped.
+The queue is bounded: when a peer is down for long, the oldest messages are dropped first.
 
 Snapshots stream in chunks, each with its offset and CRC32C; the receiver appends them to a
 partial file, so a transfer cut short resumes where it stopped.
@@ -27,7 +27,6 @@ import ssl
 import urllib.parse
 from collections import deque
 from collections.abc import Sequence
-from typing import Literal
 
 import aiohttp
 
@@ -41,23 +40,13 @@ log = logging.getLogger("raftlog.transport")
 
 MAX_QUEUE = 10_000
 BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
-STREAM_PATH = "/peer/v1/stream"
 SEND_TIMEOUT = 5.0
 FRAME_BUDGET = 4 * 1024 * 1024  # half of a node's default max_request_bytes
 CONNECT_TIMEOUT = 5.0  # TCP, TLS and the frame stream's handshake
-Mode = Literal["frames", "stream", "post"]
-# A peer (or a proxy before it) that does not know a stream's kind answers its handshake so.
-NOT_UNDERSTOOD = frozenset({400, 404, 426, 501})
-RETRY_FRAMES_S = 30.0  # a peer that did not take frames is asked again at a reconnect after this
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-class _Unsupported(Exception):
-    """The peer answered a stream's handshake with a NOT_UNDERSTOOD status (404 from an older
-    node): it does not know that kind."""
 
 
 class PeerSender:
@@ -65,29 +54,22 @@ class PeerSender:
         self,
         name: str,
         url: str,
-        session: aiohttp.ClientSession,
         token: str | None,
         ssl_context: ssl.SSLContext | None = None,
-        mode: Mode = "frames",
         frame_budget: int = FRAME_BUDGET,
     ):
         self.name = name
         self.frame_budget = frame_budget
         self.url = url
-        self.session = session
         self.token = token
         self.ssl_context = ssl_context
-        self.headers = {**auth_headers(token), "Content-Type": "application/x-raftlog-frame"}
         self.queue: deque[Item] = deque(maxlen=MAX_QUEUE)
         self.ready = asyncio.Event()
         self.sent_frames = 0
         self.failures = 0
         self.connected = False
-        self.preferred: Mode = mode
-        self.mode: Mode = mode  # steps down to "stream", then "post", when not understood
-        self.fell_back_at = 0.0  # loop time of the last step down; retried RETRY_FRAMES_S later
+        self.last_failure = ""  # logged once, until the reason changes or a link works
         self.link: frames.Link | None = None  # the frame stream, while it is up
-        self._closed = False  # the open WebSocket was closed by the peer or failed while reading
         self.task: asyncio.Task[None] | None = None
         self._flush_due = False
         self.seen_at: str | None = None  # the address the peer last connected to us from
@@ -136,37 +118,22 @@ class PeerSender:
 
     async def run(self) -> None:
         backoff = BACKOFF_MIN
-        loop = asyncio.get_running_loop()
         while True:
             await self.ready.wait()
             if not self.queue:
                 self.ready.clear()
                 continue
-            if self.mode != self.preferred and loop.time() - self.fell_back_at > RETRY_FRAMES_S:
-                self.mode = self.preferred  # the peer may have been upgraded since
             try:
-                if self.mode == "frames":
-                    await self._frames()
-                elif self.mode == "stream":
-                    await self._stream()
-                else:
-                    self.ready.clear()
-                    await self._post(self._take())
-                    if self.queue:  # more than one frame's worth waited
-                        self.ready.set()
+                await self._frames()
                 backoff = BACKOFF_MIN
-            except _Unsupported:
-                self.fell_back_at = loop.time()
-                if self.mode == "frames":
-                    log.info("peer %s has no %s; using a WebSocket", self.name, frames.PATH)
-                    self.mode = "stream"
-                else:
-                    log.info("peer %s has no %s; sending frames by POST", self.name, STREAM_PATH)
-                    self.mode = "post"
-            except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as e:
+            except (TimeoutError, OSError, RuntimeError) as e:
                 self.failures += 1
+                reason = str(e) or type(e).__name__
+                if self.connected or reason != self.last_failure:
+                    # Once per reason: a peer refusing our token is said, not retried silently.
+                    log.warning("peer %s unreachable: %s", self.name, reason)
+                    self.last_failure = reason
                 if self.connected:  # it worked until now: reconnect soon, not after a long wait
-                    log.warning("peer %s unreachable: %s", self.name, e)
                     backoff = BACKOFF_MIN
                 self.connected = False
                 await asyncio.sleep(backoff)
@@ -177,6 +144,7 @@ class PeerSender:
         if not self.connected:
             log.info("peer %s reachable at %s", self.name, self.url)
         self.connected = True
+        self.last_failure = ""
 
     async def _frames(self) -> None:
         """Open the frame stream and keep it until it fails (raises) or closes; `send` writes
@@ -237,64 +205,7 @@ class PeerSender:
         if status == 101:
             return link
         link.abort()
-        if status in NOT_UNDERSTOOD:
-            raise _Unsupported()
-        raise RuntimeError(f"HTTP {status} to the frame stream's handshake")
-
-    async def _stream(self) -> None:
-        """Open the stream and write frames to it until it fails (raises) or closes."""
-        try:
-            ws = await self.session.ws_connect(
-                self.url + STREAM_PATH,
-                headers=auth_headers(self.token),
-                autoping=True,
-                max_msg_size=0,
-                compress=0,
-                # Closing a stream whose peer stopped reading must not hold the sender for long.
-                timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=1.0),
-            )
-        except aiohttp.WSServerHandshakeError as e:
-            if e.status in NOT_UNDERSTOOD:
-                raise _Unsupported() from None
-            raise
-        self._closed = False
-        reader = asyncio.get_running_loop().create_task(self._watch(ws))
-        try:
-            self._reachable()
-            while True:
-                await self.ready.wait()
-                self.ready.clear()
-                if self._closed or ws.closed:
-                    raise ConnectionResetError(f"the stream to {self.name} was closed")
-                if not self.queue:
-                    continue
-                frame = self._take()
-                async with asyncio.timeout(SEND_TIMEOUT):
-                    await ws.send_bytes(frame)
-                self.sent_frames += 1
-                if self.queue:  # more than one frame's worth waited
-                    self.ready.set()
-        finally:
-            reader.cancel()
-            await ws.close()
-
-    async def _watch(self, ws: aiohttp.ClientWebSocketResponse) -> None:
-        """Read the stream (the peer sends nothing but control frames) to notice it closing."""
-        try:
-            async for _ in ws:
-                pass
-        finally:
-            self._closed = True
-            self.ready.set()
-
-    async def _post(self, frame: bytes) -> None:
-        async with self.session.post(
-            f"{self.url}/peer/v1/messages", data=frame, headers=self.headers
-        ) as resp:
-            if resp.status != 204:
-                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-        self.sent_frames += 1
-        self._reachable()
+        raise RuntimeError(f"HTTP {status} to the frame stream's handshake ({frames.PATH})")
 
 
 class Transport:
@@ -304,12 +215,11 @@ class Transport:
         peers: dict[str, str],
         token: str | None,
         ssl_context: ssl.SSLContext | None = None,
-        frames: bool = True,
+        frames: bool = True,  # ignored: see `NodeSettings.peer_frames`; goes with it
         frame_budget: int = FRAME_BUDGET,
     ) -> None:
         self.ssl_context = ssl_context
         self.frame_budget = frame_budget
-        self.mode: Mode = "frames" if frames else "stream"
         self.node_id = node_id
         self.peers = peers
         self.token = token
@@ -343,10 +253,7 @@ class Transport:
             sender.task.cancel()
 
     def _add(self, name: str, url: str) -> PeerSender:
-        assert self.session is not None
-        sender = PeerSender(
-            name, url, self.session, self.token, self.ssl_context, self.mode, self.frame_budget
-        )
+        sender = PeerSender(name, url, self.token, self.ssl_context, self.frame_budget)
         sender.task = asyncio.get_running_loop().create_task(sender.run())
         self.senders[name] = sender
         return sender
