@@ -1,4 +1,4 @@
-"""The client listener's fast path for appends (`server/fastpath.py`): the heads it takes, and a
+"""The client listener's fast path for appends (`server/listener.py`): the heads it takes, and a
 real node answering over raw sockets exactly as aiohttp does, handing every other request over."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from raftlog.node.local import LocalCluster
-from raftlog.node.server.fastpath import parse_head
+from raftlog.node.server.listener import parse_head
 
 pytestmark = [pytest.mark.e2e]
 

@@ -1,6 +1,6 @@
-"""The append body's fast path (`fast_records`, one typed decode) against the full parser
-(`parse_records`): whatever the fast path accepts, it turns into exactly the same records, and
-anything else falls through to the full parser (which names the field of the mistake)."""
+"""The one parser of an append body (`append_parse.parse_append`): any body gives its records or
+an error naming the field and the reason; each kind of mistake, and text without a UTF-8 form,
+named as the API's other errors are."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from raftlog.node.record import decode_record
 from raftlog.node.server.api_common import ApiError
-from raftlog.node.server.app import fast_records, parse_records
+from raftlog.node.server.append_parse import parse_append
 
 LIMIT = 64
 
@@ -62,20 +62,26 @@ bodies = st.one_of(
 )
 
 
-def full(body: Any) -> tuple[list[bytes], str | None, int] | ApiError:
-    try:
-        return parse_records(body, LIMIT)
-    except ApiError as e:
-        return e
+def parse(body: Any) -> tuple[list[bytes], str | None, int]:
+    return parse_append(json.dumps(body).encode(), LIMIT)
 
 
 @settings(max_examples=1500, deadline=None)
 @given(bodies)
-def test_the_fast_path_gives_what_the_full_parser_gives_or_steps_aside(body: Any) -> None:
-    raw = json.dumps(body).encode()
-    fast = fast_records(raw, LIMIT)
-    if fast is not None:
-        assert fast == full(body)
+def test_any_body_is_records_or_an_error_naming_the_field(body: Any) -> None:
+    try:
+        encoded, producer, first = parse(body)
+    except ApiError as e:
+        assert e.status in (400, 413) and e.body["field"] and e.body["reason"], e.body
+        return
+    items = body.get("records", [body])
+    assert len(encoded) == len(items) and producer == body.get("producer_id")
+    for i, (data, item) in enumerate(zip(encoded, items, strict=True)):
+        r = decode_record(data)
+        assert r.sequence == (-1 if producer is None else first + i)
+        if isinstance(item.get("value"), str):
+            assert r.value == item["value"].encode()
+        assert r.timestamp_ms == item.get("timestamp_ms", 0)
 
 
 @pytest.mark.parametrize(
@@ -87,12 +93,11 @@ def test_the_fast_path_gives_what_the_full_parser_gives_or_steps_aside(body: Any
         {"records": [{"value": "a"}, {"key": "b", "value": "c"}]},
         {"records": [{"value": "a"}, {"value": "b"}], "producer_id": "p", "sequence": 5},
         {"value": "é", "producer_id": "p", "sequence": 0},
+        {"key_b64": "eA==", "value_b64": "AP8="},
     ],
 )
-def test_the_bodies_clients_send_take_the_fast_path(body: dict[str, Any]) -> None:
-    fast = fast_records(json.dumps(body).encode(), LIMIT)
-    assert fast is not None and fast == parse_records(body, LIMIT)
-    encoded, producer, first = fast
+def test_the_bodies_clients_send(body: dict[str, Any]) -> None:
+    encoded, producer, first = parse(body)
     if producer is not None:  # each record carries its own sequence number, in order
         assert [decode_record(e).sequence for e in encoded] == list(
             range(first, first + len(encoded))
@@ -100,62 +105,55 @@ def test_the_bodies_clients_send_take_the_fast_path(body: dict[str, Any]) -> Non
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("raw", "status", "field"),
     [
-        b"{not json",
-        b"[1, 2]",
-        b'{"records": []}',
-        b'{"records": [{}]}',
-        b'{"key": 5}',
-        b'{"value_b64": "eQ=="}',
-        b'{"value": "x", "colour": "red"}',
-        b'{"records": [{"value": "a"}], "value": "b"}',
-        b'{"value": "x", "producer_id": "p"}',
-        b'{"value": "' + b"x" * (LIMIT + 1) + b'"}',
-        b'{"value": "\\ud800"}',
-    ],
-)
-def test_anything_else_is_left_to_the_full_parser(raw: bytes) -> None:
-    assert fast_records(raw, LIMIT) is None
-
-
-def test_a_lone_surrogate_is_a_named_400_not_a_500() -> None:
-    with pytest.raises(ApiError) as e:
-        parse_records(json.loads(b'{"value": "\\ud800"}'), LIMIT)
-    assert e.value.status == 400 and e.value.body["field"] == "records[0].value"
-
-
-@pytest.mark.parametrize(
-    ("raw", "field"),
-    [
-        (b'{"value": "a", "headers": {"h": "\\ud800"}}', "records[0].headers"),
-        (b'{"value": "a", "headers": {"\\udfff": "v"}}', "records[0].headers"),
-        (b'{"value": "a", "producer_id": "\\ud800", "sequence": 0}', "producer_id"),
-        (b'{"value": "a", "timestamp_ms": 18446744073709551616}', "records[0].timestamp_ms"),
-        (b'{"value": "a", "timestamp_ms": 9223372036854775808}', "records[0].timestamp_ms"),
+        (b"{not json", 400, "body"),
+        (b"[1, 2]", 400, "body"),
+        (b"[" * 5000 + b"]" * 5000, 400, "body"),
+        (b'{"records": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "body"),
+        (b'{"records": []}', 400, "records"),
+        (b'{"records": [{}]}', 400, "records[0]"),
+        (b'{"records": [{"value": "a"}, 7]}', 400, "records[1]"),
+        (b'{"key": 5}', 400, "records[0].key"),
+        (b'{"value_b64": "eQ"}', 400, "records[0].value_b64"),
+        (b'{"value": "x", "value_b64": "eQ=="}', 400, "records[0].value"),
+        (b'{"value": "x", "colour": "red"}', 400, "records[0].colour"),
+        (b'{"records": [{"value": "a", "colour": 1}]}', 400, "records[0].colour"),
+        (b'{"records": [{"value": "a"}], "colour": 1}', 400, "colour"),
+        (b'{"records": [{"value": "a"}], "value": "b"}', 400, "value"),
+        (b'{"value": "x", "producer_id": "p"}', 400, "sequence"),
+        (b'{"value": "x", "sequence": 1}', 400, "producer_id"),
+        (b'{"value": "x", "producer_id": "", "sequence": 1}', 400, "producer_id"),
+        (b'{"value": "x", "producer_id": "p", "sequence": -1}', 400, "sequence"),
+        (b'{"value": "x", "producer_id": "p", "sequence": true}', 400, "sequence"),
+        (b'{"value": "x", "headers": {"h": 1}}', 400, "records[0].headers"),
+        (b'{"value": "' + b"x" * (LIMIT + 1) + b'"}', 413, "records[0].value"),
+        (b'{"value": "\\ud800"}', 400, "records[0].value"),
+        (b'{"key": "\\ud800", "value": "v"}', 400, "records[0].key"),
+        (b'{"value": "a", "headers": {"h": "\\ud800"}}', 400, "records[0].headers"),
+        (b'{"value": "a", "headers": {"\\udfff": "v"}}', 400, "records[0].headers"),
+        (b'{"value": "a", "producer_id": "\\ud800", "sequence": 0}', 400, "producer_id"),
+        (b'{"\\ud800": 1}', 400, "body"),
+        (b'{"value": "a", "timestamp_ms": 18446744073709551616}', 400, "records[0].timestamp_ms"),
+        (b'{"value": "a", "timestamp_ms": 9223372036854775808}', 400, "records[0].timestamp_ms"),
+        (b'{"value": "a", "timestamp_ms": NaN}', 400, "records[0].timestamp_ms"),
         (
             b'{"records": [{"value": "a"}, {"value": "b", "timestamp_ms": 2e400}]}',
+            400,
             "records[1].timestamp_ms",
         ),
     ],
 )
-def test_text_without_utf8_and_out_of_range_times_are_named_400s(raw: bytes, field: str) -> None:
-    assert fast_records(raw, LIMIT) is None
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        assert field == "body"
-        return
+def test_bad_bodies_are_errors_naming_the_field(raw: bytes, status: int, field: str) -> None:
     with pytest.raises(ApiError) as e:
-        parse_records(body, LIMIT)
-    assert e.value.status == 400 and e.value.body["field"] == field
+        parse_append(raw, LIMIT)
+    assert (e.value.status, e.value.body["field"]) == (status, field), e.value.body
+    assert e.value.body["reason"]
 
 
-def test_the_largest_timestamp_is_taken_by_both_parsers() -> None:
-    body = {"value": "a", "timestamp_ms": 2**63 - 1}
-    fast = fast_records(json.dumps(body).encode(), LIMIT)
-    assert fast is not None and fast == parse_records(body, LIMIT)
-    assert decode_record(fast[0][0]).timestamp_ms == 2**63 - 1
+def test_the_largest_timestamp_is_taken() -> None:
+    (data,), _, _ = parse({"value": "a", "timestamp_ms": 2**63 - 1})
+    assert decode_record(data).timestamp_ms == 2**63 - 1
 
 
 def test_kafka_headers_keep_their_order_repeated_keys_and_bytes() -> None:
@@ -168,14 +166,13 @@ def test_kafka_headers_keep_their_order_repeated_keys_and_bytes() -> None:
             {"key": "empty", "value": ""},
         ],
     }
-    (data,), _, _ = parse_records(body, LIMIT)
+    (data,), _, _ = parse(body)
     assert decode_record(data).headers == [
         ("trace", b"a"),
         ("bin", b"\x00\xff\xfe"),
         ("trace", b"b"),
         ("empty", b""),
     ]
-    assert fast_records(json.dumps(body).encode(), LIMIT) is None  # the full parser's
 
 
 @pytest.mark.parametrize(
@@ -194,6 +191,6 @@ def test_kafka_headers_keep_their_order_repeated_keys_and_bytes() -> None:
 )  # fmt: skip
 def test_bad_kafka_headers_are_named_400s(headers: Any, field: str, reason: str) -> None:
     with pytest.raises(ApiError) as e:
-        parse_records({"records": [{"value": "v", "headers": headers}]}, LIMIT)
+        parse({"records": [{"value": "v", "headers": headers}]})
     assert (e.value.status, e.value.body["field"]) == (400, field)
     assert reason in e.value.body["reason"]

@@ -62,7 +62,7 @@ class NodeSettings(BaseSettings):
     client_fast_path: bool = Field(
         True,
         description="answer single-partition appends on the client listener without aiohttp's "
-        "request machinery (`server/fastpath.py`; about a tenth of its CPU per request); "
+        "request machinery (`server/listener.py`; about a tenth of its CPU per request); "
         "every other request there is served by aiohttp as before",
     )
     event_loop: Literal["uvloop", "asyncio"] = Field(

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import binascii
 import contextlib
-import json
 from typing import Any, Literal
 
 import aiohttp
@@ -22,7 +20,7 @@ from aiohttp import web
 from raftlog.node.core.errors import Compacted, NotLeader, ProposalRefused
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry, EntryKind
-from raftlog.node.record import Record, decode_record, encode_record
+from raftlog.node.record import decode_record
 from raftlog.node.routing import partition_for
 from raftlog.node.server import admin, columnar, timeindex, walpage
 from raftlog.node.server.api_common import (
@@ -31,11 +29,11 @@ from raftlog.node.server.api_common import (
     bad,
     driver_of,
     int_param,
-    json_body,
     make_guard,
     node_of,
     not_leader,
 )
+from raftlog.node.server.append_parse import parse_append
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import (
     AlreadyAppended,
@@ -50,38 +48,6 @@ from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed, WalCo
 from raftlog.node.storage.snapshots import Chunk
 
 
-def _bytes_field(item: dict[str, Any], name: str, where: str) -> bytes | None:
-    """`name` as UTF-8 text, or `name_b64` as base64; None when absent or null. Errors name
-    the field under `where`."""
-    text, b64 = item.get(name), item.get(f"{name}_b64")
-    if text is not None and b64 is not None:
-        raise bad(f"{where}.{name}", f"give {name} or {name}_b64, not both")
-    if b64 is not None:
-        if not isinstance(b64, str):
-            raise bad(f"{where}.{name}_b64", "must be a base64 string")
-        try:
-            return base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise bad(f"{where}.{name}_b64", "is not valid base64") from None
-    if text is None:
-        return None
-    if not isinstance(text, str):
-        raise bad(f"{where}.{name}", "must be a string or null")
-    try:
-        return text.encode()
-    except UnicodeEncodeError:  # a lone surrogate escape, "\ud800"
-        raise bad(f"{where}.{name}", "is not valid Unicode text") from None
-
-
-def _is_text(s: str) -> bool:
-    """False for a str that has no UTF-8 form (a lone surrogate escape, "\\ud800")."""
-    try:
-        s.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
 def require_mark(d: PartitionDriver, min_index: int) -> None:
     """503 `behind` when this replica's high-water mark is below `min_index` (read-your-writes:
     the caller retries, or asks another replica)."""
@@ -92,169 +58,6 @@ def require_mark(d: PartitionDriver, min_index: int) -> None:
             f"this replica's high-water mark {d.raft.commit} is below {min_index}",
             high_water_mark=d.raft.commit,
         )
-
-
-def _headers(raw: Any, i: int) -> dict[str, str] | list[tuple[str, bytes]]:
-    """A map of strings, or Kafka's headers: a list of {"key", "value" | "value_b64"} pairs
-    (keys may repeat, values may be any bytes)."""
-    where = f"records[{i}].headers"
-    if isinstance(raw, dict):
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in raw.items()):
-            raise bad(where, "must map strings to strings, or be a list of {key, value} pairs")
-        if not all(_is_text(k) and _is_text(v) for k, v in raw.items()):
-            raise bad(where, "is not valid Unicode text")
-        return raw
-    if not isinstance(raw, list):
-        raise bad(where, "must map strings to strings, or be a list of {key, value} pairs")
-    pairs: list[tuple[str, bytes]] = []
-    for j, pair in enumerate(raw):
-        at = f"{where}[{j}]"
-        if not isinstance(pair, dict) or set(pair) - {"key", "value", "value_b64"}:
-            raise bad(at, 'must be {"key": ..., "value": ...} or {"key": ..., "value_b64": ...}')
-        key = pair.get("key")
-        if not isinstance(key, str) or not _is_text(key):
-            raise bad(f"{at}.key", "must be a string of Unicode text")
-        value = _bytes_field(pair, "value", at)
-        if value is None:
-            raise bad(f"{at}.value", "is required (a string, or value_b64 for bytes)")
-        pairs.append((key, value))
-    return pairs
-
-
-def parse_records(body: Any, max_record_bytes: int) -> tuple[list[bytes], str | None, int]:
-    """The encoded records, and the producer id and first sequence of an idempotent append."""
-    if not isinstance(body, dict):
-        raise bad("body", "must be a JSON object")
-    producer = body.get("producer_id")
-    sequence = body.get("sequence")
-    if (producer is None) != (sequence is None):
-        raise bad("producer_id" if producer is None else "sequence", "give both or neither")
-    if producer is not None and (not isinstance(producer, str) or not 0 < len(producer) <= 200):
-        raise bad("producer_id", "must be a string of 1 to 200 characters")
-    if producer is not None and not _is_text(producer):
-        raise bad("producer_id", "is not valid Unicode text")
-    if sequence is not None and (
-        not isinstance(sequence, int) or isinstance(sequence, bool) or not 0 <= sequence < 2**62
-    ):
-        raise bad("sequence", "must be a non-negative integer")
-    if "records" in body:
-        items = body["records"]
-        if not isinstance(items, list) or not items:
-            raise bad("records", "must be a non-empty list")
-        extra = set(body) - {"records", "producer_id", "sequence"}
-    else:
-        items = [{k: v for k, v in body.items() if k not in ("producer_id", "sequence")}]
-        extra = set()
-    if extra:
-        raise bad(sorted(extra)[0], "unknown field")
-    out = []
-    allowed = {"key", "key_b64", "value", "value_b64", "headers", "timestamp_ms"}
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise bad(f"records[{i}]", "must be an object")
-        unknown = set(item) - allowed
-        if unknown:
-            raise bad(f"records[{i}].{sorted(unknown)[0]}", "unknown field")
-        key = _bytes_field(item, "key", f"records[{i}]")
-        value = _bytes_field(item, "value", f"records[{i}]")
-        if value is not None and len(value) > max_record_bytes:
-            raise ApiError(
-                413,
-                "too_large",
-                f"value is {len(value)} bytes, limit {max_record_bytes}",
-                f"records[{i}].value",
-            )
-        headers = _headers(item.get("headers", {}), i)
-        ts = item.get("timestamp_ms", 0)
-        if not isinstance(ts, int) or isinstance(ts, bool) or not 0 <= ts < 2**63:
-            raise bad(f"records[{i}].timestamp_ms", "must be an integer from 0 to 2**63 - 1")
-        if key is None and value is None:
-            raise bad(f"records[{i}]", "needs a key or a value")
-        seq = -1 if sequence is None else sequence + i
-        record = Record(key, value, headers, ts, producer, seq)
-        out.append(encode_record(record))
-    return out, producer, -1 if sequence is None else sequence
-
-
-class _RecordIn(msgspec.Struct, forbid_unknown_fields=True):
-    key: str | None = None
-    key_b64: str | None = None
-    value: str | None = None
-    value_b64: str | None = None
-    headers: dict[str, str] = {}
-    timestamp_ms: int = 0
-
-
-class _AppendIn(msgspec.Struct, forbid_unknown_fields=True):
-    records: list[_RecordIn] | msgspec.UnsetType = msgspec.UNSET
-    key: str | msgspec.UnsetType | None = msgspec.UNSET
-    key_b64: str | msgspec.UnsetType | None = msgspec.UNSET
-    value: str | msgspec.UnsetType | None = msgspec.UNSET
-    value_b64: str | msgspec.UnsetType | None = msgspec.UNSET
-    headers: dict[str, str] | msgspec.UnsetType = msgspec.UNSET
-    timestamp_ms: int | msgspec.UnsetType = msgspec.UNSET
-    producer_id: str | None = None
-    sequence: int | None = None
-
-
-_append_decoder = msgspec.json.Decoder(_AppendIn)
-
-
-def _unset(v: Any, default: Any) -> Any:
-    return default if v is msgspec.UNSET else v
-
-
-def fast_records(raw: bytes, max_record_bytes: int) -> tuple[list[bytes], str | None, int] | None:
-    """`parse_records` of a raw JSON body in one typed decode, for the bodies clients send:
-    text keys and values. None for anything else (base64 fields, any mistake): the caller then
-    runs `parse_records`, which accepts the same bodies and names the field of each mistake."""
-    try:
-        body = _append_decoder.decode(raw)
-    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError):
-        # ValidationError is a DecodeError; invalid UTF-8 inside a string is the last one
-        return None
-    producer, sequence = body.producer_id, body.sequence
-    if (producer is None) != (sequence is None):
-        return None
-    if producer is not None and not (
-        0 < len(producer) <= 200 and sequence is not None and 0 <= sequence < 2**62
-    ):
-        return None
-    single = (body.key, body.key_b64, body.value, body.value_b64, body.headers, body.timestamp_ms)
-    if isinstance(body.records, list):
-        if not body.records or any(v is not msgspec.UNSET for v in single):
-            return None
-        items = body.records
-    else:
-        items = [
-            _RecordIn(
-                _unset(body.key, None),
-                _unset(body.key_b64, None),
-                _unset(body.value, None),
-                _unset(body.value_b64, None),
-                _unset(body.headers, {}),
-                _unset(body.timestamp_ms, 0),
-            )
-        ]
-    out = []
-    seq = -1 if sequence is None else sequence
-    try:
-        for r in items:
-            if r.key_b64 is not None or r.value_b64 is not None or not 0 <= r.timestamp_ms < 2**63:
-                return None
-            key = None if r.key is None else r.key.encode()
-            value = None if r.value is None else r.value.encode()
-            if value is None:
-                if key is None:
-                    return None
-            elif len(value) > max_record_bytes:
-                return None
-            out.append(encode_record(Record(key, value, r.headers, r.timestamp_ms, producer, seq)))
-            if seq >= 0:
-                seq += 1
-    except UnicodeEncodeError:  # a lone surrogate in a key, value, header or producer id
-        return None
-    return out, producer, -1 if sequence is None else sequence
 
 
 def _header_json(key: str, value: bytes) -> dict[str, str]:
@@ -295,27 +98,17 @@ async def append(request: web.Request) -> web.Response:
 
 async def append_body(node: Node, d: PartitionDriver, raw: bytes) -> bytes:
     """An append of a raw request body to `d`: its JSON answer once committed, or `ApiError`.
-    (The client listener's fast path, `fastpath.py`, answers the same way.)"""
-    parsed = fast_records(raw, node.settings.max_record_bytes)
-    if parsed is None:
-        try:
-            body = json.loads(raw)
-        except (ValueError, RecursionError):  # also UnicodeDecodeError; nested too deep
-            raise bad("body", "is not valid JSON") from None
-        parsed = parse_records(body, node.settings.max_record_bytes)
-    return await _append_to(node, d, *parsed)
+    (The client listener, `listener.py`, answers its appends with this too.)"""
+    return await _append_to(node, d, *parse_append(raw, node.settings.max_record_bytes))
 
 
 async def append_by_key(request: web.Request) -> web.Response:
     """Records routed by key: the partition is `partition_for(key)`, the same for every client."""
     node = node_of(request)
-    body = await json_body(request)
-    items = body.get("records", [body]) if isinstance(body, dict) else None
-    if not isinstance(items, list) or not items:
-        raise bad("body", 'must be a record or {"records": [...]}')
+    parsed = parse_append(await request.read(), node.settings.max_record_bytes)
     parts = set()
-    for i, item in enumerate(items):
-        key = _bytes_field(item, "key", f"records[{i}]") if isinstance(item, dict) else None
+    for i, data in enumerate(parsed[0]):
+        key = decode_record(data).key
         if key is None:
             raise bad(f"records[{i}].key", "is required to route a record by key")
         parts.add(partition_for(key, len(node.drivers)))
@@ -323,7 +116,7 @@ async def append_by_key(request: web.Request) -> web.Response:
         raise bad("records", f"the keys map to partitions {sorted(parts)}; send one per partition")
     d = node.driver(parts.pop())
     assert d is not None
-    answer = await _append_to(node, d, *parse_records(body, node.settings.max_record_bytes))
+    answer = await _append_to(node, d, *parsed)
     return web.Response(body=answer, headers=_JSON_HEADERS)
 
 

@@ -31,7 +31,7 @@ from pydantic_core import PydanticUndefined
 from raftlog.node.core.config import RaftConfig, describe_validation_error
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app
 from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors
-from raftlog.node.server.fastpath import IDLE_S, Connections, FastPathProtocol
+from raftlog.node.server.listener import IDLE_S, Connections, ListenerProtocol
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings, load_settings
 from raftlog.node.storage.errors import CorruptFile, WalCorruption
@@ -144,7 +144,7 @@ async def serve(settings: NodeSettings) -> None:
         fast_servers.append(
             await loop.create_server(
                 lambda fallback=aiohttp_server, a=appends, f=frames, lim=admission: (
-                    FastPathProtocol(node, fallback, fast_conns, lim, appends=a, frames=f)
+                    ListenerProtocol(node, fallback, fast_conns, lim, appends=a, frames=f)
                 ),
                 settings.host,
                 port,

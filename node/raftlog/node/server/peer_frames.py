@@ -1,5 +1,5 @@
 """The receiving end of a peer's frame stream (`transport.frames`), once the listener's fast path
-has accepted its handshake (`server/fastpath.py`).
+has accepted its handshake (`server/listener.py`).
 
 Each frame's messages are stepped into the partitions' drivers in the callback that completes
 the frame, in order: no task wakes between the socket and the driver. A frame that does not

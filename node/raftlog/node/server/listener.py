@@ -1,15 +1,16 @@
-"""The client listener's fast path: single-partition appends answered without aiohttp's machinery.
+"""The protocol every connection to a node's listeners starts on (`ListenerProtocol`): it takes
+the two kinds of traffic that must not pay for aiohttp, single-partition appends (the fast path)
+and peers' frame stream handshakes, and hands every other request to aiohttp.
 
 aiohttp costs about 0.08 ms of CPU per request here (a null aiohttp server under 64 clients),
 most of what a leader spends per append under load; a bare asyncio protocol answering the same
-request costs about 0.01 ms. So each connection to the client listener starts on
-`FastPathProtocol`. A request it recognises exactly, `POST /v1/partitions/<n>/records` over
+request costs about 0.01 ms. A request it recognises exactly, `POST /v1/partitions/<n>/records` over
 HTTP/1.1 with one `Content-Length` and no header that changes how the body is framed or read,
 is answered here by the same code as the aiohttp route (`app.append_body`), with the same
 statuses, JSON bodies and `raftlog_request_seconds` observations. At the first request it does
 not recognise, the connection passes for good, with that request's bytes, to aiohttp's own
-protocol, which serves everything else (other routes, chunked bodies, `Expect`, upgrades to the
-WebSocket peer stream, HTTP/1.0, malformed heads and their 400s). Any doubt goes to aiohttp.
+protocol, which serves everything else (other routes, chunked bodies, `Expect`, other upgrades,
+HTTP/1.0, malformed heads and their 400s). Any doubt goes to aiohttp.
 
 On a listener that serves the peer plane, the same protocol accepts a peer's frame stream
 handshake (`transport.frames`): with the cluster's token it answers 101 and the connection passes
@@ -134,7 +135,7 @@ class Connections:
         # connection, and a buffered body, forever): answered 408 and closed.
         self.head_timeout_s = head_timeout_s
         self.body_timeout_s = body_timeout_s
-        self.open: set[FastPathProtocol] = set()
+        self.open: set[ListenerProtocol] = set()
         self.answers: set[asyncio.Task[None]] = set()
         self.streams: set[asyncio.Transport] = set()  # peers' frame streams
         self.draining = False
@@ -176,7 +177,7 @@ class Connections:
             t.close()
 
 
-class FastPathProtocol(asyncio.Protocol):
+class ListenerProtocol(asyncio.Protocol):
     """One connection: fast appends in order (`appends`), or a peer's frame stream (`frames`),
     until the first request that is neither (see the module's docstring). Requests are answered
     one at a time, in order."""
