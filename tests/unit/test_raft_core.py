@@ -210,17 +210,35 @@ def test_a_commit_is_told_by_the_next_append_or_by_tell_commit_never_by_itself()
     assert appends(drain(r, s)) == []
 
 
-def test_a_leader_tick_tells_an_untold_commit() -> None:
+def heartbeats(rd: Ready) -> list[tuple[str, int]]:
+    """(destination, commit) of each HeartbeatRequest sent."""
+    return sorted((m.dst, m.commit) for m in rd.messages if isinstance(m, HeartbeatRequest))
+
+
+@pytest.mark.parametrize("heartbeat_ticks", [1, 3])
+def test_a_leader_tick_tells_an_untold_commit_once(heartbeat_ticks: int) -> None:
+    """By the tick's heartbeat when one is due (no commit-only append beside it), else by a
+    commit-only append."""
+    cfg = CFG.model_copy(update={"heartbeat_ticks": heartbeat_ticks})
     s = storage_with([], term=1)
-    r = Raft("a", CFG, s)
+    r = Raft("a", cfg, s)
     elect(r, s)
     for f in ("b", "c"):
         r.step(AppendResponse(f, "a", r.term, True, 1))
     drain(r, s)
     assert r.commit_untold()
+    r.heartbeat_elapsed = 0
     r.tick()
-    assert appends(drain(r, s)) == [("b", 1, 0), ("c", 1, 0)]
+    rd = drain(r, s)
+    if heartbeat_ticks == 1:
+        assert heartbeats(rd) == [("b", 1), ("c", 1)]
+        assert appends(rd) == []
+    else:
+        assert heartbeats(rd) == []
+        assert appends(rd) == [("b", 1, 0), ("c", 1, 0)]
     assert not r.commit_untold()
+    r.tick()
+    assert appends(drain(r, s)) == []  # told once
 
 
 def test_follower_lag_is_unknown_until_the_follower_answers() -> None:

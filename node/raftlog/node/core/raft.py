@@ -805,6 +805,9 @@ class Raft:
             for node, pr in self.progress.items():
                 commit = min(pr.match, self.log.committed)
                 self._send(HeartbeatRequest(self.id, node, self.term, commit))
+                # The heartbeat tells the mark as an append would: `tell_commit` below need
+                # not send a commit-only append for it in the same tick.
+                pr.commit_sent = max(pr.commit_sent, commit)
         for node, pr in self.progress.items():
             if pr.state == ProgressState.SNAPSHOT and self.ticks >= pr.snapshot_retry_at:
                 self._request_snapshot(node, pr)

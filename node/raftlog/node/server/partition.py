@@ -47,9 +47,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("raftlog.node")
 
-# How long a leader waits, idle, before it tells followers a new high-water mark by a commit-only
-# append. Under load the next append carries it and no message is spent on it; a closed-loop
-# client's next append usually comes sooner than this. Follower reads trail by about this much.
+# How long a leader waits, idle (everything it holds committed), before it tells followers a new
+# high-water mark by a commit-only append. Under load the next append carries it and no message
+# is spent on it. Follower reads trail by about this much, or by one append round under load.
 COMMIT_TELL_DELAY = 0.002
 STUCK_TICKS = 2  # ticks the driver left untaken before the clock answers overdue appenders
 
@@ -411,13 +411,15 @@ class PartitionDriver:
             self.raft.tick()
         if ticks and self._waiters:
             self._expire_waiters(time.monotonic())
-        if self._tell:
-            self._tell = False
-            self.raft.tell_commit()
         props, self._proposals = self._proposals, []
         props = [p for p in props if not p.done.done()]  # not those told they were too late
-        if not props:
-            return
+        if props:
+            self._propose(props)
+        if self._tell:  # after the proposals: their appends carry the mark, if any came
+            self._tell = False
+            self.raft.tell_commit()
+
+    def _propose(self, props: list[_Proposal]) -> None:
         records = [r for prop in props for r in prop.records]
         try:
             placed = self.raft.propose_batch(records)
