@@ -279,12 +279,6 @@ class NodeSettings(BaseSettings):
             ctx.verify_mode = ssl.CERT_REQUIRED
         return ctx
 
-    @property
-    def peer_frames(self) -> bool:
-        """Not a setting: frames are the one peer transport. `server/node.py` still passes this
-        to `Transport`, which ignores it; the two go together."""
-        return True
-
     def client_ssl(self) -> ssl.SSLContext | None:
         """How this node verifies https peers (the system's CAs unless `tls_ca_file`), and the
         certificate it shows them when they ask for one (peer_client_cert_auth)."""

@@ -45,7 +45,6 @@ class Node:
             dict(settings.peers),
             self.token,
             settings.client_ssl(),
-            settings.peer_frames,
             settings.frame_budget,
         )
         self.metrics = NodeMetrics()
@@ -264,8 +263,7 @@ class Node:
 
     def step_streamed(self, items: list[Item], source: str) -> None:
         """Step a peer stream's messages into their partitions' drivers, in order; one for a
-        partition this node does not have is dropped and logged (`POST /peer/v1/messages`
-        answers it with 404 instead)."""
+        partition this node does not have is dropped and logged."""
         self.heard(items)
         for p, m in items:
             if isinstance(m, Ping):

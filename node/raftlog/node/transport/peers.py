@@ -215,7 +215,6 @@ class Transport:
         peers: dict[str, str],
         token: str | None,
         ssl_context: ssl.SSLContext | None = None,
-        frames: bool = True,  # ignored: see `NodeSettings.peer_frames`; goes with it
         frame_budget: int = FRAME_BUDGET,
     ) -> None:
         self.ssl_context = ssl_context
