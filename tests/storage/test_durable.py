@@ -320,7 +320,7 @@ def test_wal_stays_bounded_when_a_segment_holds_more_than_one_pass_removes(tmp_p
     entries (64 MiB holds ~500,000 records of 100 bytes; a pass removes at most 100,000). The
     floor must keep up with the applied index and old segments must go."""
     from raftlog.node.core.config import RaftConfig
-    from raftlog.node.storage.compactor import compact_behind
+    from raftlog.node.server.compaction_pass import compact_behind
 
     cfg = RaftConfig(
         compact_every_operations=100, compact_number_entries=20, max_entries_per_compaction=150

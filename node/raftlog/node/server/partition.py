@@ -30,14 +30,14 @@ from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
 from raftlog.node.server.commit_signal import CommitSignal
-from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.compactor import (
+from raftlog.node.server.compaction_pass import (
     CompactionPass,
     PendingSnapshot,
     begin_snapshot,
     compact_behind,
     snapshot_covering,
 )
+from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import StorageFailed
 from raftlog.node.storage.snapshots import SnapshotReceiver

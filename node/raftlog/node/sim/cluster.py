@@ -29,16 +29,16 @@ from raftlog.node.core.raft import MembershipOp, Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.storage import WritableStorage
 from raftlog.node.core.types import Membership, SnapshotMeta
-from raftlog.node.sim.invariants import ClusterChecker, InvariantViolation
-from raftlog.node.sim.network import Faults, Network
-from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.compactor import (
+from raftlog.node.server.compaction_pass import (
     PendingSnapshot,
     applied_snapshot_meta,
     begin_snapshot,
     compact_behind,
     snapshot_covering,
 )
+from raftlog.node.sim.invariants import ClusterChecker, InvariantViolation
+from raftlog.node.sim.network import Faults, Network
+from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.memory import MemoryStorage
 
