@@ -6,7 +6,6 @@ import pytest
 
 from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import InvalidMessage, MembershipError, NotLeader, ProposalRefused
-from raftlog.node.core.host import PartitionHost
 from raftlog.node.core.messages import (
     AppendRequest,
     AppendResponse,
@@ -18,6 +17,7 @@ from raftlog.node.core.messages import (
     VoteRequest,
     VoteResponse,
 )
+from raftlog.node.core.partition_host import PartitionHost
 from raftlog.node.core.progress import ProgressState
 from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.types import Entry, EntryKind, HardState, Membership

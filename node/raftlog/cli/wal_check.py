@@ -18,8 +18,8 @@ from typing import Any
 from raftlog.node.storage.errors import WalCorruption
 from raftlog.node.storage.journal import Found, list_journal, read_journal
 from raftlog.node.storage.recovery import WalAnalysis, analyze_wal, list_segments
-from raftlog.node.storage.report import wal_report
 from raftlog.node.storage.wal import Wal
+from raftlog.node.storage.wal_report import wal_report
 
 
 def add_parser(sub: Any) -> None:

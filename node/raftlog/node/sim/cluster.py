@@ -22,9 +22,9 @@ from raftlog.node.core.errors import (
     ProposalRefused,
     SafetyViolation,
 )
-from raftlog.node.core.host import PartitionHost
 from raftlog.node.core.liveness import PeerLiveness
 from raftlog.node.core.messages import InstallSnapshot, Message
+from raftlog.node.core.partition_host import PartitionHost
 from raftlog.node.core.raft import MembershipOp, Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.storage import WritableStorage

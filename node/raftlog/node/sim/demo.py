@@ -18,7 +18,7 @@ from raftlog.node.sim.cluster import Cluster, SimNode
 from raftlog.node.sim.invariants import InvariantViolation
 from raftlog.node.sim.network import Faults
 from raftlog.node.storage.recovery import analyze_wal
-from raftlog.node.storage.report import wal_report
+from raftlog.node.storage.wal_report import wal_report
 
 SHOWN = (
     "elected",
