@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import trustme
-from tests.loopback import free_loopback_net, kill_nodes, start_split_nodes
+from tests.e2e.loopback import free_loopback_net, kill_nodes, start_split_nodes
 
 from raftlog.client import AsyncClient
 

@@ -11,7 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from tests.frames import open_frame_stream
+from tests.e2e.raw_frame_stream import open_frame_stream
 
 from raftlog.node.core.messages import HeartbeatRequest
 from raftlog.node.local import LocalCluster

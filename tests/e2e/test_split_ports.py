@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.frames import open_frame_stream
-from tests.loopback import free_loopback_net, kill_nodes, start_split_nodes
+from tests.e2e.loopback import free_loopback_net, kill_nodes, start_split_nodes
+from tests.e2e.raw_frame_stream import open_frame_stream
 
 from raftlog.client import AsyncClient
 

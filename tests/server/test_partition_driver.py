@@ -8,7 +8,7 @@ import threading
 import time
 
 import pytest
-from tests.node.helpers import offer_empty_snapshot, until
+from tests.server.helpers import offer_empty_snapshot, until
 
 from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.messages import AppendRequest, PreVoteResponse, VoteResponse

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import ClientSession
 from aiohttp.test_utils import TestServer
 from crc32c import crc32c
-from tests.node.helpers import compacting_node, until
+from tests.server.helpers import compacting_node, until
 
 from raftlog.node.core.errors import Compacted
 from raftlog.node.core.messages import AppendRequest

@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
-from tests.node.helpers import compacting_node, until
+from tests.server.helpers import compacting_node, until
 
 from raftlog.node.core.raft import Role
 from raftlog.node.record import Record, encode_record

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from tests.node.helpers import compacting_node, offer_empty_snapshot, until
+from tests.server.helpers import compacting_node, offer_empty_snapshot, until
 
 from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.messages import AppendRequest
