@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from raftlog.client import AsyncClient
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 SMALL = int(os.environ.get("BENCH_SMALL_RECORDS", "2000000"))
 LARGE = int(os.environ.get("BENCH_LARGE_RECORDS", "20000"))

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import recovery
-from raftlog.node.local import LocalCluster, free_ports
+from raftlog.harness.local import LocalCluster, free_ports
 
 HERE = Path(__file__).resolve().parent
 LUA = HERE / "post.lua"

@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 from bench.compare import raftlog_body, wrk
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 TICK = os.sysconf("SC_CLK_TCK")
 SECONDS = float(os.environ.get("BENCH_SECONDS", "4"))

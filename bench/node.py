@@ -19,7 +19,7 @@ from pathlib import Path
 
 import aiohttp
 
-from raftlog.node.local import LocalCluster, free_ports
+from raftlog.harness.local import LocalCluster, free_ports
 
 SECONDS = 5.0
 VALUE = "x" * 90  # about 100 bytes encoded

@@ -33,7 +33,7 @@ from typing import Any
 
 from bench.compare import raftlog_body, wrk
 from bench.cpu_per_append import cpu_seconds
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 HERE = Path(__file__).parent
 SECONDS = float(os.environ.get("BENCH_SECONDS", "8"))

@@ -29,7 +29,7 @@ from typing import Any
 
 import aiohttp
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 CATCHUP_ENTRIES = int(os.environ.get("BENCH_CATCHUP_ENTRIES", "100000"))
 SNAPSHOT_BYTES = int(os.environ.get("BENCH_SNAPSHOT_MIB", "256")) * 1024 * 1024

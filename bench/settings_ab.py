@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from bench.compare import Run, Target, measure, raftlog_body
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 
 def parse_config(text: str) -> tuple[str, dict[str, str]]:

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 
 from raftlog.client import AsyncClient, Client, ClientError
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e]
 

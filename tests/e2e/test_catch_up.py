@@ -11,7 +11,7 @@ import pytest
 
 from raftlog.cli.main import main
 from raftlog.client import AsyncClient
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

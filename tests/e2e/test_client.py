@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from raftlog.client import AsyncClient
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e]
 TOKEN = "client-test-token"

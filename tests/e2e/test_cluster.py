@@ -8,7 +8,7 @@ import time
 import pytest
 
 from raftlog.client import AsyncClient, ClientError
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

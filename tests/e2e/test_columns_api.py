@@ -11,7 +11,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e]
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from raftlog.node.server.listener import parse_head
 
 pytestmark = [pytest.mark.e2e]

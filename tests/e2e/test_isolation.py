@@ -14,7 +14,7 @@ import time
 import pytest
 
 from raftlog.client import AsyncClient
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from tests.e2e.raw_frame_stream import open_frame_stream
 
+from raftlog.harness.local import LocalCluster
 from raftlog.node.core.messages import HeartbeatRequest
-from raftlog.node.local import LocalCluster
 from raftlog.node.transport.codec import encode_frame
 from raftlog.node.transport.frames import frame
 

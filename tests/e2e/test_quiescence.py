@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from raftlog.client import Client
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e]
 BUDGET = 16 << 20  # max_answer_buffer_bytes

@@ -12,7 +12,7 @@ import pytest
 import trustme
 
 from raftlog.client import AsyncClient
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e]
 FRAMES_ACCEPTED = 'raftlog_request_seconds_count{method="GET",route="/peer/v1/frames",status="101"}'

@@ -18,7 +18,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.client import AsyncClient
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from raftlog.spark.session import local_session
 
 # (partition, index, term, key, value, headers, timestamp) as the source returns it

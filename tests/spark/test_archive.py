@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from raftlog.spark.jobs import archive
 from tests.spark.helpers import Row, append, records, rows_of, wait_replicated
 

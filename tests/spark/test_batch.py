@@ -7,7 +7,7 @@ import json
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from tests.spark.helpers import append, raftlog_df, records, rows_of, wait_replicated
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

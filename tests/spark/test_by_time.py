@@ -12,7 +12,7 @@ from datetime import UTC
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from tests.spark.helpers import Row, append, raftlog_df, rows_of, wait_replicated, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

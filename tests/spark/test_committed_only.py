@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from tests.spark.helpers import append, records, rows_of, wait_replicated
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

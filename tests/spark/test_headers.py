@@ -13,7 +13,7 @@ from pyspark.sql import Row
 from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
 from raftlog.client import AsyncClient
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from raftlog.spark import arrow
 from tests.spark.helpers import raftlog_df
 

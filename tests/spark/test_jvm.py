@@ -14,8 +14,8 @@ import msgspec
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
+from raftlog.harness.local import LocalCluster
 from raftlog.node.core.types import Entry, EntryKind
-from raftlog.node.local import LocalCluster
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server import columnar, walpage
 from raftlog.node.storage.segment import ENTRY_FRAME, Rows, encode_commit, encode_entry

@@ -8,7 +8,7 @@ import itertools
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
-from raftlog.node.local import LocalCluster, free_ports
+from raftlog.harness.local import LocalCluster, free_ports
 from raftlog.spark.options import OptionError, parse
 from raftlog.spark.source import LogSplit, spread
 from tests.spark.helpers import append, records

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pytest
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from raftlog.node.server import columnar
 from raftlog.spark.nodes import DataLoss
 from raftlog.spark.options import parse

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from tests.spark.helpers import (
     Row,
     append,

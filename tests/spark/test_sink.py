@@ -19,7 +19,7 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from raftlog.node.routing import partition_for
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -12,7 +12,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from tests.spark.helpers import Row, append, raftlog_df, records, rows_of, wait_until
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

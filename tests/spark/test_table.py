@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from pyspark.sql import SparkSession
 
-from raftlog.node.local import LocalCluster
+from raftlog.harness.local import LocalCluster
 from tests.spark.helpers import Row, append, raftlog_df, records, rows_of, wait_replicated
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]

@@ -1,11 +1,10 @@
-"""A local cluster of real node processes on 127.0.0.1, for `raftctl local`, tests and demos."""
+"""A local cluster of real node processes on 127.0.0.1, for tests, benchmarks and demos."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -16,17 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    socks, ports = [], []
-    for _ in range(n):
-        s = socket.socket()
-        s.bind((host, 0))
-        socks.append(s)
-        ports.append(s.getsockname()[1])
-    for s in socks:
-        s.close()
-    return ports
+from raftlog.operator.ports import free_ports as free_ports  # re-exported for tests, bench
 
 
 @dataclass
