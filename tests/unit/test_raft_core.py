@@ -217,28 +217,56 @@ def heartbeats(rd: Ready) -> list[tuple[str, int]]:
 
 @pytest.mark.parametrize("heartbeat_ticks", [1, 3])
 def test_a_leader_tick_tells_an_untold_commit_once(heartbeat_ticks: int) -> None:
-    """By the tick's heartbeat when one is due (no commit-only append beside it), else by a
-    commit-only append."""
+    """One message per follower carries the new mark: a heartbeat when one goes to it, else a
+    commit-only append; never both, and nothing again on the next tick."""
     cfg = CFG.model_copy(update={"heartbeat_ticks": heartbeat_ticks})
     s = storage_with([], term=1)
     r = Raft("a", cfg, s)
     elect(r, s)
+    r.tick()  # a heartbeat round: b and c have not answered anything yet
+    drain(r, s)
     for f in ("b", "c"):
         r.step(AppendResponse(f, "a", r.term, True, 1))
     drain(r, s)
     assert r.commit_untold()
-    r.heartbeat_elapsed = 0
-    r.tick()
-    rd = drain(r, s)
-    if heartbeat_ticks == 1:
-        assert heartbeats(rd) == [("b", 1), ("c", 1)]
-        assert appends(rd) == []
-    else:
-        assert heartbeats(rd) == []
-        assert appends(rd) == [("b", 1, 0), ("c", 1, 0)]
+    for _ in range(heartbeat_ticks):
+        r.tick()
+        rd = drain(r, s)
+        told = [(d, c) for d, c, _ in appends(rd)] + heartbeats(rd)
+        if told:
+            break
+    assert sorted(told) == [("b", 1), ("c", 1)]
     assert not r.commit_untold()
     r.tick()
     assert appends(drain(r, s)) == []  # told once
+
+
+def test_heartbeats_skip_followers_that_answer_appends() -> None:
+    """A heartbeat goes only to a follower that got no append since the last round, or did
+    not answer in that time, or while a read waits for its confirmation."""
+    s = storage_with([], term=1)
+    r = Raft("a", CFG, s)  # a heartbeat every tick
+    elect(r, s)  # the no-op's appends went to b and c
+    for f in ("b", "c"):
+        r.step(AppendResponse(f, "a", r.term, True, 1))
+    drain(r, s)
+    r.tick()
+    assert heartbeats(drain(r, s)) == []  # both got appends and answered
+    r.tick()
+    assert heartbeats(drain(r, s)) == [("b", 1), ("c", 1)]  # nothing went to them since
+    r.propose(b"x")
+    assert appends(drain(r, s)) == [("b", 1, 1), ("c", 1, 1)]
+    r.step(AppendResponse("b", "a", r.term, True, 2))  # c does not answer
+    drain(r, s)
+    r.tick()
+    assert heartbeats(drain(r, s)) == [("c", 1)]
+    r.propose(b"y")
+    drain(r, s)
+    r.step(AppendResponse("b", "a", r.term, True, 3))
+    r.read_index(7)
+    drain(r, s)
+    r.tick()
+    assert [d for d, _ in heartbeats(drain(r, s))] == ["b", "c"]  # a read waits: both
 
 
 def test_follower_lag_is_unknown_until_the_follower_answers() -> None:

@@ -150,11 +150,13 @@ def test_heartbeats_carry_no_commit_above_what_the_follower_matched() -> None:
     r.step(AppendResponse("b", "a", 2, True, noop))
     drain(r, s)
     assert r.commit == noop
-    for _ in range(CFG.heartbeat_ticks):
+    beats: dict[str, list[int]] = {}
+    for _ in range(2 * CFG.heartbeat_ticks):  # b answered appends: its first beat may be skipped
         r.tick()
-    beats = {m.dst: m for m in sent(drain(r, s), HeartbeatRequest)}
-    assert beats["b"].commit == noop
-    assert beats["c"].commit == 0, "told c a commit it may not hold"
+        for m in sent(drain(r, s), HeartbeatRequest):
+            beats.setdefault(m.dst, []).append(m.commit)
+    assert beats["b"] == [noop]
+    assert beats["c"] and set(beats["c"]) == {0}, "told c a commit it may not hold"
 
 
 def test_a_follower_never_commits_past_what_this_leader_matched() -> None:

@@ -33,6 +33,7 @@ class Progress:
     last_response_tick: int = -1
     last_progress_tick: int = 0  # last tick the match point moved (detects lost appends)
     commit_sent: int = 0  # the high-water mark last told to this follower
+    appended: bool = False  # an append went to it since the leader's last heartbeat
     follower_commit: int = 0
     pending_snapshot: int = 0
     snapshot_attempt: int = 0
