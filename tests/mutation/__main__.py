@@ -24,7 +24,7 @@ from pathlib import Path
 from tests.mutation.mutants import MUTANTS, Mutant, apply
 
 ROOT = Path(__file__).resolve().parents[2]
-SUITES = ["tests/unit", "tests/simulation"]
+SUITES = ["tests/core", "tests/simulation"]
 
 
 def run_tests(copy: Path, seeds: int, workers: int, suites: list[str]) -> tuple[bool, str, float]:

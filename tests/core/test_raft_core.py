@@ -22,7 +22,7 @@ from raftlog.node.core.progress import ProgressState
 from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.types import Entry, EntryKind, HardState, Membership
 from raftlog.node.storage.memory import MemoryStorage
-from tests.unit.helpers import CFG, drain, sent, storage_with
+from tests.core.helpers import CFG, drain, sent, storage_with
 
 
 def elect(raft: Raft, storage: MemoryStorage) -> None:

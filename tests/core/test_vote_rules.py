@@ -16,7 +16,7 @@ from raftlog.node.core.messages import (
 )
 from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.storage.memory import MemoryStorage
-from tests.unit.helpers import CFG, drain, storage_with
+from tests.core.helpers import CFG, drain, storage_with
 
 FOUR = ("a", "b", "c", "d")
 M = TypeVar("M")

@@ -9,7 +9,7 @@ from raftlog.node.core.messages import AppendRequest, AppendResponse
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
 from raftlog.node.storage.memory import MemoryStorage
-from tests.unit.helpers import CFG, drain, sent, storage_with
+from tests.core.helpers import CFG, drain, sent, storage_with
 
 
 def ents(*pairs: tuple[int, int]) -> tuple[Entry, ...]:

@@ -9,8 +9,8 @@ from raftlog.node.core.messages import AppendResponse, HeartbeatRequest, Heartbe
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import ReadState
 from raftlog.node.storage.memory import MemoryStorage
-from tests.unit.helpers import CFG, drain, sent, storage_with
-from tests.unit.test_raft_core import elect
+from tests.core.helpers import CFG, drain, sent, storage_with
+from tests.core.test_raft_core import elect
 
 
 def leader_with_commit() -> tuple[Raft, MemoryStorage]:
