@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -245,18 +246,21 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _local_state(data_dir: str) -> dict[str, Any]:
-    path = Path(data_dir) / "cluster.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"no local cluster in {data_dir} (no cluster.json)")
-    return dict(json.loads(path.read_text()))
+def _local_state(args: argparse.Namespace) -> dict[str, Any] | None:
+    """What `raftctl local up` left in --data-dir; None, said on stderr, when there is nothing."""
+    path = Path(args.data_dir) / "cluster.json"
+    try:
+        if not path.is_file():
+            raise FileNotFoundError(f"no local cluster in {args.data_dir} (no cluster.json)")
+        return dict(json.loads(path.read_text()))
+    except FileNotFoundError as e:
+        print(f"raftctl local {args.local_command}: {e}", file=sys.stderr)
+        return None
 
 
 def _local_down(args: argparse.Namespace) -> int:
-    try:
-        state = _local_state(args.data_dir)
-    except FileNotFoundError as e:
-        print(f"raftctl local down: {e}", file=sys.stderr)
+    state = _local_state(args)
+    if state is None:
         return 1
     targets = [state["supervisor"]] if _alive(state["supervisor"]) else state["pids"]
     for pid in targets:
@@ -273,10 +277,8 @@ def _local_down(args: argparse.Namespace) -> int:
 
 
 def _local_status(args: argparse.Namespace) -> int:
-    try:
-        state = _local_state(args.data_dir)
-    except FileNotFoundError as e:
-        print(f"raftctl local status: {e}", file=sys.stderr)
+    state = _local_state(args)
+    if state is None:
         return 1
     running = [p for p in state["pids"] if _alive(p)]
     if not running:
@@ -289,44 +291,53 @@ def _local_status(args: argparse.Namespace) -> int:
 
 
 # ====================================================================== parser
-def add_parsers(sub: Any) -> None:
-    p = sub.add_parser("status", help="members, roles, leaders, high-water marks and lag")
+def _command(
+    sub: Any,
+    name: str,
+    help: str,
+    run: Callable[[argparse.Namespace], Coroutine[Any, Any, int]],
+    *,
+    partition: bool = True,
+) -> argparse.ArgumentParser:
+    """A cluster command's parser: the common options, `-p/--partition` (most commands act on one
+    partition), and `run` as what it does; the caller adds the command's own arguments."""
+    p: argparse.ArgumentParser = sub.add_parser(name, help=help)
     add_common(p)
-    p.set_defaults(run=lambda a: _run(_status(a)))
+    if partition:
+        p.add_argument("-p", "--partition", type=int, default=0)
+    p.set_defaults(run=lambda a: _run(run(a)))
+    return p
 
-    p = sub.add_parser("append", help="append records (one per VALUE) to a partition")
-    add_common(p)
-    p.add_argument("-p", "--partition", type=int, default=0)
+
+def add_parsers(sub: Any) -> None:
+    _command(
+        sub, "status", "members, roles, leaders, high-water marks and lag", _status, partition=False
+    )
+
+    p = _command(sub, "append", "append records (one per VALUE) to a partition", _append)
     p.add_argument("--key")
     p.add_argument("--producer-id", help="make the append idempotent (with --sequence)")
     p.add_argument("--sequence", type=int, default=0)
     p.add_argument("values", nargs="+")
-    p.set_defaults(run=lambda a: _run(_append(a)))
 
-    p = sub.add_parser("read", help="read committed records")
-    add_common(p)
-    p.add_argument("-p", "--partition", type=int, default=0)
+    p = _command(sub, "read", "read committed records", _read)
     p.add_argument("--from", dest="start", type=int, default=1)
     p.add_argument("--limit", type=int, default=100)
-    p.set_defaults(run=lambda a: _run(_read(a)))
 
-    p = sub.add_parser(
-        "tail", help="print the last committed records, and with -f each new one as it commits"
+    p = _command(
+        sub,
+        "tail",
+        "print the last committed records, and with -f each new one as it commits",
+        _tail,
     )
-    add_common(p)
-    p.add_argument("-p", "--partition", type=int, default=0)
     p.add_argument("-n", "--lines", type=int, default=10, help="how many of the last records")
     p.add_argument(
         "--from", dest="start", type=int, default=None, help="every record from this index on"
     )
     p.add_argument("-f", "--follow", action="store_true", help="then wait for new records")
-    p.set_defaults(run=lambda a: _run(_tail(a)))
 
-    p = sub.add_parser("lag", help="one follower's lag behind the leader")
-    add_common(p)
-    p.add_argument("-p", "--partition", type=int, default=0)
+    p = _command(sub, "lag", "one follower's lag behind the leader", _lag)
     p.add_argument("node")
-    p.set_defaults(run=lambda a: _run(_lag(a)))
 
     members = sub.add_parser("members", help="change a partition's membership")
     msub = members.add_subparsers(dest="op", required=True, metavar="OP")
@@ -335,30 +346,23 @@ def add_parsers(sub: Any) -> None:
         ("promote", "make a caught-up learner a voter"),
         ("remove", "remove a member"),
     ):
-        p = msub.add_parser(op, help=helptext)
-        add_common(p)
-        p.add_argument("-p", "--partition", type=int, default=0)
+        p = _command(msub, op, helptext, _members)
         p.add_argument("node")
         if op == "add-learner":
             p.add_argument("--url", required=True, help="the new member's base URL")
-        p.set_defaults(run=lambda a: _run(_members(a)))
 
     leader = sub.add_parser("leader", help="leadership")
     lsub = leader.add_subparsers(dest="leader_command", required=True, metavar="COMMAND")
-    p = lsub.add_parser("transfer", help="hand a partition's leadership to a voter")
-    add_common(p)
-    p.add_argument("-p", "--partition", type=int, default=0)
+    p = _command(lsub, "transfer", "hand a partition's leadership to a voter", _transfer)
     p.add_argument("target")
-    p.set_defaults(run=lambda a: _run(_transfer(a)))
 
     snap = sub.add_parser("snapshot", help="snapshots")
     ssub = snap.add_subparsers(dest="snapshot_command", required=True, metavar="COMMAND")
-    p = ssub.add_parser("install", help="install a snapshot on a member that needs one")
-    add_common(p)
-    p.add_argument("-p", "--partition", type=int, default=0)
+    p = _command(
+        ssub, "install", "install a snapshot on a member that needs one", _snapshot_install
+    )
     p.add_argument("--target", required=True)
     p.add_argument("--source", default="leader", help='a follower\'s name, or "leader"')
-    p.set_defaults(run=lambda a: _run(_snapshot_install(a)))
 
     local = sub.add_parser("local", help="a local cluster of real node processes")
     lo = local.add_subparsers(dest="local_command", required=True, metavar="COMMAND")

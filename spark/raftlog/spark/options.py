@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 EARLIEST = -2
 LATEST = -1
@@ -106,30 +106,38 @@ def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
     raise OptionError(name, f"must be true or false, got {raw!r}")
 
 
-def _int(opts: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
+N = TypeVar("N", int, float)
+D = TypeVar("D")  # the default: int | None for counts, float for seconds
+
+
+def _bounded(
+    opts: Mapping[str, str],
+    name: str,
+    default: D,
+    lo: N,
+    hi: N,
+    parse: Callable[[str], N],
+    what: str,
+) -> N | D:
+    """A number option within [lo, hi]; `parse` reads it and `what` names its kind in the error."""
     raw = opts.get(name.lower())
     if raw is None:
         return default
     try:
-        v = int(str(raw).strip())
+        v = parse(str(raw).strip())
     except ValueError:
-        raise OptionError(name, f"must be an integer, got {raw!r}") from None
+        raise OptionError(name, f"must be {what}, got {raw!r}") from None
     if not lo <= v <= hi:
         raise OptionError(name, f"must be between {lo} and {hi}, got {v}")
     return v
+
+
+def _int(opts: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
+    return _bounded(opts, name, default, lo, hi, int, "an integer")
 
 
 def _float(opts: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
-    raw = opts.get(name.lower())
-    if raw is None:
-        return default
-    try:
-        v = float(str(raw).strip())
-    except ValueError:
-        raise OptionError(name, f"must be a number, got {raw!r}") from None
-    if not lo <= v <= hi:
-        raise OptionError(name, f"must be between {lo} and {hi}, got {v}")
-    return v
+    return _bounded(opts, name, default, lo, hi, float, "a number")
 
 
 # Spark's time strings (JavaUtils.timeStringAsMs), as Kafka's maxTriggerDelay takes them.

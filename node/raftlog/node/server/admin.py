@@ -23,6 +23,8 @@ from raftlog.node.server.api_common import (
     node_of,
     not_leader,
 )
+from raftlog.node.server.node import Node
+from raftlog.node.server.partition import PartitionDriver
 
 OPS = ("add_learner", "promote", "remove")
 
@@ -39,6 +41,14 @@ def _str(body: dict[str, Any], name: str) -> str:
     if not isinstance(v, str) or not v:
         raise bad(name, "is required (a non-empty string)")
     return v
+
+
+def _refusal(node: Node, d: PartitionDriver, e: Exception) -> ApiError:
+    """The answer when the leader's own checks refuse an admin change: a follower names the
+    leader (421), the leader gives its reason (409), so the caller can fix the request."""
+    if isinstance(e, NotLeader):
+        return not_leader(node, d)
+    return ApiError(409, "refused", str(e))
 
 
 async def members(request: web.Request) -> web.Response:
@@ -65,9 +75,7 @@ async def members(request: web.Request) -> web.Response:
     except (NotLeader, MembershipError, ProposalRefused) as e:
         if url is not None:  # a refused change changes nothing
             node.transport.restore_peer(member, previous)
-        if isinstance(e, NotLeader):
-            raise not_leader(node, d) from None
-        raise ApiError(409, "refused", str(e)) from None
+        raise _refusal(node, d, e) from None
     try:
         await d.wait_committed(index, node.settings.append_timeout_s)
     except TimeoutError:
@@ -89,10 +97,8 @@ async def transfer(request: web.Request) -> web.Response:
     target = _str(await _json(request), "target")
     try:
         await d.run_on_core(lambda: d.raft.transfer_leadership(target))
-    except NotLeader:
-        raise not_leader(node, d) from None
-    except ProposalRefused as e:
-        raise ApiError(409, "refused", str(e)) from None
+    except (NotLeader, ProposalRefused) as e:
+        raise _refusal(node, d, e) from None
     deadline = asyncio.get_running_loop().time() + node.settings.append_timeout_s
     while asyncio.get_running_loop().time() < deadline:
         if d.raft.role != Role.LEADER:
@@ -109,10 +115,8 @@ async def snapshot_install(request: web.Request) -> web.Response:
         raise bad("source", 'must be a member\'s name or "leader"')
     try:
         result = await d.install_on(target, source)
-    except NotLeader:
-        raise not_leader(node, d) from None
-    except ProposalRefused as e:
-        raise ApiError(409, "refused", str(e)) from None
+    except (NotLeader, ProposalRefused) as e:
+        raise _refusal(node, d, e) from None
     except Exception as e:  # the transfer itself failed (network, the target's disk)
         raise ApiError(503, "transfer_failed", str(e)) from None
     return web.json_response({"partition": d.p, **result})
