@@ -17,8 +17,7 @@ from raftlog.operator.actions import (
     TransferLeader,
     Wait,
 )
-from raftlog.operator.models import MemberStatus, RaftClusterSpec, RaftClusterStatus
-from raftlog.operator.observed import (
+from raftlog.operator.cluster_views import (
     FollowerView,
     MemberObserved,
     NodeView,
@@ -26,6 +25,7 @@ from raftlog.operator.observed import (
     PartitionView,
     PodState,
 )
+from raftlog.operator.models import MemberStatus, RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.reconciler import (
     INSTALL_MAX_ATTEMPTS,
     Plan,

@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
+from raftlog.operator.cluster_views import FollowerView, PartitionView
 from raftlog.operator.models import MemberStatus
-from raftlog.operator.observed import FollowerView, PartitionView
 from raftlog.operator.safety import (
     can_serve_snapshot,
     caught_up,

@@ -20,9 +20,9 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
 from raftlog.operator import manifests
+from raftlog.operator.cluster_views import PodState
 from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.nodeapi import MemberTls
-from raftlog.operator.observed import PodState
 from raftlog.operator.reconciler import config_hash
 from raftlog.operator.runtime import PodInfo
 

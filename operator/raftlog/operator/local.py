@@ -27,10 +27,10 @@ import yaml
 from pydantic import ValidationError
 
 from raftlog.operator.actions import Event, describe
+from raftlog.operator.cluster_views import PodState
 from raftlog.operator.models import GROUP, KIND, RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.node_launch import node_args, node_env
 from raftlog.operator.nodeapi import NodeApi
-from raftlog.operator.observed import PodState
 from raftlog.operator.ports import free_ports
 from raftlog.operator.reconciler import config_hash
 from raftlog.operator.runtime import PassResult, PodInfo, reconcile_pass

@@ -22,7 +22,7 @@ from raftlog.operator.actions import (
     SyncPeers,
     TransferLeader,
 )
-from raftlog.operator.observed import NodeView, parse_node_status
+from raftlog.operator.cluster_views import NodeView, parse_node_status
 
 
 @dataclass(frozen=True)

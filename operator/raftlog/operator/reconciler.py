@@ -33,6 +33,7 @@ from raftlog.operator.actions import (
     Wait,
     describe,
 )
+from raftlog.operator.cluster_views import Observed, PartitionView
 from raftlog.operator.models import (
     Condition,
     MemberPartition,
@@ -43,7 +44,6 @@ from raftlog.operator.models import (
     RaftSettings,
     SnapshotInstall,
 )
-from raftlog.operator.observed import Observed, PartitionView
 from raftlog.operator.safety import (
     can_serve_snapshot,
     caught_up,

@@ -25,9 +25,9 @@ from raftlog.operator.actions import (
     Wait,
     describe,
 )
+from raftlog.operator.cluster_views import MemberObserved, Observed, PodState
 from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.nodeapi import NodeApi
-from raftlog.operator.observed import MemberObserved, Observed, PodState
 from raftlog.operator.reconciler import decide, record_outcome
 
 log = logging.getLogger("raftlog.operator")

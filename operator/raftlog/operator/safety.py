@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from collections.abc import Set as AbstractSet
 
+from raftlog.operator.cluster_views import FollowerView, PartitionView
 from raftlog.operator.models import MemberStatus
-from raftlog.operator.observed import FollowerView, PartitionView
 
 
 def majority(voters: int) -> int:
