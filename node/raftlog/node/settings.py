@@ -63,12 +63,12 @@ class NodeSettings(BaseSettings):
         True,
         description="answer single-partition appends on the client listener without aiohttp's "
         "request machinery (`server/listener.py`; about a tenth of its CPU per request); "
-        "every other request there is served by aiohttp as before",
+        "every other request there is served by aiohttp",
     )
     event_loop: Literal["uvloop", "asyncio"] = Field(
         "uvloop",
         description="the event loop the node runs on: uvloop (libuv; its transports and "
-        "scheduling are C, not Python: a 1-client append's p50 measured about 10 % lower) or "
+        "scheduling are C, not Python: a 1-client append's p50 about 10 % lower) or "
         "the standard library's asyncio loop",
     )
     auth_token_file: Path | None = Field(

@@ -81,7 +81,7 @@ class RaftConfig(BaseModel):
         "writes and fsyncs the whole keyed table, so its cost grows with the table, not with "
         "the operations: 10,000 (hashicorp/raft snapshots every 8,192 entries, etcd before 3.2 "
         "every 10,000, etcd 3.4 and ZooKeeper every 100,000) keeps it to a few passes a second "
-        "at 50,000 appends/s, where 1,000 made it about 35 a second.",
+        "at 50,000 appends/s (1,000 would be about 35 a second).",
     )
     compact_every_bytes: int = Field(
         64 * 1024 * 1024,
