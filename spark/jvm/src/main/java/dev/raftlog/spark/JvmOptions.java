@@ -9,6 +9,8 @@ import java.util.Map;
 import java.util.Set;
 import java.util.TreeMap;
 import java.util.TreeSet;
+import java.util.function.Function;
+import java.util.function.Predicate;
 import java.util.regex.Matcher;
 import java.util.regex.Pattern;
 
@@ -259,20 +261,7 @@ final class JvmOptions implements Serializable {
   }
 
   private static long integer(Map<String, String> o, String name, long dflt, long lo, long hi) {
-    String raw = o.get(name.toLowerCase(Locale.ROOT));
-    if (raw == null) {
-      return dflt;
-    }
-    long v;
-    try {
-      v = Long.parseLong(raw.strip());
-    } catch (NumberFormatException e) {
-      throw new OptionException(name, "must be an integer, got " + repr(raw));
-    }
-    if (v < lo || v > hi) {
-      throw new OptionException(name, "must be between " + lo + " and " + hi + ", got " + v);
-    }
-    return v;
+    return bounded(o, name, dflt, Long::parseLong, "an integer", v -> v >= lo && v <= hi, lo, hi);
   }
 
   private static double duration(Map<String, String> o, String name, double dfltS) {
@@ -305,17 +294,33 @@ final class JvmOptions implements Serializable {
 
   private static double number(
       Map<String, String> o, String name, double dflt, double lo, double hi) {
+    return bounded(o, name, dflt, Double::parseDouble, "a number", v -> v >= lo && v <= hi, lo, hi);
+  }
+
+  /**
+   * The option {@code name} parsed, {@code dflt} when it is not set: an OptionException when it
+   * does not parse (as {@code what}) or is not within [lo, hi] (a NaN is not).
+   */
+  private static <T> T bounded(
+      Map<String, String> o,
+      String name,
+      T dflt,
+      Function<String, T> parse,
+      String what,
+      Predicate<T> within,
+      T lo,
+      T hi) {
     String raw = o.get(name.toLowerCase(Locale.ROOT));
     if (raw == null) {
       return dflt;
     }
-    double v;
+    T v;
     try {
-      v = Double.parseDouble(raw.strip());
+      v = parse.apply(raw.strip());
     } catch (NumberFormatException e) {
-      throw new OptionException(name, "must be a number, got " + repr(raw));
+      throw new OptionException(name, "must be " + what + ", got " + repr(raw));
     }
-    if (!(v >= lo && v <= hi)) {
+    if (!within.test(v)) {
       throw new OptionException(name, "must be between " + lo + " and " + hi + ", got " + v);
     }
     return v;

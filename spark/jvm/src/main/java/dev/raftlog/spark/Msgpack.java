@@ -5,19 +5,26 @@ import java.nio.charset.StandardCharsets;
 /**
  * A MessagePack cursor over [at, end) of a byte array, reading the types a WAL page and a
  * record use, as msgspec does: strings must be valid UTF-8, byte strings are bin (not str).
- * What does not hold is {@link #MALFORMED}, one exception without a stack trace (raw data is
- * not a bug: its row is built without a trace per row).
+ * What does not hold is {@link #MALFORMED}, or {@link #ENDS_EARLY} where the bytes run out before
+ * a value or a length needs them: exceptions without a stack trace (raw data is not a bug: its row
+ * is built without a trace per row). A reader with its own messages ({@link Page}) tells them
+ * apart by {@link Malformed#early}.
  */
 final class Msgpack {
   static final class Malformed extends RuntimeException {
     private static final long serialVersionUID = 1L;
 
-    private Malformed() {
-      super("malformed MessagePack", null, false, false);
+    /** Whether the bytes ran out (a value or a length past the end), not a wrong type. */
+    final boolean early;
+
+    private Malformed(boolean early) {
+      super(early ? "MessagePack that ends early" : "malformed MessagePack", null, false, false);
+      this.early = early;
     }
   }
 
-  static final Malformed MALFORMED = new Malformed();
+  static final Malformed MALFORMED = new Malformed(false);
+  static final Malformed ENDS_EARLY = new Malformed(true);
   private static final int MAX_DEPTH = 64;
 
   byte[] b;
@@ -33,7 +40,7 @@ final class Msgpack {
 
   private int u8() {
     if (at >= end) {
-      throw MALFORMED;
+      throw ENDS_EARLY;
     }
     return b[at++] & 0xff;
   }
@@ -48,7 +55,7 @@ final class Msgpack {
 
   private int length(long n) {
     if (n > end - at) {
-      throw MALFORMED;
+      throw ENDS_EARLY;
     }
     return (int) n;
   }
@@ -71,11 +78,19 @@ final class Msgpack {
 
   /** Whether the next value is an array (without reading it). */
   boolean atArray() {
-    if (at >= end) {
-      return false;
-    }
-    int t = b[at] & 0xff;
+    int t = peek();
     return (t & 0xf0) == 0x90 || t == 0xdc || t == 0xdd;
+  }
+
+  /** Whether the next value is a bin (without reading it). */
+  boolean atBin() {
+    int t = peek();
+    return t >= 0xc4 && t <= 0xc6;
+  }
+
+  /** The next byte, or -1 past the end. */
+  private int peek() {
+    return at < end ? b[at] & 0xff : -1;
   }
 
   private static int fail() {
@@ -96,15 +111,32 @@ final class Msgpack {
   }
 
   int bin() {
-    int t = u8();
-    long n = t == 0xc4 ? u8() : t == 0xc5 ? u16() : t == 0xc6 ? u32() : fail();
+    long n = binHeader();
     start = at;
     at += length(n);
     return (int) n;
   }
 
+  /**
+   * A bin's length as its header says, the cursor at its first byte: not yet checked against the
+   * bytes left, as {@link #bin} checks it.
+   */
+  long binHeader() {
+    int t = u8();
+    return t == 0xc4 ? u8() : t == 0xc5 ? u16() : t == 0xc6 ? u32() : fail();
+  }
+
   /** A valid UTF-8 string's length in bytes (its bytes from {@link #start}). */
   int str() {
+    int n = strBytes();
+    if (!Utf8.valid(b, start, at)) {
+      throw MALFORMED;
+    }
+    return n;
+  }
+
+  /** A string's length in bytes (its bytes from {@link #start}), not checked to be UTF-8. */
+  int strBytes() {
     int t = u8();
     long n;
     if ((t & 0xe0) == 0xa0) {
@@ -114,9 +146,6 @@ final class Msgpack {
     }
     start = at;
     at += length(n);
-    if (!Utf8.valid(b, start, at)) {
-      throw MALFORMED;
-    }
     return (int) n;
   }
 

@@ -35,8 +35,6 @@ final class Page {
     int length;
   }
 
-  private int at;
-
   Page(byte[] buf) {
     this.buf = buf;
   }
@@ -44,47 +42,54 @@ final class Page {
   /** The page in {@code raw}; IllegalArgumentException when it is not one. */
   static Page parse(byte[] raw) {
     Page p = new Page(raw);
-    try {
-      p.read();
-    } catch (ArrayIndexOutOfBoundsException e) {
-      throw new IllegalArgumentException("the page ends early", e);
-    }
+    p.read();
     return p;
   }
 
+  /** Read through {@link Msgpack}'s cursor, its failures told in the page's own words. */
   private void read() {
-    int head = u8();
+    Msgpack in = new Msgpack();
+    in.reset(buf, 0, buf.length);
     int fields;
-    if ((head & 0xf0) == 0x80) {
-      fields = head & 0x0f;
-    } else if (head == 0xde) {
-      fields = u16();
-    } else if (head == 0xdf) {
-      fields = (int) u32();
-    } else {
-      throw new IllegalArgumentException("not a MessagePack map: " + hex(head));
+    try {
+      fields = in.mapLen();
+    } catch (Msgpack.Malformed e) {
+      throw bad(e, "not a MessagePack map: ", 0);
     }
     for (int i = 0; i < fields; i++) {
-      String name = string();
-      int tag = buf[at] & 0xff;
-      if (tag == 0xc4 || tag == 0xc5 || tag == 0xc6) {
-        Span s = span(name);
-        at++;
-        int len = binLength(tag);
-        if (s != null) {
-          s.buf = buf;
-          s.offset = at;
-          s.length = len;
+      int at = in.at;
+      String name;
+      try {
+        int n = in.strBytes(); // not checked to be UTF-8: a name not valid is one not read
+        name = new String(buf, in.start, n, StandardCharsets.UTF_8);
+      } catch (Msgpack.Malformed e) {
+        throw bad(e, "a field name that is not a string: ", at);
+      }
+      at = in.at;
+      try {
+        if (in.atBin()) {
+          long len = in.binHeader();
+          if (len > in.end - in.at) {
+            throw new IllegalArgumentException("a buffer of " + len + " bytes past the page's end");
+          }
+          Span s = span(name);
+          if (s != null) {
+            s.buf = buf;
+            s.offset = in.at;
+            s.length = (int) len;
+          }
+          in.at += (int) len;
+        } else {
+          long v = in.integer();
+          switch (name) {
+            case "partition" -> partition = v;
+            case "count" -> count = v;
+            case "next" -> next = v;
+            default -> { } // high_water_mark, compaction_floor: not needed to read
+          }
         }
-        at += len;
-      } else {
-        long v = integer();
-        switch (name) {
-          case "partition" -> partition = v;
-          case "count" -> count = v;
-          case "next" -> next = v;
-          default -> { } // high_water_mark, compaction_floor: not needed to read
-        }
+      } catch (Msgpack.Malformed e) {
+        throw bad(e, "an unexpected value: ", at);
       }
     }
     if (count < 0 || next < 0 || partition < 0 || index.offset < 0) {
@@ -126,68 +131,13 @@ final class Page {
     };
   }
 
-  private int binLength(int tag) {
-    long n = tag == 0xc4 ? u8() : tag == 0xc5 ? u16() : u32();
-    if (n > buf.length - at) {
-      throw new IllegalArgumentException("a buffer of " + n + " bytes past the page's end");
-    }
-    return (int) n;
-  }
-
-  private String string() {
-    int tag = u8();
-    int len;
-    if ((tag & 0xe0) == 0xa0) {
-      len = tag & 0x1f;
-    } else if (tag == 0xd9) {
-      len = u8();
-    } else if (tag == 0xda) {
-      len = u16();
-    } else {
-      throw new IllegalArgumentException("a field name that is not a string: " + hex(tag));
-    }
-    String s = new String(buf, at, len, StandardCharsets.UTF_8);
-    at += len;
-    return s;
-  }
-
-  private long integer() {
-    int tag = u8();
-    if (tag <= 0x7f) {
-      return tag;
-    }
-    if (tag >= 0xe0) {
-      return (byte) tag;
-    }
-    return switch (tag) {
-      case 0xcc -> u8();
-      case 0xcd -> u16();
-      case 0xce -> u32();
-      case 0xcf, 0xd3 -> s64();
-      case 0xd0 -> buf[at++];
-      case 0xd1 -> (short) u16();
-      case 0xd2 -> (int) u32();
-      default -> throw new IllegalArgumentException("an unexpected value: " + hex(tag));
-    };
-  }
-
-  private static String hex(int tag) {
-    return "0x" + Integer.toHexString(tag);
-  }
-
-  private int u8() {
-    return buf[at++] & 0xff;
-  }
-
-  private int u16() {
-    return (u8() << 8) | u8();
-  }
-
-  private long u32() {
-    return ((long) u16() << 16) | u16();
-  }
-
-  private long s64() {
-    return (u32() << 32) | u32();
+  /**
+   * The page's own message where the cursor failed: its bytes ran out, or the value at {@code at}
+   * is not the one {@code wanted}.
+   */
+  private IllegalArgumentException bad(Msgpack.Malformed e, String wanted, int at) {
+    return e.early
+        ? new IllegalArgumentException("the page ends early", e)
+        : new IllegalArgumentException(wanted + "0x" + Integer.toHexString(buf[at] & 0xff));
   }
 }
