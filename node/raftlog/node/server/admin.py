@@ -43,16 +43,16 @@ def _str(body: dict[str, Any], name: str) -> str:
     return v
 
 
-def _refusal(node: Node, d: PartitionDriver, e: Exception) -> ApiError:
+def _refusal(node: Node, driver: PartitionDriver, e: Exception) -> ApiError:
     """The answer when the leader's own checks refuse an admin change: a follower names the
     leader (421), the leader gives its reason (409), so the caller can fix the request."""
     if isinstance(e, NotLeader):
-        return not_leader(node, d)
+        return not_leader(node, driver)
     return ApiError(409, "refused", str(e))
 
 
 async def members(request: web.Request) -> web.Response:
-    node, d = node_of(request), driver_of(request)
+    node, driver = node_of(request), driver_of(request)
     body = await _json(request)
     raw_op, member = _str(body, "op"), _str(body, "node")
     if raw_op not in OPS:
@@ -65,25 +65,25 @@ async def members(request: web.Request) -> web.Response:
         raise bad("url", "must be an http(s) URL")
     if op == "add_learner" and url is None and member not in node.transport.peers:
         raise bad("url", f"the address of {member} is unknown here; give its url")
-    if d.raft.role != Role.LEADER:
-        raise not_leader(node, d)  # before anything changes here, the address included
+    if driver.raft.role != Role.LEADER:
+        raise not_leader(node, driver)  # before anything changes here, the address included
     previous = node.transport.peers.get(member)
     if url is not None:
         node.transport.add_peer(member, url)  # the leader's appends to a new learner need it
     try:
-        index, term = await d.run_on_core(lambda: d.raft.propose_membership(op, member))
+        index, term = await driver.run_on_core(lambda: driver.raft.propose_membership(op, member))
     except (NotLeader, MembershipError, ProposalRefused) as e:
         if url is not None:  # a refused change changes nothing
             node.transport.restore_peer(member, previous)
-        raise _refusal(node, d, e) from None
+        raise _refusal(node, driver, e) from None
     try:
-        await d.wait_committed(index, node.settings.append_timeout_s)
+        await driver.wait_committed(index, node.settings.append_timeout_s)
     except TimeoutError:
         raise ApiError(503, "timeout", f"the change at {index} is not committed yet") from None
-    st = d.raft.status()
+    st = driver.raft.status()
     return web.json_response(
         {
-            "partition": d.p,
+            "partition": driver.p,
             "index": index,
             "term": term,
             "voters": sorted(st.membership.voters),
@@ -93,59 +93,59 @@ async def members(request: web.Request) -> web.Response:
 
 
 async def transfer(request: web.Request) -> web.Response:
-    node, d = node_of(request), driver_of(request)
+    node, driver = node_of(request), driver_of(request)
     target = _str(await _json(request), "target")
     try:
-        await d.run_on_core(lambda: d.raft.transfer_leadership(target))
+        await driver.run_on_core(lambda: driver.raft.transfer_leadership(target))
     except (NotLeader, ProposalRefused) as e:
-        raise _refusal(node, d, e) from None
+        raise _refusal(node, driver, e) from None
     deadline = asyncio.get_running_loop().time() + node.settings.append_timeout_s
     while asyncio.get_running_loop().time() < deadline:
-        if d.raft.role != Role.LEADER:
-            return web.json_response({"partition": d.p, "leader": d.raft.leader})
+        if driver.raft.role != Role.LEADER:
+            return web.json_response({"partition": driver.p, "leader": driver.raft.leader})
         await asyncio.sleep(0.02)
     raise ApiError(503, "timeout", f"{target} did not take over in time")
 
 
 async def snapshot_install(request: web.Request) -> web.Response:
-    node, d = node_of(request), driver_of(request)
+    node, driver = node_of(request), driver_of(request)
     body = await _json(request)
     target, source = _str(body, "target"), body.get("source", "leader")
     if not isinstance(source, str) or not source:
         raise bad("source", 'must be a member\'s name or "leader"')
     try:
-        result = await d.install_on(target, source)
+        result = await driver.install_on(target, source)
     except (NotLeader, ProposalRefused) as e:
-        raise _refusal(node, d, e) from None
+        raise _refusal(node, driver, e) from None
     except Exception as e:  # the transfer itself failed (network, the target's disk)
         raise ApiError(503, "transfer_failed", str(e)) from None
-    return web.json_response({"partition": d.p, **result})
+    return web.json_response({"partition": driver.p, **result})
 
 
 async def compact(request: web.Request) -> web.Response:
-    d = driver_of(request)
-    done = await d.compact_now()
+    driver = driver_of(request)
+    done = await driver.compact_now()
     return web.json_response(
         {
-            "partition": d.p,
-            "snapshot_index": d.storage.snapshot_meta().index,
+            "partition": driver.p,
+            "snapshot_index": driver.storage.snapshot_meta().index,
             "compacted_entries": done.dropped if done else 0,
-            "compaction_floor": d.storage.compaction_floor(),
+            "compaction_floor": driver.storage.compaction_floor(),
         }
     )
 
 
 async def lag(request: web.Request) -> web.Response:
-    node, d = node_of(request), driver_of(request)
+    node, driver = node_of(request), driver_of(request)
     follower = request.match_info["follower"]
-    if d.raft.role != Role.LEADER:
-        raise not_leader(node, d)
-    st = d.raft.status().followers.get(follower)
+    if driver.raft.role != Role.LEADER:
+        raise not_leader(node, driver)
+    st = driver.raft.status().followers.get(follower)
     if st is None:
-        raise ApiError(404, "unknown_member", f"{follower} is not a member of partition {d.p}")
+        raise ApiError(404, "unknown_member", f"{follower} is not a member of partition {driver.p}")
     return web.json_response(
         {
-            "partition": d.p,
+            "partition": driver.p,
             "follower": follower,
             "lag": st.lag,
             "state": str(st.state),
@@ -156,21 +156,21 @@ async def lag(request: web.Request) -> web.Response:
 
 
 async def holds_list(request: web.Request) -> web.Response:
-    d = driver_of(request)
+    driver = driver_of(request)
     return web.json_response(
         {
-            "partition": d.p,
-            "compaction_floor": d.storage.compaction_floor(),
+            "partition": driver.p,
+            "compaction_floor": driver.storage.compaction_floor(),
             "holds": [
                 {"holder": h.holder, "min_index": h.min_index, "expires_at": h.expires_at}
-                for h in d.storage.holds.live()
+                for h in driver.storage.holds.live()
             ],
         }
     )
 
 
 async def hold_set(request: web.Request) -> web.Response:
-    d = driver_of(request)
+    driver = driver_of(request)
     holder = request.match_info["holder"]
     body = await _json(request)
     min_index, ttl = body.get("min_index"), body.get("ttl_seconds", 60)
@@ -179,7 +179,7 @@ async def hold_set(request: web.Request) -> web.Response:
     if not isinstance(ttl, int | float) or isinstance(ttl, bool):
         raise bad("ttl_seconds", "must be a number")
     try:
-        h = d.storage.set_hold(holder, min_index, float(ttl))
+        h = driver.storage.set_hold(holder, min_index, float(ttl))
     except Compacted as e:
         raise ApiError(410, "compacted", str(e), "min_index") from None
     except ValueError as e:
@@ -191,9 +191,9 @@ async def hold_set(request: web.Request) -> web.Response:
 
 
 async def hold_delete(request: web.Request) -> web.Response:
-    d = driver_of(request)
+    driver = driver_of(request)
     holder = request.match_info["holder"]
-    if not d.storage.holds.release(holder):
+    if not driver.storage.holds.release(holder):
         raise ApiError(404, "unknown_hold", f"no hold named {holder!r}")
     return web.Response(status=204)
 

@@ -127,11 +127,11 @@ def driver_of(request: web.Request) -> PartitionDriver:
 
 
 def partition_driver(node: Node, p: int) -> PartitionDriver:
-    d = node.driver(p)
-    if d is None:
+    driver = node.driver(p)
+    if driver is None:
         n = len(node.drivers)
         raise ApiError(404, "unknown_partition", f"partition {p} does not exist (0..{n - 1})")
-    return d
+    return driver
 
 
 def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
@@ -147,14 +147,14 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -
     return v
 
 
-def not_leader(node: Node, d: PartitionDriver) -> ApiError:
-    leader = d.raft.leader
+def not_leader(node: Node, driver: PartitionDriver) -> ApiError:
+    leader = driver.raft.leader
     peer_url = node.settings.peers.get(leader) if leader else None
     url = node.settings.client_url_of(peer_url) if peer_url else None
     return ApiError(
         421,
         "not_leader",
-        f"{node.id} is not the leader of partition {d.p}",
+        f"{node.id} is not the leader of partition {driver.p}",
         leader=leader,
         leader_url=url,
     )

@@ -48,15 +48,15 @@ from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed, WalCo
 from raftlog.node.storage.snapshots import Chunk
 
 
-def require_mark(d: PartitionDriver, min_index: int) -> None:
+def require_mark(driver: PartitionDriver, min_index: int) -> None:
     """503 `behind` when this replica's high-water mark is below `min_index` (read-your-writes:
     the caller retries, or asks another replica)."""
-    if min_index > d.raft.commit:
+    if min_index > driver.raft.commit:
         raise ApiError(
             503,
             "behind",
-            f"this replica's high-water mark {d.raft.commit} is below {min_index}",
-            high_water_mark=d.raft.commit,
+            f"this replica's high-water mark {driver.raft.commit} is below {min_index}",
+            high_water_mark=driver.raft.commit,
         )
 
 
@@ -91,15 +91,15 @@ def _record_json(index: int, term: int, data: bytes) -> dict[str, Any]:
 
 # ====================================================================== client API
 async def append(request: web.Request) -> web.Response:
-    node, d = node_of(request), driver_of(request)
-    answer = await append_body(node, d, await request.read())
+    node, driver = node_of(request), driver_of(request)
+    answer = await append_body(node, driver, await request.read())
     return web.Response(body=answer, headers=_JSON_HEADERS)
 
 
-async def append_body(node: Node, d: PartitionDriver, raw: bytes) -> bytes:
-    """An append of a raw request body to `d`: its JSON answer once committed, or `ApiError`.
+async def append_body(node: Node, driver: PartitionDriver, raw: bytes) -> bytes:
+    """An append of a raw request body to `driver`: its JSON answer once committed, or `ApiError`.
     (The client listener, `listener.py`, answers its appends with this too.)"""
-    return await _append_to(node, d, *parse_append(raw, node.settings.max_record_bytes))
+    return await _append_to(node, driver, *parse_append(raw, node.settings.max_record_bytes))
 
 
 async def append_by_key(request: web.Request) -> web.Response:
@@ -114,9 +114,9 @@ async def append_by_key(request: web.Request) -> web.Response:
         parts.add(partition_for(key, len(node.drivers)))
     if len(parts) > 1:
         raise bad("records", f"the keys map to partitions {sorted(parts)}; send one per partition")
-    d = node.driver(parts.pop())
-    assert d is not None
-    answer = await _append_to(node, d, *parsed)
+    driver = node.driver(parts.pop())
+    assert driver is not None
+    answer = await _append_to(node, driver, *parsed)
     return web.Response(body=answer, headers=_JSON_HEADERS)
 
 
@@ -124,21 +124,21 @@ _JSON_HEADERS = {"Content-Type": "application/json"}
 
 
 async def _append_to(
-    node: Node, d: PartitionDriver, records: list[bytes], producer: str | None, first_seq: int
+    node: Node, driver: PartitionDriver, records: list[bytes], producer: str | None, first_seq: int
 ) -> bytes:
-    if d.failed is not None:
-        kind = "storage_failed" if isinstance(d.failed, StorageFailed) else "partition_failed"
-        raise ApiError(503, kind, str(d.failed) or type(d.failed).__name__)
-    if d.raft.role != Role.LEADER:
-        raise not_leader(node, d)
+    if driver.failed is not None:
+        kind = "storage_failed" if isinstance(driver.failed, StorageFailed) else "partition_failed"
+        raise ApiError(503, kind, str(driver.failed) or type(driver.failed).__name__)
+    if driver.raft.role != Role.LEADER:
+        raise not_leader(node, driver)
     timeout = node.settings.append_timeout_s  # the driver checks it (no timer per append)
     try:
         if producer:
-            done = await d.propose_idempotent(producer, first_seq, records, timeout)
+            done = await driver.propose_idempotent(producer, first_seq, records, timeout)
         else:
-            done = await d.propose(records, timeout)
+            done = await driver.propose(records, timeout)
     except NotLeader:
-        raise not_leader(node, d) from None
+        raise not_leader(node, driver) from None
     except ProposalRefused as e:
         raise ApiError(503, "refused", str(e)) from None
     except ProducerBusy as e:
@@ -150,7 +150,7 @@ async def _append_to(
     except NotCommitted as e:
         raise ApiError(503, "not_committed", f"{e}; the append did not happen, retry") from None
     except LeadershipLost as e:
-        hint = not_leader(node, d).body
+        hint = not_leader(node, driver).body
         raise ApiError(
             503,
             "leader_lost",
@@ -176,36 +176,36 @@ async def _append_to(
 
 
 async def read(request: web.Request) -> web.Response:
-    d = driver_of(request)
+    driver = driver_of(request)
     start = int_param(request, "from", 1, 1, 2**62)
     limit = int_param(request, "limit", 100, 1, 10_000)
     max_bytes = int_param(request, "max_bytes", 4 << 20, 1, 64 << 20)
     min_index = int_param(request, "min_index", 0, 0, 2**62)
     wait_ms = int_param(request, "wait_ms", 0, 0, 60_000)
     need = max(min_index, start if wait_ms else 0)
-    if need > d.raft.commit and wait_ms:
+    if need > driver.raft.commit and wait_ms:
         with contextlib.suppress(TimeoutError):  # answer with what is there
-            await d.committed.wait_for(lambda: d.raft.commit >= need, wait_ms / 1000)
-    require_mark(d, min_index)
-    hwm = d.raft.commit
+            await driver.committed.wait_for(lambda: driver.raft.commit >= need, wait_ms / 1000)
+    require_mark(driver, min_index)
+    hwm = driver.raft.commit
     try:
-        entries = _read_within(d, start, limit, max_bytes)
+        entries = _read_within(driver, start, limit, max_bytes)
     except Compacted:
-        raise _compacted(d, start) from None
+        raise _compacted(driver, start) from None
     records = [_record_json(e.index, e.term, e.data) for e in entries if e.kind == EntryKind.NORMAL]
     nxt = entries[-1].index + 1 if entries else start
     return web.json_response(
-        {"partition": d.p, "high_water_mark": hwm, "records": records, "next": nxt}
+        {"partition": driver.p, "high_water_mark": hwm, "records": records, "next": nxt}
     )
 
 
-def _read_within(d: PartitionDriver, start: int, limit: int, max_bytes: int) -> list[Entry]:
+def _read_within(driver: PartitionDriver, start: int, limit: int, max_bytes: int) -> list[Entry]:
     """Committed entries from `start`: at most `limit`, and about `max_bytes` of records (at
     least one), read a few at a time so that a large limit never reads more than it answers."""
     out: list[Entry] = []
     size, at = 0, start
     while len(out) < limit:
-        page = d.raft.read_committed(at, at + min(limit - len(out), 64))
+        page = driver.raft.read_committed(at, at + min(limit - len(out), 64))
         if not page:
             break
         for e in page:
@@ -217,21 +217,21 @@ def _read_within(d: PartitionDriver, start: int, limit: int, max_bytes: int) -> 
     return out
 
 
-def _compacted(d: PartitionDriver, start: int) -> ApiError:
+def _compacted(driver: PartitionDriver, start: int) -> ApiError:
     return ApiError(
         410,
         "compacted",
         f"index {start} is below the compaction floor "
-        f"{d.storage.compaction_floor()}; read the snapshot or from the floor",
-        compaction_floor=d.storage.compaction_floor(),
-        snapshot_index=d.storage.snapshot_meta().index,
+        f"{driver.storage.compaction_floor()}; read the snapshot or from the floor",
+        compaction_floor=driver.storage.compaction_floor(),
+        snapshot_index=driver.storage.snapshot_meta().index,
     )
 
 
 async def read_columns(request: web.Request) -> web.Response:
     """Committed records [from, to) as a column page (`columnar`), for bulk readers: at most
     `limit` entries and about `max_bytes` of records, never above this replica's mark."""
-    d = driver_of(request)
+    driver = driver_of(request)
     start = int_param(request, "from", 1, 1, 2**62)
     stop = int_param(request, "to", 2**62, 1, 2**62)
     limit = int_param(request, "limit", 10_000, 1, 50_000)
@@ -240,14 +240,14 @@ async def read_columns(request: web.Request) -> web.Response:
     fmt = request.query.get("format", "columns")
     if fmt not in ("columns", "wal"):
         raise ApiError(400, "bad_request", f"format {fmt!r}: columns or wal")
-    require_mark(d, min_index)
+    require_mark(driver, min_index)
     try:
         if fmt == "wal":  # the records' bytes, checked and decoded by the reader (`walpage`)
-            wal = walpage.read_wal_records(d, start, stop, limit, max_bytes)
+            wal = walpage.read_wal_records(driver, start, stop, limit, max_bytes)
             return web.Response(body=wal, content_type=walpage.CONTENT_TYPE)
-        body = await columnar.read_records(d, start, stop, limit, max_bytes)
+        body = await columnar.read_records(driver, start, stop, limit, max_bytes)
     except Compacted:
-        raise _compacted(d, start) from None
+        raise _compacted(driver, start) from None
     except WalCorruption as e:
         raise ApiError(503, "storage_corrupt", f"{e}; read from another replica") from None
     return web.Response(body=body, content_type=columnar.CONTENT_TYPE)
@@ -258,24 +258,24 @@ async def index_for_time(request: web.Request) -> web.Response:
     replica holds (`timeindex`); `index` is null when there is none up to its high-water mark,
     `compacted` says a record at or after the time may have been compacted before it. With
     `min_index`, a replica whose mark is below it answers 503 `behind` (ask another)."""
-    d = driver_of(request)
+    driver = driver_of(request)
     if "timestamp_ms" not in request.query:
         raise bad("timestamp_ms", "is required: milliseconds since the epoch")
     t = int_param(request, "timestamp_ms", 0, 0, 2**63 - 1)
-    require_mark(d, int_param(request, "min_index", 0, 0, 2**62))
-    index = timeindex.of(d)
+    require_mark(driver, int_param(request, "min_index", 0, 0, 2**62))
+    index = timeindex.of(driver)
     try:
-        answer = await index.lookup(d, t)
+        answer = await index.lookup(driver, t)
     except WalCorruption as e:
         raise ApiError(503, "storage_corrupt", f"{e}; ask another replica") from None
     return web.json_response(
         {
-            "partition": d.p,
+            "partition": driver.p,
             "timestamp_ms": t,
             "index": answer.first,
             "compacted": answer.compacted,
             "high_water_mark": index.end,
-            "compaction_floor": d.storage.compaction_floor(),
+            "compaction_floor": driver.storage.compaction_floor(),
         }
     )
 
@@ -290,26 +290,26 @@ async def snapshot_table(request: web.Request) -> web.Response:
 async def get_key(request: web.Request) -> web.Response:
     """The keyed table's value of a key: `consistency=linearizable` (ReadIndex on the leader,
     the default) or `local` (this replica's applied state, possibly behind)."""
-    node, d = node_of(request), driver_of(request)
+    node, driver = node_of(request), driver_of(request)
     key = request.match_info["key"].encode()
     consistency = request.query.get("consistency", "linearizable")
     if consistency not in ("linearizable", "local"):
         raise bad("consistency", "must be linearizable or local")
     if consistency == "linearizable":
-        if d.raft.role != Role.LEADER:
-            raise not_leader(node, d)
+        if driver.raft.role != Role.LEADER:
+            raise not_leader(node, driver)
         try:
-            await asyncio.wait_for(d.linearizable_point(), node.settings.append_timeout_s)
+            await asyncio.wait_for(driver.linearizable_point(), node.settings.append_timeout_s)
         except NotLeader:
-            raise not_leader(node, d) from None
+            raise not_leader(node, driver) from None
         except TimeoutError:
             raise ApiError(503, "timeout", "leadership not confirmed in time; retry") from None
-    value = d.table.get(key)
+    value = driver.table.get(key)
     body: dict[str, Any] = {
-        "partition": d.p,
+        "partition": driver.p,
         "key": key.decode(errors="replace"),
         "found": value is not None,
-        "applied_index": d.table.applied_index,
+        "applied_index": driver.table.applied_index,
         "consistency": consistency,
     }
     if value is not None:
@@ -323,8 +323,8 @@ async def get_key(request: web.Request) -> web.Response:
 async def status(request: web.Request) -> web.Response:
     node = node_of(request)
     parts = []
-    for p, d in node.drivers.items():
-        st = d.raft.status()
+    for p, driver in node.drivers.items():
+        st = driver.raft.status()
         parts.append(
             {
                 "partition": p,
@@ -332,26 +332,28 @@ async def status(request: web.Request) -> web.Response:
                 "member": st.member,
                 "term": st.term,
                 "leader": st.leader,
-                "quiesced": d.raft.quiesced,
+                "quiesced": driver.raft.quiesced,
                 "high_water_mark": st.high_water_mark,
                 "applied": st.applied,
                 "last_index": st.last_index,
-                "compaction_floor": d.storage.compaction_floor(),
-                "snapshot_index": d.storage.snapshot_meta().index,
+                "compaction_floor": driver.storage.compaction_floor(),
+                "snapshot_index": driver.storage.snapshot_meta().index,
                 "voters": sorted(st.membership.voters),
                 "learners": sorted(st.membership.learners),
-                "failed": (str(d.failed) or type(d.failed).__name__) if d.failed else None,
+                "failed": (str(driver.failed) or type(driver.failed).__name__)
+                if driver.failed
+                else None,
                 "counters": {
-                    "elections": d.counters.elections,
-                    "backfill_rounds": d.counters.backfill_rounds,
-                    "backfill_entries": d.counters.backfill_entries,
-                    "backfill_largest_round": d.counters.backfill_largest_round,
-                    "snapshots_sent": d.counters.snapshots_sent,
-                    "snapshots_from_followers": d.counters.snapshots_from_followers,
-                    "snapshots_installed": d.counters.snapshots_installed,
-                    "snapshots_taken": d.counters.snapshots_taken,
-                    "compactions": d.counters.compactions,
-                    "events": dict(d.counters.events),
+                    "elections": driver.counters.elections,
+                    "backfill_rounds": driver.counters.backfill_rounds,
+                    "backfill_entries": driver.counters.backfill_entries,
+                    "backfill_largest_round": driver.counters.backfill_largest_round,
+                    "snapshots_sent": driver.counters.snapshots_sent,
+                    "snapshots_from_followers": driver.counters.snapshots_from_followers,
+                    "snapshots_installed": driver.counters.snapshots_installed,
+                    "snapshots_taken": driver.counters.snapshots_taken,
+                    "compactions": driver.counters.compactions,
+                    "events": dict(driver.counters.events),
                 },
                 "followers": {
                     f.node: {
@@ -389,7 +391,7 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     node = node_of(request)
-    missing = [p for p, d in node.drivers.items() if d.raft.leader is None]
+    missing = [p for p, driver in node.drivers.items() if driver.raft.leader is None]
     if missing:
         return web.json_response(
             {"status": "not_ready", "reason": f"no known leader for partitions {missing}"},
@@ -401,35 +403,37 @@ async def readyz(request: web.Request) -> web.Response:
 # ====================================================================== peers
 # Raft messages come over the frame stream (`peer_frames.py`); these routes carry snapshots.
 def _snapshot_params(request: web.Request) -> tuple[PartitionDriver, str, int, int, int]:
-    d = driver_of(request)
+    driver = driver_of(request)
     leader = request.query.get("leader", "")
     if not leader:
         raise bad("leader", "is required")
     term = int_param(request, "term", 0, 1, 2**62)
     index = int_param(request, "index", 0, 0, 2**62)
     snap_term = int_param(request, "snap_term", 0, 0, 2**62)
-    return d, leader, term, index, snap_term
+    return driver, leader, term, index, snap_term
 
 
 async def snapshot_progress(request: web.Request) -> web.Response:
-    d, _, _, index, snap_term = _snapshot_params(request)
-    return web.json_response({"received": d.storage.snapshots.receiver(index, snap_term).received})
+    driver, _, _, index, snap_term = _snapshot_params(request)
+    return web.json_response(
+        {"received": driver.storage.snapshots.receiver(index, snap_term).received}
+    )
 
 
 async def snapshot_chunk(request: web.Request) -> web.Response:
-    d, leader, term, index, snap_term = _snapshot_params(request)
+    driver, leader, term, index, snap_term = _snapshot_params(request)
     try:
         offset = int(request.headers["X-Offset"])
         crc = int(request.headers["X-Crc32c"])
         total = int(request.headers["X-Total"])
     except (KeyError, ValueError):
         raise bad("headers", "X-Offset, X-Crc32c and X-Total are required integers") from None
-    receiver = d.storage.snapshots.receiver(index, snap_term)
+    receiver = driver.storage.snapshots.receiver(index, snap_term)
     chunk = Chunk(offset, await request.read(), crc, total)
     try:
         if receiver.write(chunk) and chunk.last:
             meta, data = receiver.verify()
-            d.snapshot_received(leader, term, receiver, meta, data)
+            driver.snapshot_received(leader, term, receiver, meta, data)
     except SnapshotCorruption as e:
         raise ApiError(400, "bad_chunk", e.reason, received=receiver.received) from None
     return web.Response(status=204)
@@ -437,19 +441,19 @@ async def snapshot_chunk(request: web.Request) -> web.Response:
 
 async def send_snapshot_for_leader(request: web.Request) -> web.Response:
     """The leader asks this member to stream its snapshot to a target (RATIS-2428)."""
-    d = driver_of(request)
+    driver = driver_of(request)
     try:
         body = await request.json()
         target, leader = str(body["target"]), str(body["leader"])
         term, required = int(body["term"]), int(body["required"])
     except (ValueError, KeyError, TypeError, RecursionError, OverflowError):  # 1e999 overflows
         raise bad("body", "needs target, leader, term and required") from None
-    if d.raft.leader != leader or d.raft.term != term:
+    if driver.raft.leader != leader or driver.raft.term != term:
         raise ApiError(409, "not_my_leader", f"{leader} in term {term} is not the leader here")
-    if target not in d.node.transport.peers:
-        raise bad("target", f"{target!r} is not a peer of {d.node.id}")
+    if target not in driver.node.transport.peers:
+        raise bad("target", f"{target!r} is not a peer of {driver.node.id}")
     try:
-        sent = await d.stream_own_snapshot(target, term, required)
+        sent = await driver.stream_own_snapshot(target, term, required)
     except SnapshotTooOld as e:
         raise ApiError(409, "too_old", str(e)) from None
     except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as e:
