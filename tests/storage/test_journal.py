@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import struct
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,21 @@ def test_wal_check_reads_the_journal(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"journal {tmp_path / 'journal'}" in out
     assert "to replay   1 records of 1 partitions" in out
+
+
+def test_a_torn_frames_record_is_a_torn_tail_even_with_a_whole_wal_record_inside(tmp_path):
+    """A FRAMES record carries WAL records framed as the journal's own; torn after a whole one
+    of them, what is left must read as a torn tail (cut), not as damage followed by a journal
+    record (which refused to start the node after a crash)."""
+    from raftlog.node.storage import journal as jr
+
+    def wal_record(index: int) -> bytes:
+        return jr._frame(b"\x01" + struct.pack("<QQ", index, 2) + b"x" * 20)
+
+    whole = jr._frame(struct.pack("<BI", jr.J_FRAMES, 0) + wal_record(5))
+    torn = jr._frame(struct.pack("<BI", jr.J_FRAMES, 0) + wal_record(5) + wal_record(6))
+    cut = torn[: 8 + 5 + len(wal_record(5)) + 10]  # inside the second WAL record
+    path = tmp_path / "0000000000000001.jrn"
+    path.write_bytes(whole + cut)
+    records, why = jr._records(str(path), is_last=True)
+    assert len(records) == 1 and why is not None and "cut short" in why

@@ -11,10 +11,10 @@ small and a restart replays at most `checkpoint_bytes` of it.
 Layout: `journal/<seq:016x>.jrn`, one segment per checkpoint. Records are framed as the WAL's
 (`length u32 | crc32c u32 | body`; a zero length never is one, so preallocated space ends them):
 
-    CHECKPOINT = 3 u8 | count u32 | count x (partition u32 | last index u64)   first record
-    FRAMES     = 1 u8 | partition u32 | WAL records (entries, commit records), as in the WAL
-    RESET      = 2 u8 | partition u32 | index u64 | term u64                 a snapshot install
-    DONE       = 4 u8 | seq u64        every WAL is durable up to segment `seq`'s CHECKPOINT
+    CHECKPOINT = 0x13 u8 | count u32 | count x (partition u32 | last index u64)   first record
+    FRAMES     = 0x11 u8 | partition u32 | WAL records (entries, commit records), as in the WAL
+    RESET      = 0x12 u8 | partition u32 | index u64 | term u64                 a snapshot install
+    DONE       = 0x14 u8 | seq u64        every WAL is durable up to segment `seq`'s CHECKPOINT
 
 Recovery starts at the newest segment whose CHECKPOINT is DONE (older ones are deleted only once
 a DONE is durable) and replays each later record into its partition's WAL by content, not by
@@ -48,7 +48,10 @@ from raftlog.node.storage.fileio import FileOps
 
 log = logging.getLogger("raftlog.storage.journal")
 
-J_FRAMES, J_RESET, J_CHECKPOINT, J_DONE = 1, 2, 3, 4
+# Types of their own, never a WAL record's (T_ENTRY 1, T_COMMIT 2): a FRAMES record carries WAL
+# records framed as the journal's are, so after a torn FRAMES record a whole WAL record inside it
+# must not pass for a journal record that follows (which would make a torn tail look like damage).
+J_FRAMES, J_RESET, J_CHECKPOINT, J_DONE = 0x11, 0x12, 0x13, 0x14
 _PART = struct.Struct("<BI")  # type, partition
 _RESET = struct.Struct("<BIQQ")
 _COUNT = struct.Struct("<BI")
@@ -58,7 +61,7 @@ NAME = re.compile(r"^([0-9a-f]{16})\.jrn$")
 DEFAULT_CHECKPOINT_BYTES = 64 * 1024 * 1024
 # The body of a well-formed record, for telling damage from a torn tail: a known type, then a
 # partition below 2**16 (or a DONE's sequence).
-_SHAPE = re.compile(rb"[\x01-\x03][\s\S]{2}\x00\x00|\x04")
+_SHAPE = re.compile(rb"[\x11-\x13][\s\S]{2}\x00\x00|\x14")
 
 
 @dataclass
