@@ -19,6 +19,7 @@ from raftlog.operator.safety import (
     next_to_remove,
     next_to_restart,
     others_caught_up,
+    stays_available,
     within_promotion_lag,
 )
 
@@ -100,6 +101,21 @@ def test_has_quorum(voters: set[str], ready: set[str], expected: bool) -> None:
 )
 def test_keeps_majority(voters: set[str], leaving: str, ready: set[str], expected: bool) -> None:
     assert keeps_majority(frozenset(voters), leaving, ready) is expected
+
+
+@pytest.mark.parametrize(
+    "voters, stopping, ready, expected",
+    [
+        ({"a", "b", "c"}, "a", {"a", "b", "c"}, True),  # 2 of 3 left ready
+        ({"a", "b", "c"}, "a", {"a", "b"}, False),  # 1 of 3: it still counts as a voter
+        ({"a", "b", "c"}, "c", {"a", "b"}, True),  # stopping one already down
+        ({"a"}, "a", {"a"}, False),  # a single voter never stops while it serves
+        ({"a", "b", "c", "d", "e"}, "a", {"a", "b", "c", "d"}, True),
+        ({"a", "b", "c", "d", "e"}, "a", {"a", "b", "c"}, False),
+    ],
+)
+def test_stays_available(voters: set[str], stopping: str, ready: set[str], expected: bool) -> None:
+    assert stays_available(frozenset(voters), stopping, ready) is expected
 
 
 @pytest.mark.parametrize(

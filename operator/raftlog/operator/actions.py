@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 
@@ -12,6 +12,9 @@ class CreateMembers:
 
     names: tuple[str, ...]
     join: bool
+    # What the pods are launched with (`reconciler.config_hash`): derived from the spec and the
+    # restart request, so it does not tell two creations apart.
+    launch_hash: str = field(default="", compare=False)
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,22 @@ class RestartMember:
     """Delete a member's pod so that it comes back with the current configuration."""
 
     name: str
+
+
+@dataclass(frozen=True)
+class StopMember:
+    """Delete a member's pod and leave it stopped (fenced, or the cluster hibernating); its
+    volume and its place in every partition stay."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ExpandVolume:
+    """Raise the size a member's volume claims (spec.storage.size); no restart."""
+
+    name: str
+    size: str
 
 
 @dataclass(frozen=True)
@@ -75,6 +94,8 @@ Action = (
     CreateMembers
     | DeleteMember
     | RestartMember
+    | StopMember
+    | ExpandVolume
     | SyncPeers
     | ChangeMembership
     | TransferLeader
@@ -109,6 +130,10 @@ def describe(action: Action | None) -> str:
             return f"delete {name}" + (" and its volume" if delete_volume else "")
         case RestartMember(name):
             return f"restart {name}"
+        case StopMember(name):
+            return f"stop {name} (its volume stays)"
+        case ExpandVolume(name, size):
+            return f"expand {name}'s volume to {size}"
         case SyncPeers(name, peers):
             return f"tell {name} the addresses of {', '.join(n for n, _ in peers)}"
         case ChangeMembership(p, leader, op, member):

@@ -61,6 +61,8 @@ class MemberObserved:
     volume: bool  # its data volume (PVC or directory) exists
     config_hash: str | None = None  # the launch configuration its pod was created with
     node: NodeView | None = None  # None: the node did not answer
+    volume_size: str | None = None  # the size its claim asks for (None: not a sized volume)
+    volume_capacity: str | None = None  # the size the volume has, as Kubernetes reports it
 
 
 @dataclass(frozen=True)

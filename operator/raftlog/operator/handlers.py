@@ -19,6 +19,7 @@ from pydantic import ValidationError
 
 from raftlog.operator import metrics
 from raftlog.operator.actions import ChangeMembership, InstallSnapshot
+from raftlog.operator.controls import parse as parse_controls
 from raftlog.operator.kube import KubeRuntime
 from raftlog.operator.models import GROUP, PLURAL, VERSION, RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.nodeapi import MemberTls, NodeApi
@@ -140,16 +141,19 @@ async def reconcile(
                 kopf.warn(body, reason="InvalidSpec", message=str(e).replace("\n", " "))
                 await stopped.wait(operator_settings().interval_s * 10)
                 continue
+            controls = parse_controls(meta.get("annotations"))
             try:
-                token = await runtime.ensure_shared(desired)
+                # Paused: the shared objects are read, not applied (nothing is changed).
+                token = await runtime.ensure_shared(desired, apply=not controls.paused)
                 tls = await runtime.member_tls(desired)
                 if node_api is None or (token, tls) != node_api_for:
                     if node_api is not None:
                         await node_api.close()
                     node_api, node_api_for = _node_api(token, tls, name, namespace), (token, tls)
                 result = await reconcile_pass(
-                    name, desired, current, runtime, node_api, save, meta.get("generation")
-                )
+                    name, desired, current, runtime, node_api, save, meta.get("generation"),
+                    controls=controls,
+                )  # fmt: skip
             except StaleStatus as e:
                 # Someone wrote first: start again from what the API server holds now.
                 metrics.STATUS_CONFLICTS.inc()

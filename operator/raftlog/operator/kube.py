@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import secrets
 import time
@@ -23,7 +24,6 @@ from raftlog.operator import manifests
 from raftlog.operator.cluster_views import PodState
 from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.nodeapi import MemberTls
-from raftlog.operator.reconciler import config_hash
 from raftlog.operator.runtime import PodInfo
 
 Adopt = Callable[[dict[str, Any]], None]
@@ -74,7 +74,7 @@ class KubeRuntime:
             ),
         )  # fmt: skip
         volumes = {
-            c["metadata"]["name"]
+            c["metadata"]["name"]: c
             for c in _json(claims)["items"]
             if _mine(c, self.cluster) and not c["metadata"].get("deletionTimestamp")
         }
@@ -84,34 +84,37 @@ class KubeRuntime:
                 continue  # an API server that ignored the selector
             meta = p["metadata"]
             name = meta["labels"][manifests.LABEL_MEMBER]
+            claim = volumes.get(manifests.pvc_name(name))
             out[name] = PodInfo(
                 _pod_state(p),
-                manifests.pvc_name(name) in volumes,
+                claim is not None,
                 self.url(name),
                 (meta.get("annotations") or {}).get(manifests.ANNOTATION_HASH),
                 (p.get("status") or {}).get("podIP"),
+                *_sizes(claim),
             )
         for m in status.members:  # members whose pod is gone: is their volume still there?
             if m.name not in out:
+                claim = volumes.get(manifests.pvc_name(m.name))
                 out[m.name] = PodInfo(
-                    "missing", manifests.pvc_name(m.name) in volumes, self.url(m.name)
+                    "missing", claim is not None, self.url(m.name), None, None, *_sizes(claim)
                 )
         return out
 
     # ----------------------------------------------------------------- shared objects
-    async def ensure_shared(self, spec: RaftClusterSpec) -> str:
+    async def ensure_shared(self, spec: RaftClusterSpec, apply: bool = True) -> str:
         """Services and the PodDisruptionBudget as the spec wants them now (made again when
         deleted, put back when edited, the budget following `replicas`), and the auth secret;
-        returns the token."""
+        returns the token. `apply=False` (a paused cluster) only reads the token."""
         self.tls = spec.tls_secret_name is not None
         shared = [
             *manifests.services(self.cluster, self.namespace),
             manifests.pdb(self.cluster, self.namespace, spec.replicas),
         ]
-        for body in shared:
+        for body in shared if apply else []:
             self.adopt(body)
             await self._apply(body)
-        return await self._token(spec)
+        return await self._token(spec, create=apply)
 
     async def _apply(self, body: dict[str, Any]) -> None:
         """Server-side apply as the operator's field manager. An unchanged object is applied
@@ -160,7 +163,7 @@ class KubeRuntime:
         )
         return MemberTls(ca, cert, key)
 
-    async def _token(self, spec: RaftClusterSpec) -> str:
+    async def _token(self, spec: RaftClusterSpec, create: bool = True) -> str:
         name = manifests.auth_secret(self.cluster, spec)
         try:
             resp = await asyncio.to_thread(
@@ -169,6 +172,8 @@ class KubeRuntime:
         except ApiException as e:
             if e.status != 404:
                 raise
+            if not create and self._known_token is not None:
+                return self._known_token
             if spec.auth_secret_name is not None:
                 raise RuntimeError(
                     f"spec.authSecretName: secret {name} not found in {self.namespace}"
@@ -190,7 +195,12 @@ class KubeRuntime:
 
     # ----------------------------------------------------------------- members
     async def create_members(
-        self, spec: RaftClusterSpec, status: RaftClusterStatus, names: tuple[str, ...], join: bool
+        self,
+        spec: RaftClusterSpec,
+        status: RaftClusterStatus,
+        names: tuple[str, ...],
+        join: bool,
+        launch_hash: str,
     ) -> None:
         peers = {m.name: self.url(m.name) for m in status.members}
         for name in names:
@@ -200,7 +210,7 @@ class KubeRuntime:
             await self._create(self.core.create_namespaced_persistent_volume_claim, claim)
             body = manifests.pod(
                 spec, self.cluster, self.namespace, name, peers, join=join,
-                config_hash=config_hash(spec),
+                config_hash=launch_hash,
             )  # fmt: skip
             self.adopt(body)
             await self._create(self.core.create_namespaced_pod, body)
@@ -212,8 +222,23 @@ class KubeRuntime:
                 self.core.delete_namespaced_persistent_volume_claim, manifests.pvc_name(name)
             )
 
-    async def restart_member(self, name: str) -> None:
+    async def stop_member(self, name: str) -> None:
         await self._delete(self.core.delete_namespaced_pod, name)
+
+    async def expand_volume(self, name: str, size: str) -> None:
+        """A patch of the claim's request; the API server refuses it, with its reason, where the
+        claim's StorageClass does not allow volume expansion."""
+        body = {"spec": {"resources": {"requests": {"storage": size}}}}
+        try:
+            await asyncio.to_thread(
+                self.core.patch_namespaced_persistent_volume_claim, manifests.pvc_name(name),
+                self.namespace, body, _preload_content=False,
+            )  # fmt: skip
+        except ApiException as e:
+            reason = e.reason
+            with contextlib.suppress(ValueError):
+                reason = json.loads(e.body or "{}").get("message") or reason
+            raise RuntimeError(f"the API server refused the larger claim: {reason}") from None
 
     async def delete_all(self, spec: RaftClusterSpec, members: list[str]) -> None:
         """On deletion of the RaftCluster: pods, then volumes per the reclaim policy."""
@@ -234,6 +259,17 @@ class KubeRuntime:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+def _sizes(claim: dict[str, Any] | None) -> tuple[str | None, str | None]:
+    """What a claim asks for, and what its volume has."""
+    if claim is None:
+        return None, None
+    asked = (((claim.get("spec") or {}).get("resources") or {}).get("requests") or {}).get(
+        "storage"
+    )
+    has = ((claim.get("status") or {}).get("capacity") or {}).get("storage")
+    return asked, has
 
 
 def _mine(obj: dict[str, Any], cluster: str) -> bool:

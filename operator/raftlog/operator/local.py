@@ -28,11 +28,12 @@ from pydantic import ValidationError
 
 from raftlog.operator.actions import Event, describe
 from raftlog.operator.cluster_views import PodState
+from raftlog.operator.controls import Controls
+from raftlog.operator.controls import parse as parse_controls
 from raftlog.operator.models import GROUP, KIND, RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.node_launch import node_args, node_env
 from raftlog.operator.nodeapi import NodeApi
 from raftlog.operator.ports import free_ports
-from raftlog.operator.reconciler import config_hash
 from raftlog.operator.runtime import PassResult, PodInfo, reconcile_pass
 
 log = logging.getLogger("raftlog.operator.local")
@@ -69,11 +70,14 @@ def load_manifest(text: str, source: str = "manifest") -> tuple[str, RaftCluster
     return name, spec
 
 
-def manifest_of(name: str, spec: RaftClusterSpec) -> str:
+def manifest_of(name: str, spec: RaftClusterSpec, annotations: dict[str, str] | None = None) -> str:
+    metadata: dict[str, Any] = {"name": name}
+    if annotations:
+        metadata["annotations"] = annotations
     doc = {
         "apiVersion": f"{GROUP}/v1alpha1",
         "kind": KIND,
-        "metadata": {"name": name},
+        "metadata": metadata,
         "spec": spec.model_dump(mode="json", by_alias=True, exclude_unset=True),
     }
     return yaml.safe_dump(doc, sort_keys=False)
@@ -116,7 +120,12 @@ class LocalRuntime:
         return out
 
     async def create_members(
-        self, spec: RaftClusterSpec, status: RaftClusterStatus, names: tuple[str, ...], join: bool
+        self,
+        spec: RaftClusterSpec,
+        status: RaftClusterStatus,
+        names: tuple[str, ...],
+        join: bool,
+        launch_hash: str,
     ) -> None:
         new = [n for n in names if n not in self.ports]
         for n, port in zip(new, free_ports(len(new)), strict=True):
@@ -137,7 +146,7 @@ class LocalRuntime:
                 self.procs[name] = subprocess.Popen(
                     cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
                 )
-            self.hashes[name] = config_hash(spec)
+            self.hashes[name] = launch_hash
         self._save()
 
     async def delete_member(self, name: str, delete_volume: bool) -> None:
@@ -148,8 +157,13 @@ class LocalRuntime:
         if delete_volume:
             shutil.rmtree(self.data_dir(name), ignore_errors=True)
 
-    async def restart_member(self, name: str) -> None:
+    async def stop_member(self, name: str) -> None:
         await self._stop(name)
+
+    async def expand_volume(self, name: str, size: str) -> None:
+        """A member's directory has no size of its own (`pods` reports none, so this is never
+        asked)."""
+        raise RuntimeError(f"{name}: the local runtime's volumes are directories, with no size")
 
     async def _stop(self, name: str) -> None:
         proc = self.procs.pop(name, None)
@@ -205,12 +219,19 @@ class LocalOperator:
             old, _ = load_manifest(path.read_text(), str(path))
             if old != name:
                 raise ManifestError(f"{base} holds cluster {old!r}, not {name!r}")
-        path.write_text(manifest_of(name, spec))
+        annotations = ((yaml.safe_load(manifest) or {}).get("metadata") or {}).get("annotations")
+        path.write_text(manifest_of(name, spec, annotations))
         return cls(base, **kw)
 
     def desired(self) -> tuple[str, RaftClusterSpec]:
         path = self.base / MANIFEST
         return load_manifest(path.read_text(), str(path))
+
+    def controls(self) -> Controls:
+        """The manifest's annotations, read as the Kubernetes operator reads the resource's."""
+        doc = yaml.safe_load((self.base / MANIFEST).read_text()) or {}
+        annotations = (doc.get("metadata") or {}).get("annotations") or {}
+        return parse_controls({str(k): str(v) for k, v in annotations.items()})
 
     async def _save(self, status: RaftClusterStatus) -> None:
         path = self.base / STATUS
@@ -221,7 +242,10 @@ class LocalOperator:
 
     async def step(self) -> PassResult:
         name, spec = self.desired()
-        result = await reconcile_pass(name, spec, self.status, self.runtime, self.api, self._save)
+        result = await reconcile_pass(
+            name, spec, self.status, self.runtime, self.api, self._save,
+            controls=self.controls(),
+        )  # fmt: skip
         for e in result.events:
             self.on_event(e)
         if result.outcome is not None and not result.outcome.ok:

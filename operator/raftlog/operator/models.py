@@ -289,6 +289,24 @@ class RaftClusterSpec(_Model):
     pod_template: PodTemplate = Field(
         default_factory=PodTemplate, description="Overrides of the members' pods."
     )
+    fenced_members: list[Annotated[str, Field(pattern=DNS_NAME)]] = Field(
+        default_factory=list,
+        description="Members that must not serve (as CloudNativePG's fencedInstances): each "
+        "gives its leaderships away, then its pod is stopped and not made again; its volume and "
+        "its place in every partition stay. Refused (named in the Degraded condition) while it "
+        "would leave a partition without a ready majority. Taking a name out brings the member "
+        "back on its data.",
+    )
+    hibernate: bool = Field(
+        False,
+        description="Stop every member's pod and keep the volumes; false again brings the "
+        "cluster back as it was (same members, same data).",
+    )
+    remove_members: list[Annotated[str, Field(pattern=DNS_NAME)]] = Field(
+        default_factory=list,
+        description="The members a lower `replicas` removes first, instead of the highest "
+        "ordinals. Raising `replicas` back before a removal reached any partition cancels it.",
+    )
 
     @model_validator(mode="after")
     def _tls_for_cert_auth(self) -> RaftClusterSpec:
@@ -314,7 +332,7 @@ class _Status(BaseModel):
 
 
 class Condition(_Status):
-    type: Literal["Available", "Progressing", "Degraded"]
+    type: Literal["Available", "Progressing", "Degraded", "Paused", "Hibernated"]
     status: Literal["True", "False", "Unknown"]
     reason: str = Field(description="One CamelCase word: why the condition is what it is.")
     message: str = ""
@@ -354,6 +372,7 @@ class MemberStatus(_Status):
     ready: bool = False
     partitions: list[MemberPartition] = Field(default_factory=list)
     promotion: Promotion | None = None
+    fenced: bool = Field(False, description="Listed in spec.fencedMembers and stopped.")
 
 
 class SnapshotInstall(_Status):
@@ -367,6 +386,23 @@ class SnapshotInstall(_Status):
     finished_at: float | None = None
     last_error: str | None = None
     detail: str | None = None
+
+
+class Switchover(_Status):
+    request: str = Field(description="The raftlog.dev/switchover value this is about.")
+    target: str
+    partitions: list[int] | None = Field(None, description="null: every partition.")
+    state: Literal["pending", "done", "failed"] = "pending"
+    message: str = ""
+    started_at: float
+    finished_at: float | None = None
+
+
+class VolumeExpansion(_Status):
+    size: str = Field(description="The spec.storage.size asked of every member's volume.")
+    state: Literal["requested", "done", "failed"]
+    at: float = Field(description="Epoch seconds of the latest request or refusal.")
+    message: str = ""
 
 
 class RaftClusterStatus(_Status):
@@ -387,6 +423,20 @@ class RaftClusterStatus(_Status):
     )
     conditions: list[Condition] = Field(default_factory=list)
     last_action: str = Field("", description="The operator's most recent step.")
+    restarted_at: str | None = Field(
+        None,
+        description="The raftlog.dev/restartedAt value every member has been restarted for.",
+    )
+    switchover: Switchover | None = Field(
+        None, description="The latest raftlog.dev/switchover request and how it went."
+    )
+    volume_expansion: VolumeExpansion | None = Field(
+        None, description="The latest volume expansion (spec.storage.size raised)."
+    )
+    problems: list[str] = Field(
+        default_factory=list,
+        description="What the operator was asked and cannot act on, each with the reason.",
+    )
 
     def member(self, name: str) -> MemberStatus | None:
         return next((m for m in self.members if m.name == name), None)

@@ -6,9 +6,11 @@ to emit. The runtime carries the action out and `record_outcome` folds the resul
 status. Nothing here does I/O, so every decision is unit-tested table-style.
 
 The order of concerns in a pass, the first that asks for something wins:
-bootstrap; pods to (re)create; leaders; peer addresses; members being removed; snapshot installs
-for members in SnapshotRequired; a joining member added as a learner; a learner's promotion
-window; scale up; scale down; rolling restart of members on an old configuration.
+bootstrap; hibernation; pods to (re)create; leaders; peer addresses; removals cancelled by a
+raised `replicas`; members being removed; snapshot installs for members in SnapshotRequired;
+fencing; a switchover; scale down; a joining member added as a learner; a learner's promotion
+window; scale up; volume expansion; rolling restart of members on an old configuration (or for
+a restart request). A paused cluster (`controls.PAUSE`) gets no step at all.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from decimal import Decimal
 from typing import Literal
+
+from kubernetes.utils.quantity import parse_quantity
 
 from raftlog.operator.actions import (
     Action,
@@ -25,15 +30,18 @@ from raftlog.operator.actions import (
     CreateMembers,
     DeleteMember,
     Event,
+    ExpandVolume,
     InstallSnapshot,
     Outcome,
     RestartMember,
+    StopMember,
     SyncPeers,
     TransferLeader,
     Wait,
     describe,
 )
 from raftlog.operator.cluster_views import Observed, PartitionView
+from raftlog.operator.controls import NONE, Controls
 from raftlog.operator.models import (
     Condition,
     MemberPartition,
@@ -43,6 +51,8 @@ from raftlog.operator.models import (
     RaftClusterStatus,
     RaftSettings,
     SnapshotInstall,
+    Switchover,
+    VolumeExpansion,
 )
 from raftlog.operator.safety import (
     can_serve_snapshot,
@@ -54,6 +64,7 @@ from raftlog.operator.safety import (
     next_to_remove,
     next_to_restart,
     others_caught_up,
+    stays_available,
     within_promotion_lag,
 )
 
@@ -62,23 +73,37 @@ INSTALL_BACKOFF_S = 2.0  # doubled per failed attempt
 INSTALL_BACKOFF_MAX_S = 60.0
 INSTALL_COOLDOWN_S = 300.0  # after a failed install, before another is scheduled
 INSTALL_HISTORY = 10  # finished installs kept in status
+SWITCHOVER_TIMEOUT_S = 120.0  # a switchover whose target never becomes fit to lead fails
+EXPANSION_RETRY_S = 300.0  # after the API server refused a larger claim, before asking again
 
 
 def member_name(cluster: str, ordinal: int) -> str:
     return f"{cluster}-{ordinal}"
 
 
-def config_hash(spec: RaftClusterSpec) -> str:
+def config_hash(spec: RaftClusterSpec, restart: str | None = None) -> str:
     """What a member's pod is launched with; a change rolls the members one at a time.
 
     `replicas` is left out (scaling does not restart anybody), and so is the volume itself (it
     is not resized or moved by restarting its pod), and so are the Raft settings only the
-    operator reads (they never reach a member)."""
+    operator reads (they never reach a member), and the day-2 controls (fencing, hibernation,
+    removals: they stop or remove members, never roll them). `restart` (the restartedAt
+    annotation) is in: a new value rolls every member once."""
     volume = {"size", "storage_class_name", "reclaim_policy"}
     operator_only = set(RaftSettings.OPERATOR_ONLY)
-    launch = spec.model_dump(
-        mode="json", exclude={"replicas": True, "storage": volume, "raft": operator_only}
+    launch: dict[str, object] = spec.model_dump(
+        mode="json",
+        exclude={
+            "replicas": True,
+            "storage": volume,
+            "raft": operator_only,
+            "fenced_members": True,
+            "hibernate": True,
+            "remove_members": True,
+        },
     )
+    if restart is not None:
+        launch["restartedAt"] = restart
     return hashlib.sha256(json.dumps(launch, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -101,6 +126,7 @@ class _ClusterPass:
     now: float
     wanted_hash: str  # the launch configuration every member should run
     leader_views: dict[int, PartitionView | None]  # partition -> its leader's view, if any
+    controls: Controls = NONE
     events: list[Event] = field(default_factory=list)
     lagging: dict[str, str] = field(default_factory=dict)  # learner -> why its window is shut
     windows_tracked: bool = False
@@ -118,6 +144,10 @@ class _ClusterPass:
 
     def ready_names(self) -> set[str]:
         return {name for name in self.observed.members if self.ready(name)}
+
+    def stopped_on_purpose(self, m: MemberStatus) -> bool:
+        """Fenced, or the whole cluster hibernating: its pod is meant to be down."""
+        return m.fenced or self.spec.hibernate
 
     def url(self, name: str) -> str | None:
         return self.observed.urls.get(name)
@@ -138,33 +168,50 @@ def decide(
     observed: Observed,
     now: float,
     generation: int | None = None,
+    controls: Controls = NONE,
 ) -> Plan:
     status = previous.model_copy(deep=True)
     status.observed_generation = generation
     leader_views = {
         p: observed.leader_view(p) for p in range(observed.partitions_served(spec.partitions))
     }
-    cluster = _ClusterPass(name, spec, status, observed, now, config_hash(spec), leader_views)
+    wanted = config_hash(spec, controls.restart)
+    cluster = _ClusterPass(name, spec, status, observed, now, wanted, leader_views, controls)
     _refresh_members(cluster)
-    action = _next_action(cluster)
-    _promotion_windows(cluster)  # when a step before the promotions acted (once a pass either way)
-    _summarize(cluster, action)
+    _problems(cluster, previous)
+    action: Action | None = None
+    if controls.paused:
+        action = None  # nothing is done to a paused cluster; its status still tells what is seen
+    else:
+        action = _next_action(cluster)
+        _promotion_windows(cluster)  # when a step before the promotions acted (once a pass)
+        if action is None:
+            _restart_done(cluster)
+    if isinstance(action, CreateMembers):
+        action = CreateMembers(action.names, action.join, cluster.wanted_hash)
+    _summarize(cluster, action, previous)
     return Plan(action, status, cluster.events)
 
 
 def _next_action(cluster: _ClusterPass) -> Action | None:
     for step in (
         _bootstrap,
+        _hibernation,
+        _unfence,
         _recreate_pods,
         _leaders,
         _partitions_not_lowered,
         _peers,
+        _cancel_removals,
         _removals,
         _snapshot_installs,
+        _fencing,
+        _switchover,
         _scale_down,  # before the learners: a member no longer wanted is not promoted first
         _joining,
         _promotions,
         _scale_up,
+        _expand_volumes,
         _rolling_restart,
     ):
         action = step(cluster)
@@ -194,26 +241,31 @@ def _recreate_pods(cluster: _ClusterPass) -> Action | None:
     gone = [
         m
         for m in cluster.status.members
-        if m.role != "removing" and _pod(cluster, m.name) in ("missing", "failed")
+        if m.role != "removing"
+        and not cluster.stopped_on_purpose(m)
+        and _pod(cluster, m.name) in ("missing", "failed")
     ]
     if not gone:
         return None
     if not cluster.status.bootstrapped:
         # Until the initial voters have elected, a member without data may still bootstrap.
         return CreateMembers(tuple(m.name for m in gone), join=False)
+    back = []
     for m in gone:
         seen = cluster.observed.members.get(m.name)
         if (seen is not None and seen.volume) or m.role == "joining":
             # Its data is there (or it never had any): the same member comes back. It starts
             # with `--join` so that an empty volume can never bootstrap a second cluster.
-            return CreateMembers((m.name,), join=True)
+            back.append(m.name)
+            continue
         m.role = "removing"
         cluster.event(
             "MemberLost",
             f"{m.name} lost its pod and its volume; it is removed and a new member replaces it",
             warning=True,
         )
-    return None
+    # All at once: after a hibernation every member comes back, and a quorum needs several.
+    return CreateMembers(tuple(back), join=True) if back else None
 
 
 def _leaders(cluster: _ClusterPass) -> Action | None:
@@ -430,7 +482,9 @@ def _scale_up(cluster: _ClusterPass) -> Action | None:
     active = [m for m in cluster.status.members if m.role != "removing"]
     if len(active) >= cluster.spec.replicas:
         return None
-    unready = [m.name for m in active if not cluster.ready(m.name)]
+    unready = [
+        m.name for m in active if not cluster.ready(m.name) and not cluster.stopped_on_purpose(m)
+    ]
     if unready:
         return Wait(f"scaling up waits for {', '.join(unready)} to be ready")
     ordinal = cluster.status.next_ordinal
@@ -445,7 +499,8 @@ def _scale_down(cluster: _ClusterPass) -> Action | None:
     active = [m for m in cluster.status.members if m.role != "removing"]
     if len(active) <= cluster.spec.replicas:
         return None
-    victim = next_to_remove(active)
+    named = [m for name in cluster.spec.remove_members for m in active if m.name == name]
+    victim = named[0] if named else next_to_remove(active)
     victim.role = "removing"
     cluster.event("ScalingDown", f"removing {victim.name} ({len(active) - 1} of the members left)")
     return _remove(cluster, victim)
@@ -461,7 +516,11 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
     ]
     if not stale:
         return None
-    unready = [m.name for m in cluster.status.members if not cluster.ready(m.name)]
+    unready = [
+        m.name
+        for m in cluster.status.members
+        if not cluster.ready(m.name) and not cluster.stopped_on_purpose(m)
+    ]
     if unready:
         return Wait(f"restart of {stale[0].name} waits for {', '.join(unready)} to be ready")
     # The leader's own line between live replication and backfill, not a second setting: a
@@ -476,6 +535,16 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
         leader_view.leader for _, leader_view in cluster.led_partitions() if leader_view.leader
     }
     target = next_to_restart(stale, leading)
+    ready = cluster.ready_names()
+    for partition, leader_view in cluster.led_partitions():
+        if target.name in leader_view.voters and not stays_available(
+            leader_view.voters, target.name, ready
+        ):
+            return Wait(
+                f"restart of {target.name} waits: partition {partition} would have "
+                f"{len(leader_view.voters & (ready - {target.name}))} of "
+                f"{len(leader_view.voters)} voters ready without it"
+            )
     # A leader restarts only once its leaderships moved to a caught-up voter.
     for partition, leader_view in cluster.led_partitions():
         if leader_view.leader == target.name:
@@ -485,11 +554,233 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
                     f"partition {partition}: no caught-up voter to take over from {target.name}"
                 )
             return TransferLeader(partition, target.name, successor)
-    cluster.event("RollingRestart", f"restarting {target.name} with the new configuration")
+    asked = cluster.controls.restart
+    why = (
+        f"(raftlog.dev/restartedAt {asked})"
+        if asked != cluster.status.restarted_at
+        else "with the new configuration"
+    )
+    cluster.event("RollingRestart", f"restarting {target.name} {why}")
     return RestartMember(target.name)
 
 
+def _hibernation(cluster: _ClusterPass) -> Action | None:
+    """spec.hibernate: every member's pod stops, followers first (a leader stops last, so
+    leadership moves as little as possible); volumes and memberships stay."""
+    if not cluster.spec.hibernate:
+        return None
+    up = [m for m in cluster.status.members if _pod(cluster, m.name) != "missing"]
+    if not up:
+        return Wait("hibernating: every member is stopped; spec.hibernate false brings it back")
+    leading = {v.leader for v in cluster.leader_views.values() if v is not None and v.leader}
+    if all(_pod(cluster, m.name) == "terminating" for m in up):
+        return Wait(f"hibernating: waiting for {', '.join(m.name for m in up)} to stop")
+    target = min(
+        (m for m in up if _pod(cluster, m.name) != "terminating"),
+        key=lambda m: (m.name in leading, m.ordinal),
+    )
+    cluster.event("Hibernating", f"stopping {target.name} (its volume stays)")
+    return StopMember(target.name)
+
+
+def _unfence(cluster: _ClusterPass) -> Action | None:
+    """A member taken out of spec.fencedMembers comes back on its data (`_recreate_pods`);
+    before the leaders are checked, since it may be what a partition's quorum lacks."""
+    wanted = set(cluster.spec.fenced_members)
+    for m in cluster.status.members:
+        if m.fenced and m.name not in wanted:
+            m.fenced = False
+            cluster.event("Unfenced", f"{m.name} is no longer fenced; it starts on its data")
+    return None
+
+
+def _fencing(cluster: _ClusterPass) -> Action | None:
+    """spec.fencedMembers: each gives its leaderships away, then stops while the others keep
+    a ready majority of every partition it votes in."""
+    for name in cluster.spec.fenced_members:
+        m = cluster.status.member(name)
+        if m is None or m.role == "removing":
+            continue  # named in status.problems
+        if m.fenced:
+            pod = _pod(cluster, name)
+            if pod in ("missing", "terminating"):
+                continue
+            return StopMember(name)  # it came back (a stop that failed, or someone made it)
+        for partition, leader_view in cluster.led_partitions():
+            if leader_view.leader == name:
+                target = _successor(cluster, leader_view, leaving=name)
+                if target is None:
+                    return Wait(
+                        f"fencing {name}: partition {partition} has no caught-up voter to take "
+                        "over its leadership"
+                    )
+                return TransferLeader(partition, name, target)
+        ready = cluster.ready_names()
+        for partition, leader_view in cluster.led_partitions():
+            if name in leader_view.voters and not stays_available(leader_view.voters, name, ready):
+                left = len(leader_view.voters & (ready - {name}))
+                return Wait(
+                    f"fencing {name} is refused for now: partition {partition} would have "
+                    f"{left} of {len(leader_view.voters)} voters ready without it, below a "
+                    "majority"
+                )
+        m.fenced = True
+        cluster.event("Fenced", f"{name} stops serving; its volume and memberships stay")
+        return StopMember(name)
+    return None
+
+
+def _cancel_removals(cluster: _ClusterPass) -> Action | None:
+    """`replicas` raised back while a member is being removed: the removal is cancelled while
+    it is still a ready voter of every partition (no partition has taken it out yet)."""
+    active = [m for m in cluster.status.members if m.role != "removing"]
+    for m in cluster.status.members:
+        if len(active) >= cluster.spec.replicas:
+            break
+        if m.role != "removing" or not cluster.ready(m.name):
+            continue
+        views = [v for _, v in cluster.led_partitions()]
+        if views and all(m.name in v.voters for v in views):
+            m.role = "voter"
+            active.append(m)
+            cluster.event(
+                "RemovalCancelled", f"{m.name} stays: replicas was raised before its removal"
+            )
+    return None
+
+
+def _switchover(cluster: _ClusterPass) -> Action | None:
+    """raftlog.dev/switchover: the leadership of the partitions asked moves to the member
+    named, each request carried out once and its outcome kept in status.switchover."""
+    request = cluster.controls.switchover
+    status = cluster.status
+    if request is None:
+        return None
+    current = status.switchover
+    if current is None or current.request != request.request:
+        current = Switchover(
+            request=request.request,
+            target=request.target,
+            partitions=list(request.partitions) if request.partitions is not None else None,
+            started_at=cluster.now,
+        )
+        status.switchover = current
+        cluster.event("SwitchoverRequested", f"{request.request}: leadership to {request.target}")
+    if current.state != "pending":
+        return None
+
+    def fail(message: str) -> None:
+        current.state, current.message, current.finished_at = "failed", message, cluster.now
+        cluster.event("SwitchoverFailed", f"{request.request}: {message}", warning=True)
+
+    m = status.member(request.target)
+    served = len(cluster.leader_views)
+    wanted = request.partitions if request.partitions is not None else tuple(range(served))
+    if m is None or m.role != "voter" or m.fenced:
+        fail(f"{request.target} is not a voting member that serves (fenced or not a voter)")
+        return None
+    if unknown := [p for p in wanted if p >= served]:
+        fail(f"no partitions {unknown}: the cluster has {served}")
+        return None
+    ready = cluster.ready_names()
+    for partition, leader_view in cluster.led_partitions():
+        if partition not in wanted or leader_view.leader == request.target:
+            continue
+        follower = leader_view.followers.get(request.target)
+        leaving = leader_view.leader or ""
+        if follower is None or not fit_to_lead(follower, leaving, ready):
+            if cluster.now - current.started_at > SWITCHOVER_TIMEOUT_S:
+                fail(
+                    f"partition {partition}: {request.target} was not fit to lead (a ready, "
+                    f"live-replicating voter) within {SWITCHOVER_TIMEOUT_S:.0f} s"
+                )
+                return None
+            current.message = f"partition {partition}: waiting for {request.target} to catch up"
+            return Wait(current.message)
+        current.message = f"partition {partition}: moving the leadership from {leaving}"
+        return TransferLeader(partition, leaving, request.target)
+    current.state, current.finished_at = "done", cluster.now
+    current.message = f"{request.target} leads partitions {list(wanted)}"
+    cluster.event(
+        "SwitchoverDone",
+        f"{request.request}: {current.message} after {cluster.now - current.started_at:.1f} s",
+    )
+    return None
+
+
+def _expand_volumes(cluster: _ClusterPass) -> Action | None:
+    """spec.storage.size raised: each member's claim asks for the new size (never a restart; a
+    size is not in the launch configuration). Lowering is never asked: a volume cannot shrink."""
+    wanted = cluster.spec.storage.size
+    failed = cluster.status.volume_expansion
+    for m in cluster.status.members:
+        seen = cluster.observed.members.get(m.name)
+        if seen is None or seen.volume_size is None:
+            continue
+        if _quantity(seen.volume_size) >= _quantity(wanted):
+            continue
+        if (
+            failed is not None
+            and failed.size == wanted
+            and failed.state == "failed"
+            and cluster.now - failed.at < EXPANSION_RETRY_S
+        ):
+            return None  # the refusal is in status and in the Degraded condition
+        cluster.status.volume_expansion = VolumeExpansion(
+            size=wanted, state="requested", at=cluster.now
+        )
+        return ExpandVolume(m.name, wanted)
+    expansion = cluster.status.volume_expansion
+    if expansion is not None and expansion.state == "requested" and expansion.size == wanted:
+        sizes = [
+            seen.volume_capacity
+            for seen in cluster.observed.members.values()
+            if seen.volume_size is not None
+        ]
+        if all(c is not None and _quantity(c) >= _quantity(wanted) for c in sizes):
+            expansion.state, expansion.message = "done", f"every volume has {wanted}"
+            cluster.event("VolumesExpanded", f"every member's volume has {wanted}")
+    return None
+
+
+def _restart_done(cluster: _ClusterPass) -> None:
+    """A restart request is done once nothing is left to roll: every member runs a pod launched
+    with it (the roll itself is `_rolling_restart`)."""
+    asked = cluster.controls.restart
+    if asked is None or asked == cluster.status.restarted_at:
+        return
+    up = [seen for seen in cluster.observed.members.values() if seen.config_hash is not None]
+    if up and all(seen.config_hash == cluster.wanted_hash for seen in up):
+        cluster.status.restarted_at = asked
+        cluster.event("Restarted", f"every member restarted for raftlog.dev/restartedAt {asked}")
+
+
+def _problems(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
+    """What the operator was asked and cannot act on, each with the reason: in status.problems
+    (and the Degraded condition), and an event when it first appears."""
+    names = {m.name for m in cluster.status.members}
+    found = list(cluster.controls.problems)
+    for name in cluster.spec.fenced_members:
+        if name not in names:
+            found.append(f"spec.fencedMembers: {name} is not a member of this cluster")
+    for name in cluster.spec.remove_members:
+        if name not in names and cluster.spec.replicas < len(names):
+            found.append(f"spec.removeMembers: {name} is not a member of this cluster")
+    for problem in found:
+        if problem not in previous.problems:
+            cluster.event("InvalidControl", problem, warning=True)
+    expansion = cluster.status.volume_expansion
+    if expansion is not None and expansion.state == "failed":
+        found.append(f"spec.storage.size {expansion.size}: {expansion.message}")
+    cluster.status.problems = found
+
+
 # ===================================================================== helpers
+def _quantity(text: str) -> Decimal:
+    """A Kubernetes quantity ("10Gi", "500M") as a number, by the client library's rules."""
+    return Decimal(parse_quantity(text))  # type: ignore[no-untyped-call]
+
+
 def _pod(cluster: _ClusterPass, name: str) -> str:
     seen = cluster.observed.members.get(name)
     return "missing" if seen is None else seen.pod
@@ -567,7 +858,7 @@ def _member_partition(
     )
 
 
-def _summarize(cluster: _ClusterPass, action: Action | None) -> None:
+def _summarize(cluster: _ClusterPass, action: Action | None, previous: RaftClusterStatus) -> None:
     status = cluster.status
     active = [m for m in status.members if m.role != "removing"]
     status.replicas = len(active)
@@ -596,9 +887,45 @@ def _summarize(cluster: _ClusterPass, action: Action | None) -> None:
         ),
     )
     _condition(cluster, "Progressing", action is not None, _reason(action), describe(action))
+    paused = cluster.controls.paused
+    if _condition(
+        cluster,
+        "Paused",
+        paused,
+        "ReconciliationPaused" if paused else "Reconciling",
+        "raftlog.dev/pause-reconciliation is set: the operator changes nothing in this cluster"
+        if paused
+        else "",
+    ):
+        cluster.event(
+            "ReconciliationPaused" if paused else "ReconciliationResumed",
+            "the operator changes nothing until raftlog.dev/pause-reconciliation is removed"
+            if paused
+            else "reconciliation resumed",
+        )
+    stopped = [m.name for m in status.members if _pod(cluster, m.name) == "missing"]
+    hibernated = cluster.spec.hibernate and len(stopped) == len(status.members)
+    if _condition(
+        cluster,
+        "Hibernated",
+        hibernated,
+        "Hibernated" if hibernated else "Hibernating" if cluster.spec.hibernate else "Awake",
+        f"every member stopped, volumes kept: {', '.join(stopped)}" if hibernated else "",
+    ):
+        cluster.event(
+            "Hibernated" if hibernated else "Resumed",
+            "every member is stopped; their volumes stay"
+            if hibernated
+            else "the members start again on their data",
+        )
     degraded_msg = []
+    unready = [n for n in unready if not cluster.stopped_on_purpose(_member(status, n))]
+    fenced = [m.name for m in status.members if m.fenced]
     if unready:
         degraded_msg.append(f"not ready: {', '.join(unready)}")
+    if fenced:
+        degraded_msg.append(f"fenced: {', '.join(fenced)}")
+    degraded_msg.extend(status.problems)
     if failed:
         degraded_msg.append(
             "snapshot install failed: " + ", ".join(f"{i.member}/p{i.partition}" for i in failed)
@@ -607,12 +934,26 @@ def _summarize(cluster: _ClusterPass, action: Action | None) -> None:
         cluster,
         "Degraded",
         bool(degraded_msg),
-        ("SnapshotInstallFailed" if failed else "MembersNotReady")
+        (
+            "SnapshotInstallFailed"
+            if failed
+            else "MembersNotReady"
+            if unready
+            else "Fenced"
+            if fenced
+            else "CannotAct"
+        )
         if degraded_msg
         else "AsExpected",
         "; ".join(degraded_msg),
     )
-    if not status.bootstrapped:
+    if paused:
+        status.phase = "Paused"
+    elif hibernated:
+        status.phase = "Hibernated"
+    elif cluster.spec.hibernate:
+        status.phase = "Hibernating"
+    elif not status.bootstrapped:
         status.phase = "Bootstrapping"
     elif not available:
         status.phase = "Unavailable"
@@ -638,15 +979,24 @@ def _reason(action: Action | None) -> str:
     return "Steady" if action is None else type(action).__name__
 
 
-def _condition(cluster: _ClusterPass, kind: str, value: bool, reason: str, message: str) -> None:
+def _member(status: RaftClusterStatus, name: str) -> MemberStatus:
+    m = status.member(name)
+    assert m is not None
+    return m
+
+
+def _condition(cluster: _ClusterPass, kind: str, value: bool, reason: str, message: str) -> bool:
+    """Sets the condition; True when its status changed (a new condition that is False is not
+    a change)."""
     status: Literal["True", "False"] = "True" if value else "False"
     when = datetime.fromtimestamp(cluster.now, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     for c in cluster.status.conditions:
         if c.type == kind:
-            if c.status != status:
+            changed = c.status != status
+            if changed:
                 c.status, c.last_transition_time = status, when
             c.reason, c.message = reason, message
-            return
+            return changed
     cluster.status.conditions.append(
         Condition.model_validate(
             {
@@ -658,6 +1008,7 @@ def _condition(cluster: _ClusterPass, kind: str, value: bool, reason: str, messa
             }
         )
     )
+    return value
 
 
 # ===================================================================== outcomes
@@ -713,6 +1064,10 @@ def record_outcome(
                     f"{member}: the leader refused the promotion ({outcome.detail}); its "
                     "promotion window starts again",
                 ))  # fmt: skip
+        case ExpandVolume(name, size) if not outcome.ok:
+            new_status.volume_expansion = VolumeExpansion(
+                size=size, state="failed", at=now, message=f"{name}: {outcome.detail}"
+            )
         case DeleteMember(name, _) if outcome.ok:
             new_status.members = [m for m in new_status.members if m.name != name]
             events.append(Event("Normal", "MemberRemoved", f"{name} left the cluster"))

@@ -20,12 +20,15 @@ from raftlog.operator.actions import (
     CreateMembers,
     DeleteMember,
     Event,
+    ExpandVolume,
     Outcome,
     RestartMember,
+    StopMember,
     Wait,
     describe,
 )
 from raftlog.operator.cluster_views import MemberObserved, Observed, PodState
+from raftlog.operator.controls import NONE, Controls
 from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.nodeapi import NodeApi
 from raftlog.operator.reconciler import decide, record_outcome
@@ -40,6 +43,8 @@ class PodInfo:
     url: str
     config_hash: str | None = None
     address: str | None = None  # the pod's, as its runtime reports it (not the cluster DNS)
+    volume_size: str | None = None  # what its claim asks for (a Kubernetes quantity)
+    volume_capacity: str | None = None  # what the volume has
 
 
 class Runtime(Protocol):
@@ -48,12 +53,23 @@ class Runtime(Protocol):
         ...
 
     async def create_members(
-        self, spec: RaftClusterSpec, status: RaftClusterStatus, names: tuple[str, ...], join: bool
+        self,
+        spec: RaftClusterSpec,
+        status: RaftClusterStatus,
+        names: tuple[str, ...],
+        join: bool,
+        launch_hash: str,
     ) -> None: ...
 
     async def delete_member(self, name: str, delete_volume: bool) -> None: ...
 
-    async def restart_member(self, name: str) -> None: ...
+    async def stop_member(self, name: str) -> None:
+        """Its pod (process) goes; the next pass decides whether it comes back."""
+        ...
+
+    async def expand_volume(self, name: str, size: str) -> None:
+        """Its volume's claim asks for `size` (refused with the reason where it cannot grow)."""
+        ...
 
 
 @dataclass
@@ -76,7 +92,15 @@ async def observe(
     }
     views = await api.views(running)
     members = {
-        name: MemberObserved(name, info.pod, info.volume, info.config_hash, views.get(name))
+        name: MemberObserved(
+            name,
+            info.pod,
+            info.volume,
+            info.config_hash,
+            views.get(name),
+            info.volume_size,
+            info.volume_capacity,
+        )
         for name, info in pods.items()
     }
     return Observed(members, {name: info.url for name, info in pods.items()})
@@ -91,9 +115,10 @@ async def reconcile_pass(
     save: Callable[[RaftClusterStatus], Awaitable[None]],
     generation: int | None = None,
     clock: Callable[[], float] = time.time,
+    controls: Controls = NONE,
 ) -> PassResult:
     observed = await observe(runtime, api, spec, status)
-    plan = decide(name, spec, status, observed, clock(), generation)
+    plan = decide(name, spec, status, observed, clock(), generation, controls)
     # Saved before acting: a restarted operator finds the member it was about to create.
     await save(plan.status)
     if plan.action is None or isinstance(plan.action, Wait):
@@ -116,13 +141,16 @@ async def act(
     try:
         match action:
             case CreateMembers(names, join):
-                await runtime.create_members(spec, status, names, join)
+                await runtime.create_members(spec, status, names, join, action.launch_hash)
                 return Outcome(True)
             case DeleteMember(member, delete_volume):
                 await runtime.delete_member(member, delete_volume)
                 return Outcome(True)
-            case RestartMember(member):
-                await runtime.restart_member(member)
+            case RestartMember(member) | StopMember(member):
+                await runtime.stop_member(member)
+                return Outcome(True)
+            case ExpandVolume(member, size):
+                await runtime.expand_volume(member, size)
                 return Outcome(True)
             case _:
                 return await api.perform(action, urls)

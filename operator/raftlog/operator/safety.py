@@ -30,6 +30,12 @@ def keeps_majority(voters: AbstractSet[str], leaving: str, ready: AbstractSet[st
     return has_quorum(voters - {leaving}, ready)
 
 
+def stays_available(voters: AbstractSet[str], stopping: str, ready: AbstractSet[str]) -> bool:
+    """Stopping a voter that stays one (a restart, fencing): a majority of all the voters,
+    `stopping` still counted among them, is ready without it."""
+    return has_quorum(voters, ready - {stopping})
+
+
 def caught_up(follower: FollowerView, threshold: int) -> bool:
     """Its lag is known and within `threshold` (backfillThreshold): it is in live replication,
     not being repaired. An unknown lag never counts as caught up."""
