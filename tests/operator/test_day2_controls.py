@@ -212,7 +212,8 @@ def test_a_switchover_moves_each_partition_then_is_done_once() -> None:
     # Leadership moving away later is not undone: the request was carried out.
     w.leader = {0: "c-1", 1: "c-1"}
     plan = run(plan.status, w, s, ask, now=T0 + 3)
-    assert plan.action is None and plan.status.switchover.state == "done"
+    assert plan.action is None
+    assert plan.status.switchover is not None and plan.status.switchover.state == "done"
     # The same move asked again is a new request.
     plan = run(plan.status, w, s, parse({SWITCHOVER: "c-2@2"}), now=T0 + 4)
     assert plan.action == TransferLeader(0, "c-1", "c-2")
