@@ -3,6 +3,8 @@ validated against the schemas of the oldest and newest Kubernetes versions the c
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import helm_python as helm
@@ -284,6 +286,131 @@ def test_the_pod_monitor_scrapes_every_member(values, namespaces):
     assert mon["spec"]["namespaceSelector"] == namespaces
     assert mon["metadata"]["labels"]["release"] == "prom"
     assert not of_kind(objects(values), "PodMonitor")  # optional: off by default
+    # Members only: the operator's other objects carry the cluster's labels without a member.
+    [member] = mon["spec"]["selector"]["matchExpressions"]
+    assert member == {"key": manifests.LABEL_MEMBER, "operator": "Exists"}
+    assert manifests.LABEL_MEMBER in pod["metadata"]["labels"]
+    assert manifests.LABEL_MEMBER not in manifests.labels("c")
+    # The member's RaftCluster as the `raftcluster` label, which the dashboard filters on
+    # (Prometheus names a pod label __meta_kubernetes_pod_label_<name, non-alphanumerics as _>).
+    [relabel] = endpoint["relabelings"]
+    source = "__meta_kubernetes_pod_label_" + re.sub(r"[^A-Za-z0-9_]", "_", manifests.LABEL_CLUSTER)
+    assert relabel == {"sourceLabels": [source], "targetLabel": "raftcluster"}
+    variables = {
+        v["name"]: v
+        for v in dashboard_json(objects({"metrics": DASHBOARD_ON}))["templating"]["list"]
+    }
+    assert variables["raftcluster"]["query"].endswith(", raftcluster)")
+
+
+DASHBOARD_ON = {"grafanaDashboard": {"enabled": True}}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+
+
+def dashboard_json(objs: list[dict[str, Any]]) -> dict[str, Any]:
+    cm = one(objs, "ConfigMap")
+    assert list(cm["data"]) == ["raftlog.json"]
+    dash = json.loads(cm["data"]["raftlog.json"])
+    assert isinstance(dash, dict)
+    return dash
+
+
+@pytest.mark.parametrize("version", KUBE_VERSIONS)
+def test_the_dashboard_configmap_is_for_grafanas_sidecar(version):
+    assert not of_kind(objects(), "ConfigMap")  # optional: off by default
+    objs = objects({"metrics": DASHBOARD_ON})
+    cm = one(objs, "ConfigMap")
+    validate(cm, version)
+    assert cm["metadata"]["name"] == "raftlog-operator-dashboard"
+    assert cm["metadata"]["namespace"] == NAMESPACE
+    assert cm["metadata"]["labels"]["grafana_dashboard"] == "1"
+    assert "annotations" not in cm["metadata"]  # no folder asked for
+    # The chart's dashboards/raftlog.json, as it is.
+    assert dashboard_json(objs) == json.loads((CHART / "dashboards" / "raftlog.json").read_text())
+    notes = render({"metrics": DASHBOARD_ON})["raftlog-operator/templates/NOTES.txt"]
+    assert "configmap/raftlog-operator-dashboard in raftlog-system" in notes
+    assert "grafana_dashboard=1" in notes
+    report = helm.lint(
+        CHART,
+        {"metrics": DASHBOARD_ON},
+        strict=True,
+        namespace=NAMESPACE,
+        kube_version=f"v{version}.0",
+    )
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+def test_the_dashboards_label_folder_and_namespace_are_the_users():
+    own = {
+        "enabled": True,
+        "label": "example.com/dashboard",
+        "labelValue": "raftlog",
+        "folder": "Data stores",
+        "folderAnnotation": "grafana_folder",
+        "namespace": "monitoring",
+        "labels": {"team": "storage"},
+        "annotations": {"owner": "platform"},
+    }
+    meta = one(objects({"metrics": {"grafanaDashboard": own}}), "ConfigMap")["metadata"]
+    assert meta["namespace"] == "monitoring"
+    assert meta["labels"]["example.com/dashboard"] == "raftlog"
+    assert meta["labels"]["team"] == "storage" and "grafana_dashboard" not in meta["labels"]
+    assert meta["annotations"] == {"grafana_folder": "Data stores", "owner": "platform"}
+    # Without the operator's own metrics the members' panels still have something to show.
+    assert of_kind(objects({"metrics": {"enabled": False, **DASHBOARD_ON}}), "ConfigMap")
+
+
+def test_every_dashboard_panel_queries_the_chosen_prometheus():
+    dash = dashboard_json(objects({"metrics": DASHBOARD_ON}))
+    [ds] = [v for v in dash["templating"]["list"] if v["type"] == "datasource"]
+    assert ds["name"] == "datasource" and ds["query"] == "prometheus"
+    for var in dash["templating"]["list"]:
+        if var["type"] == "query":
+            assert var["datasource"] == DATASOURCE, var["name"]
+    panels = [p for p in dash["panels"] if p["type"] != "row"]
+    assert len(panels) >= 10
+    assert len({p["id"] for p in dash["panels"]}) == len(dash["panels"])
+    for panel in panels:
+        assert panel["datasource"] == DATASOURCE, panel["title"]
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            assert target["datasource"] == DATASOURCE, panel["title"]
+            assert target["expr"].strip(), panel["title"]
+        pos = panel["gridPos"]
+        assert pos["x"] + pos["w"] <= 24, panel["title"]
+    titles = " ".join(p["title"] for p in panels).lower()
+    for topic in ("appends", "commit latency", "fsync", "follower lag", "snapshotrequired"):
+        assert topic in titles
+    for topic in ("snapshot installs", "elections", "reconcile", "promotions"):
+        assert topic in titles
+
+
+def schema_refusal(values: dict[str, Any]) -> str:
+    with helm.Chart.load(CHART) as chart, pytest.raises(helm.HelmValuesError) as e:
+        chart.validate_schema(values)
+    return str(e.value)
+
+
+def test_the_schema_takes_the_dashboards_values_and_refuses_bad_ones():
+    with helm.Chart.load(CHART) as chart:
+        chart.validate_schema(chart.merge_values({"metrics": DASHBOARD_ON}))
+        good = {"label": "example.com/dashboard", "labelValue": "", "namespace": "monitoring"}
+        chart.validate_schema(chart.merge_values({"metrics": {"grafanaDashboard": good}}))
+    where = "at '/metrics/grafanaDashboard"
+    bad = [
+        ({"enable": True}, f"{where}': additional properties 'enable' not allowed"),
+        ({"enabled": "yes"}, f"{where}/enabled': got string, want boolean"),
+        ({"labelValue": 1}, f"{where}/labelValue': got number, want string"),
+        ({"label": "grafana dashboard"}, f"{where}/label'"),
+        ({"labelValue": "-1"}, f"{where}/labelValue'"),
+        ({"folderAnnotation": "a/b/c"}, f"{where}/folderAnnotation'"),
+        ({"namespace": "Monitoring"}, f"{where}/namespace'"),
+        ({"labels": {"team": 1}}, f"{where}/labels/team': got number, want string"),
+    ]
+    for values, reason in bad:
+        message = schema_refusal({"metrics": {"grafanaDashboard": values}})
+        assert reason in message, (values, message)
 
 
 def test_without_metrics_there_is_no_service_and_the_operator_serves_none():
