@@ -1,0 +1,324 @@
+"""What `kubectl raft status` shows of a `RaftCluster`: a view of its status, as JSON and as text.
+
+Pure functions of the resource (a dict as the API server returns it): no I/O, so the layout is
+unit-tested. The JSON view is the stable interface for scripts (`kubectl raft status -o json`);
+its keys, all camelCase:
+
+- `name`, `namespace`, `phase`, `generation`, `observedGeneration`, `lastAction`;
+- `desiredReplicas` (spec.replicas), `replicas` (members, removing ones left out),
+  `readyReplicas`, `desiredPartitions` (spec.partitions);
+- `paused` (the raftlog.dev/pause-reconciliation annotation asks for a pause), `hibernate`
+  (spec.hibernate), `restartRequested` (the raftlog.dev/restartedAt annotation) and `restartedAt`
+  (the value every member has been restarted for, from the status);
+- `conditions`: every condition of the status (`type`, `status`, `reason`, `message`,
+  `lastTransitionTime`); `notable`: the types of those worth a look (`notable_conditions`);
+- `members`: `name`, `role`, `ready`, `fenced` (stopped as fenced), `fenceRequested` (listed
+  in spec.fencedMembers), `removeRequested` (listed in spec.removeMembers), `leaderships`
+  (partitions it leads);
+- `partitions`: `partition`, `leader` (null: none known), `members`: per member reporting the
+  partition, `lag`, `state`, `snapshotRequired`;
+- `snapshotInstalls`: `member`, `partition`, `source`, `state`, `attempts`, `lastError`;
+- `switchover`: the status' record of the latest request (`request`, `target`, `partitions`,
+  `state`, `message`) or null; `switchoverRequested`: the annotation's value or null;
+- `volumeExpansion`: the latest volume expansion (`size`, `state`, `message`) or null;
+- `problems`: what the operator was asked and cannot act on, each with the reason (they are
+  in the Degraded condition's message too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from raftlog.operator import controls
+from raftlog.operator.models import Condition, RaftClusterStatus
+
+# Conditions shown when True; `Available` is shown when it is not True.
+NOTABLE_WHEN_TRUE = ("Degraded", "Paused", "Hibernated", "Progressing")
+SNAPSHOT_MARK = "*"
+
+
+def notable_conditions(conditions: Sequence[Condition]) -> list[Condition]:
+    """The conditions a person should see: Available when not True, and Degraded, Paused,
+    Hibernated, Progressing when True (Available=True and the False ones are the quiet case)."""
+    return [
+        c
+        for c in conditions
+        if (c.type == "Available" and c.status != "True")
+        or (c.type in NOTABLE_WHEN_TRUE and c.status == "True")
+    ]
+
+
+def _partition_numbers(status: RaftClusterStatus, desired: int | None) -> list[int]:
+    seen = {int(p) for p in status.leaders if p.isdigit()}
+    seen |= {mp.partition for m in status.members for mp in m.partitions}
+    if desired:
+        seen |= set(range(desired))
+    return sorted(seen)
+
+
+def view(obj: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON view of a RaftCluster (see the module's docstring for its keys)."""
+    meta = obj.get("metadata") or {}
+    spec = obj.get("spec") or {}
+    status = RaftClusterStatus.model_validate(obj.get("status") or {})
+    asked = controls.parse(meta.get("annotations"))
+    fenced_spec = set(spec.get("fencedMembers") or [])
+    remove_spec = set(spec.get("removeMembers") or [])
+    desired_partitions = spec.get("partitions")
+    leads: dict[str, int] = {}
+    for leader in status.leaders.values():
+        leads[leader] = leads.get(leader, 0) + 1
+    partitions = []
+    for p in _partition_numbers(status, desired_partitions):
+        cells = {}
+        for m in status.members:
+            mp = next((x for x in m.partitions if x.partition == p), None)
+            if mp is not None:
+                cells[m.name] = {
+                    "lag": mp.lag,
+                    "state": mp.state,
+                    "snapshotRequired": mp.snapshot_required,
+                }
+        partitions.append({"partition": p, "leader": status.leaders.get(str(p)), "members": cells})
+    switchover = status.switchover
+    return {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "phase": status.phase,
+        "generation": meta.get("generation"),
+        "observedGeneration": status.observed_generation,
+        "lastAction": status.last_action,
+        "desiredReplicas": spec.get("replicas"),
+        "replicas": status.replicas,
+        "readyReplicas": status.ready_replicas,
+        "desiredPartitions": desired_partitions,
+        "paused": asked.paused,
+        "hibernate": bool(spec.get("hibernate", False)),
+        "restartRequested": asked.restart,
+        "restartedAt": status.restarted_at,
+        "conditions": [
+            {
+                "type": c.type,
+                "status": c.status,
+                "reason": c.reason,
+                "message": c.message,
+                "lastTransitionTime": c.last_transition_time,
+            }
+            for c in status.conditions
+        ],
+        "notable": [c.type for c in notable_conditions(status.conditions)],
+        "members": [
+            {
+                "name": m.name,
+                "role": m.role,
+                "ready": m.ready,
+                "fenced": m.fenced,
+                "fenceRequested": m.name in fenced_spec,
+                "removeRequested": m.name in remove_spec,
+                "leaderships": leads.get(m.name, 0),
+            }
+            for m in status.members
+        ],
+        "partitions": partitions,
+        "snapshotInstalls": [
+            {
+                "member": i.member,
+                "partition": i.partition,
+                "source": i.source,
+                "state": i.state,
+                "attempts": i.attempts,
+                "lastError": i.last_error,
+            }
+            for i in status.snapshot_installs
+        ],
+        "switchover": None
+        if switchover is None
+        else {
+            "request": switchover.request,
+            "target": switchover.target,
+            "partitions": switchover.partitions,
+            "state": switchover.state,
+            "message": switchover.message,
+        },
+        "switchoverRequested": asked.switchover.request if asked.switchover else None,
+        "volumeExpansion": None
+        if status.volume_expansion is None
+        else {
+            "size": status.volume_expansion.size,
+            "state": status.volume_expansion.state,
+            "message": status.volume_expansion.message,
+        },
+        "problems": list(status.problems),
+    }
+
+
+# ----------------------------------------------------------------------------- text
+
+
+def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
+    """Columns left-aligned, three spaces apart (kubectl's look); no trailing spaces."""
+    widths = [len(h) for h in header]
+    for row in rows:
+        widths = [max(w, len(cell)) for w, cell in zip(widths, row, strict=True)]
+    return [
+        "   ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in [header, *rows]
+    ]
+
+
+def _yes(value: bool) -> str:
+    return "yes" if value else "no"
+
+
+def _fenced(member: Mapping[str, Any]) -> str:
+    if member["fenced"]:
+        return "yes" if member["fenceRequested"] else "yes, lifting"
+    return "requested" if member["fenceRequested"] else "no"
+
+
+def _cell(cell: Mapping[str, Any] | None) -> str:
+    if cell is None:
+        return "-"
+    if cell["state"] == "leader":
+        return "leader"
+    lag = "?" if cell["lag"] is None else str(cell["lag"])
+    text = f"{lag}/{cell['state'] or '?'}"
+    return text + SNAPSHOT_MARK if cell["snapshotRequired"] else text
+
+
+def _switchover_line(v: Mapping[str, Any]) -> str | None:
+    sw, asked = v["switchover"], v["switchoverRequested"]
+    if asked is not None and (sw is None or sw["request"] != asked):
+        return f"Switchover {asked}: requested, not picked up by the operator yet"
+    if sw is None:
+        return None
+    listed = sw["partitions"]
+    if listed is None:
+        where = "every partition"
+    else:
+        where = ("partition " if len(listed) == 1 else "partitions ") + ",".join(map(str, listed))
+    line = f"Switchover {sw['request']}: to {sw['target']}, {where}: {sw['state']}"
+    return line + (f" ({sw['message']})" if sw["message"] else "")
+
+
+def render(v: Mapping[str, Any]) -> str:
+    """`kubectl raft status NAME`: the view as text."""
+    members = v["members"]
+    replicas = f"{v['readyReplicas']}/{v['replicas']} members ready"
+    if v["desiredReplicas"] is not None and v["desiredReplicas"] != v["replicas"]:
+        replicas += f" (spec: {v['desiredReplicas']})"
+    lines = [
+        f"RaftCluster {v['namespace']}/{v['name']}: {v['phase']}, {replicas}, "
+        f"{len(v['partitions'])} partitions"
+    ]
+    shown = [c for c in v["conditions"] if c["type"] in v["notable"]]
+    for c in shown:
+        text = f"  {c['type']}={c['status']} {c['reason']}"
+        lines.append(text + (f": {c['message']}" if c["message"] else ""))
+    if v["paused"] and "Paused" not in v["notable"]:
+        lines.append("  pause requested (raftlog.dev/pause-reconciliation), not in effect yet")
+    if v["restartRequested"] and v["restartRequested"] != v["restartedAt"]:
+        lines.append(f"  restart {v['restartRequested']} requested, under way")
+    expansion = v["volumeExpansion"]
+    if expansion is not None and expansion["state"] == "requested":
+        lines.append(f"  volumes expanding to {expansion['size']}")
+    if v["lastAction"] not in ("", "steady") and all(
+        c["message"] != v["lastAction"] for c in shown
+    ):
+        lines.append(f"  last action: {v['lastAction']}")
+
+    lines.append("")
+    if members:
+        lines += table(
+            ["MEMBER", "ROLE", "READY", "FENCED", "LEADERSHIPS"],
+            [
+                [
+                    m["name"],
+                    m["role"] + (" (remove requested)" if m["removeRequested"] else ""),
+                    _yes(m["ready"]),
+                    _fenced(m),
+                    str(m["leaderships"]),
+                ]
+                for m in members
+            ],
+        )
+    else:
+        lines.append("No members yet.")
+
+    if v["partitions"]:
+        names = [m["name"] for m in members]
+        lines.append("")
+        lines += table(
+            ["PARTITION", "LEADER", *names],
+            [
+                [str(p["partition"]), p["leader"] or "none"]
+                + [_cell(p["members"].get(n)) for n in names]
+                for p in v["partitions"]
+            ],
+        )
+        marked = any(c["snapshotRequired"] for p in v["partitions"] for c in p["members"].values())
+        lines.append(
+            "(each member: lag/progress state"
+            + (f"; {SNAPSHOT_MARK} SnapshotRequired" if marked else "")
+            + ")"
+        )
+
+    if v["snapshotInstalls"]:
+        lines += ["", "Snapshot installs (pending, then the most recent):"]
+        lines += table(
+            ["MEMBER", "PARTITION", "SOURCE", "STATE", "ATTEMPTS", "LAST ERROR"],
+            [
+                [
+                    i["member"],
+                    str(i["partition"]),
+                    i["source"],
+                    i["state"],
+                    str(i["attempts"]),
+                    i["lastError"] or "-",
+                ]
+                for i in v["snapshotInstalls"]
+            ],
+        )
+
+    switchover = _switchover_line(v)
+    if switchover:
+        lines += ["", switchover]
+    return "\n".join(lines) + "\n"
+
+
+def render_list(views: Sequence[Mapping[str, Any]], all_namespaces: bool) -> str:
+    """`kubectl raft status` without a name: one line per RaftCluster."""
+    if not views:
+        return "No RaftClusters found.\n"
+    header = ["NAME", "PHASE", "READY", "PARTITIONS", "LEADERS", "NOTES"]
+    rows = []
+    for v in views:
+        leaders = [p["leader"] or "none" for p in v["partitions"]]
+        notes = [
+            c["type"] + ("" if c["type"] == "Progressing" else f" ({c['reason']})")
+            for c in v["conditions"]
+            if c["type"] in v["notable"]
+        ]
+        rows.append(
+            [
+                v["name"],
+                v["phase"],
+                f"{v['readyReplicas']}/{v['replicas']}",
+                str(len(v["partitions"])),
+                _compact(leaders),
+                ", ".join(notes) or "-",
+            ]
+        )
+    if all_namespaces:
+        header = ["NAMESPACE", *header]
+        rows = [[v["namespace"], *row] for v, row in zip(views, rows, strict=True)]
+    return "\n".join(table(header, rows)) + "\n"
+
+
+def _compact(leaders: list[str], shown: int = 3) -> str:
+    if not leaders:
+        return "-"
+    if len(leaders) <= shown:
+        return ",".join(leaders)
+    return ",".join(leaders[:shown]) + f",+{len(leaders) - shown}"
