@@ -90,6 +90,10 @@ add nothing here that the operator does not call.
 - apiGroups: [""]
   resources: ["pods", "persistentvolumeclaims"]
   verbs: ["list", "create", "delete"]
+# Volume expansion: a raised spec.storage.size is a patch of each member's claim.
+- apiGroups: [""]
+  resources: ["persistentvolumeclaims"]
+  verbs: ["patch"]
 # Per cluster: the headless and client Services and the PDB, server-side applied on every
 # pass (an apply that creates the object is also authorized as a create); the auth Secret.
 - apiGroups: [""]

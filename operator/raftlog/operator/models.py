@@ -146,7 +146,11 @@ class Resources(_Model):
 
 class Storage(_Model):
     size: str = Field(
-        "1Gi", pattern=QUANTITY, description="Size of each member's volume (a quantity)."
+        "1Gi",
+        pattern=QUANTITY,
+        description="Size of each member's volume (a quantity). Raising it expands every "
+        "member's claim, without a restart, where the StorageClass allows volume expansion "
+        "(status.problems says so where it does not); a volume never shrinks.",
     )
     storage_class_name: str | None = Field(
         None,

@@ -770,7 +770,11 @@ def _problems(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
         if problem not in previous.problems:
             cluster.event("InvalidControl", problem, warning=True)
     expansion = cluster.status.volume_expansion
-    if expansion is not None and expansion.state == "failed":
+    if (
+        expansion is not None
+        and expansion.state == "failed"
+        and expansion.size == cluster.spec.storage.size
+    ):
         found.append(f"spec.storage.size {expansion.size}: {expansion.message}")
     cluster.status.problems = found
 

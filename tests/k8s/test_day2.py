@@ -1,0 +1,168 @@
+"""Day-2 controls (issue 20) on the real Kubernetes, under an append load through the client
+Service: pause, restart without a spec change, switchover, fencing, volume expansion (refused by
+local-path, said so) and hibernation; then every acknowledged record is read from every member.
+Each control's time is printed for the issue's note."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import aiohttp
+
+from raftlog.operator.controls import PAUSE, RESTART, SWITCHOVER
+from tests.k8s import kube, load
+from tests.k8s.test_journeys import SPEC, apply, member, member_urls, pods, reasons, settled, status
+
+NAME = "d"
+
+
+def annotate(ns: str, key: str, value: str | None) -> None:
+    kube.kubectl("annotate", "raft", NAME, "-n", ns, "--overwrite",
+                 f"{key}={value}" if value is not None else f"{key}-")  # fmt: skip
+
+
+def patch_spec(ns: str, spec: dict[str, Any]) -> None:
+    kube.kubectl("patch", "raft", NAME, "-n", ns, "--type=merge", "-p",
+                 json.dumps({"spec": spec}))  # fmt: skip
+
+
+def condition(ns: str, kind: str) -> str | None:
+    return (kube.condition({"status": status(ns, NAME)}, kind) or {}).get("status")
+
+
+def uids(ns: str) -> dict[str, str]:
+    return {n: p["metadata"]["uid"] for n, p in pods(ns, NAME).items()}
+
+
+def timed(what: str, started: float) -> float:
+    took = time.monotonic() - started
+    kube.say(f"day-2 {what}: {took:.1f} s")
+    return took
+
+
+def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> None:
+    ns = operator
+    apply(ns, NAME, {**SPEC, "partitions": 2})
+    kube.until("settled at 3", lambda: settled(status(ns, NAME), 3), 240)
+    loader = load.start(ns, NAME, "day2")
+    kube.until("the load is on", lambda: kube.kubectl("logs", "-n", ns, loader, check=False)
+               .count("\n") >= 10, 120)  # fmt: skip
+
+    # ------------------------------------------------------------- pause: nothing is done
+    started = time.monotonic()
+    annotate(ns, PAUSE, "true")
+    kube.until("Paused", lambda: condition(ns, "Paused") == "True", 60, every=0.2)
+    timed("pause -> the operator says Paused", started)
+    kube.kubectl("delete", "pod", f"{NAME}-2", "-n", ns)
+    time.sleep(10)  # ten passes at the chart's interval: none makes the pod again
+    assert f"{NAME}-2" not in pods(ns, NAME)
+    assert status(ns, NAME)["phase"] == "Paused"
+    started = time.monotonic()
+    annotate(ns, PAUSE, None)
+    kube.until("resumed, the member back", lambda: settled(status(ns, NAME), 3), 180)
+    timed("resume -> the deleted member back and ready", started)
+    assert {"ReconciliationPaused", "ReconciliationResumed"} <= set(reasons(ns, NAME))
+
+    # ------------------------------------------------------------- restart without a spec change
+    before = uids(ns)
+    leaders = set(status(ns, NAME)["leaders"].values())
+    asked = "2026-11-25T16:00:00Z"
+    started = time.monotonic()
+    annotate(ns, RESTART, asked)
+    kube.until("every member restarted",
+               lambda: status(ns, NAME).get("restartedAt") == asked
+               and settled(status(ns, NAME), 3), 300)  # fmt: skip
+    timed("restart of 3 members (quorum-safe, leaders last)", started)
+    after = uids(ns)
+    assert all(after[n] != before[n] for n in before), (before, after)
+    restarted = [e["message"].split()[1] for e in kube.items("events", ns)
+                 if e["reason"] == "RollingRestart"]  # fmt: skip
+    assert restarted and restarted[-1] in leaders, restarted
+
+    # ------------------------------------------------------------- switchover of every partition
+    st = status(ns, NAME)
+    target = next(m["name"] for m in st["members"] if m["name"] not in st["leaders"].values())
+    started = time.monotonic()
+    annotate(ns, SWITCHOVER, f"{target}@1")
+    kube.until("switchover done",
+               lambda: (status(ns, NAME).get("switchover") or {}).get("state") == "done", 120,
+               every=0.2)  # fmt: skip
+    timed(f"switchover of 2 partitions to {target}", started)
+    assert set(status(ns, NAME)["leaders"].values()) == {target}
+
+    # ------------------------------------------------------------- fencing the leader
+    started = time.monotonic()
+    patch_spec(ns, {"fencedMembers": [target]})
+    kube.until("fenced and stopped",
+               lambda: member(status(ns, NAME), target).get("fenced")
+               and target not in pods(ns, NAME), 120)  # fmt: skip
+    timed(f"fence {target} (leaderships moved, pod stopped)", started)
+    assert target not in status(ns, NAME)["leaders"].values()
+    assert kube.get("pvc", f"data-{target}", ns)  # its volume stays
+    lines = kube.kubectl("logs", "-n", ns, loader).count("\n")
+    kube.until(
+        "appends go on while fenced",
+        lambda: kube.kubectl("logs", "-n", ns, loader).count("\n") > lines + 20,
+        60,
+    )
+    started = time.monotonic()
+    patch_spec(ns, {"fencedMembers": []})
+    kube.until("unfenced", lambda: settled(status(ns, NAME), 3), 180)
+    timed(f"unfence {target} -> back and ready", started)
+
+    load.stop(ns, loader)
+    acked = load.acked(ns, loader)
+    assert len(acked) > 50
+
+    # ------------------------------------------------------------- volume expansion, refused here
+    before = uids(ns)
+    patch_spec(ns, {"storage": {"size": "2Gi"}})
+    kube.until("the refusal in status",
+               lambda: any("spec.storage.size" in p for p in status(ns, NAME).get("problems", [])),
+               60)  # fmt: skip
+    problem = next(p for p in status(ns, NAME)["problems"] if "spec.storage.size" in p)
+    kube.say(f"day-2 volume expansion on local-path: {problem}")
+    assert condition(ns, "Degraded") == "True"
+    assert uids(ns) == before  # a size is never a restart
+    patch_spec(ns, {"storage": {"size": SPEC.get("storage", {}).get("size", "1Gi")}})
+
+    # ------------------------------------------------------------- hibernation
+    claims = {c["metadata"]["name"] for c in kube.items("pvc", ns, f"raftlog.dev/cluster={NAME}")}
+    started = time.monotonic()
+    patch_spec(ns, {"hibernate": True})
+    kube.until("hibernated", lambda: status(ns, NAME).get("phase") == "Hibernated"
+               and not pods(ns, NAME), 180)  # fmt: skip
+    timed("hibernate (3 pods stopped)", started)
+    assert {c["metadata"]["name"] for c in kube.items("pvc", ns, f"raftlog.dev/cluster={NAME}")} \
+        == claims  # fmt: skip
+    started = time.monotonic()
+    patch_spec(ns, {"hibernate": False})
+    kube.until("awake", lambda: settled(status(ns, NAME), 3), 240)
+    timed("resume from hibernation -> 3 ready voters", started)
+    assert {"Hibernated", "Resumed"} <= set(reasons(ns, NAME))
+
+    # ------------------------------------------------------------- every ack on every member
+    async def read_back() -> None:
+        async with aiohttp.ClientSession() as http:
+            gate = asyncio.Semaphore(32)
+
+            async def check(name: str, base: str, key: str, value: str) -> None:
+                url = f"{base}/v1/partitions/0/keys/{key}?consistency=local"
+                async with gate:
+                    for _ in range(100):
+                        async with http.get(url) as resp:
+                            if resp.status == 200:
+                                assert (await resp.json())["value"] == value, (name, key)
+                                return
+                        await asyncio.sleep(0.1)
+                raise AssertionError(f"{name} never applied acknowledged {key}")
+
+            await asyncio.gather(*(check(name, base, key, value)
+                                   for name, base in member_urls(ns, NAME).items()
+                                   for key, value in acked))  # fmt: skip
+
+    asyncio.run(read_back())
+    kube.say(f"day-2: {len(acked)} acknowledged records read back from each of the 3 members")
