@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import time
 from typing import Any
 
@@ -14,7 +15,18 @@ import aiohttp
 
 from raftlog.operator.controls import PAUSE, RESTART, SWITCHOVER
 from tests.k8s import kube, load
-from tests.k8s.test_journeys import SPEC, apply, member, member_urls, pods, reasons, settled, status
+from tests.k8s import test_kubectl_raft as kubectl_raft
+from tests.k8s.test_journeys import (
+    SPEC,
+    apply,
+    member,
+    member_urls,
+    pods,
+    reasons,
+    settled,
+    signal_member,
+    status,
+)
 
 NAME = "d"
 
@@ -24,9 +36,13 @@ def annotate(ns: str, key: str, value: str | None) -> None:
                  f"{key}={value}" if value is not None else f"{key}-")  # fmt: skip
 
 
-def patch_spec(ns: str, spec: dict[str, Any]) -> None:
-    kube.kubectl("patch", "raft", NAME, "-n", ns, "--type=merge", "-p",
+def patch(ns: str, name: str, spec: dict[str, Any]) -> None:
+    kube.kubectl("patch", "raft", name, "-n", ns, "--type=merge", "-p",
                  json.dumps({"spec": spec}))  # fmt: skip
+
+
+def patch_spec(ns: str, spec: dict[str, Any]) -> None:
+    patch(ns, NAME, spec)
 
 
 def condition(ns: str, kind: str) -> str | None:
@@ -166,3 +182,49 @@ def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> 
 
     asyncio.run(read_back())
     kube.say(f"day-2: {len(acked)} acknowledged records read back from each of the 3 members")
+
+
+def test_named_removal_and_a_cancelled_one_through_kubectl_raft(operator: str) -> None:
+    """`kubectl raft remove` names the member a scale-down takes (not the highest ordinal), and
+    raising replicas back while a removal waits (here: it would leave no ready majority, one
+    member being stopped) cancels it."""
+    ns, name = operator, "e"
+    apply(ns, name, SPEC)
+    kube.until("settled at 3", lambda: settled(status(ns, name), 3), 240)
+
+    def raft(*args: str) -> str:
+        return kubectl_raft.raft(*args, "-n", ns)
+
+    # A removal that must wait: e-2 stopped, so removing e-1 would leave 1 of 2 voters ready.
+    signal_member(ns, f"{name}-2", signal.SIGSTOP)
+    try:
+        kube.until("e-2 not ready", lambda: not member(status(ns, name), f"{name}-2")
+                   .get("ready"), 60)  # fmt: skip
+        raft("remove", name, f"{name}-1")
+        kube.until(
+            "e-1 being removed, waiting",
+            lambda: member(status(ns, name), f"{name}-1").get("role") == "removing",
+            60,
+        )
+        time.sleep(3)  # passes go by: the removal still waits
+        assert member(status(ns, name), f"{name}-1").get("role") == "removing"
+        patch(ns, name, {"replicas": 3})
+        kube.until(
+            "the removal cancelled",
+            lambda: member(status(ns, name), f"{name}-1").get("role") == "voter",
+            60,
+        )
+    finally:
+        signal_member(ns, f"{name}-2", signal.SIGCONT)
+    kube.until("settled at 3 again", lambda: settled(status(ns, name), 3), 120)
+    assert "RemovalCancelled" in reasons(ns, name)
+    assert sorted(pods(ns, name)) == [f"{name}-0", f"{name}-1", f"{name}-2"]
+
+    # A named removal that goes through: the lowest ordinal, not the highest.
+    started = time.monotonic()
+    raft("remove", name, f"{name}-0")
+    kube.until("e-0 removed", lambda: settled(status(ns, name), 2)
+               and f"{name}-0" not in pods(ns, name), 180)  # fmt: skip
+    kube.say(f"day-2 named removal of {name}-0: {time.monotonic() - started:.1f} s")
+    assert sorted(m["name"] for m in status(ns, name)["members"]) == [f"{name}-1", f"{name}-2"]
+    assert "MemberRemoved" in reasons(ns, name)

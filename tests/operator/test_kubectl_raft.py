@@ -392,6 +392,13 @@ def test_remove_patch_and_its_refusals() -> None:
         "removeMembers": ["orders-3", "orders-1"],
         "replicas": 2,
     }
+    # Raised back to 3 before it started: orders-3's removal was cancelled, and it leaves the
+    # list (listed first, it would be the next one removed).
+    obj["spec"].update(replicas=4, removeMembers=["orders-3"])
+    assert remove_patch(obj, ["orders-0"])["spec"] == {
+        "removeMembers": ["orders-0"],
+        "replicas": 3,
+    }
     obj = resource(replicas=3)
     assert remove_patch(obj, ["orders-0", "orders-2"])["spec"]["replicas"] == 1
     with pytest.raises(Failure, match=r"spec\.replicas 3: removing 3 would leave 0"):
@@ -401,9 +408,11 @@ def test_remove_patch_and_its_refusals() -> None:
     obj["status"]["members"][1]["role"] = "removing"
     with pytest.raises(Failure, match="orders-1 is already being removed"):
         remove_patch(obj, ["orders-1"])
-    obj = resource(removeMembers=["orders-2"])
+    obj = resource(replicas=2, removeMembers=["orders-2"])  # asked, not started yet
     with pytest.raises(Failure, match="orders-2 is already being removed"):
         remove_patch(obj, ["orders-2"])
+    obj = resource(replicas=3, removeMembers=["orders-2"])  # cancelled: may be asked again
+    assert remove_patch(obj, ["orders-2"])["spec"]["removeMembers"] == ["orders-2"]
 
 
 # ----------------------------------------------------------------------------- command line

@@ -121,12 +121,20 @@ def fence_patch(obj: Mapping[str, Any], member: str, fence: bool) -> dict[str, A
 
 def remove_patch(obj: Mapping[str, Any], members: Sequence[str]) -> dict[str, Any]:
     """One patch: the members added to spec.removeMembers and spec.replicas lowered by as many.
-    Refuses an unknown member, one already being removed, and going below one replica. Names
-    of members already gone leave the list (the operator would call them unknown)."""
+    Refuses an unknown member, one already being removed, and going below one replica. Only
+    removals still to come stay listed: those under way, and those asked that the operator has
+    not started yet (as many as the active members exceed replicas). Names of members gone, and
+    of removals cancelled by a raised `replicas`, leave the list: listed first, they would be
+    the next ones removed."""
     spec = obj.get("spec") or {}
     wanted = list(dict.fromkeys(members))
     known = _members(obj)
-    listed = [n for n in spec.get("removeMembers") or [] if n in known]
+    active = [n for n, m in known.items() if m.get("role") != "removing"]
+    to_start = max(0, len(active) - int(spec.get("replicas", 1)))
+    names = [n for n in spec.get("removeMembers") or [] if n in known]
+    under_way = [n for n in names if known[n].get("role") == "removing"]
+    asked = [n for n in names if known[n].get("role") != "removing"][:to_start]
+    listed = [n for n in names if n in under_way or n in asked]
     for member in wanted:
         m = _known(obj, member)
         if member in listed or m.get("role") == "removing":
