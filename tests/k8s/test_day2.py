@@ -29,6 +29,10 @@ from tests.k8s.test_journeys import (
 )
 
 NAME = "d"
+# The journeys' spec without their aggressive compaction: here a member that restarts or stops
+# for a while catches up by backfill, and the steps under test are not queued behind the
+# snapshot installs the journeys exercise on purpose.
+DAY2_SPEC = {**SPEC, "raft": {"learnerPromotionLag": 10, "learnerPromotionStableWindow": 2.0}}
 
 
 def annotate(ns: str, key: str, value: str | None) -> None:
@@ -59,9 +63,35 @@ def timed(what: str, started: float) -> float:
     return took
 
 
+def read_back(ns: str, name: str, acked: list[tuple[str, str]]) -> None:
+    """Every acknowledged record, from every member (a follower may apply the last ones a
+    little later)."""
+
+    async def run() -> None:
+        async with aiohttp.ClientSession() as http:
+            gate = asyncio.Semaphore(32)
+
+            async def check(member: str, base: str, key: str, value: str) -> None:
+                url = f"{base}/v1/partitions/0/keys/{key}?consistency=local"
+                async with gate:
+                    for _ in range(100):
+                        async with http.get(url) as resp:
+                            if resp.status == 200:
+                                assert (await resp.json())["value"] == value, (member, key)
+                                return
+                        await asyncio.sleep(0.1)
+                raise AssertionError(f"{member} never applied acknowledged {key}")
+
+            await asyncio.gather(*(check(member, base, key, value)
+                                   for member, base in member_urls(ns, name).items()
+                                   for key, value in acked))  # fmt: skip
+
+    asyncio.run(run())
+
+
 def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> None:
     ns = operator
-    apply(ns, NAME, {**SPEC, "partitions": 2})
+    apply(ns, NAME, {**DAY2_SPEC, "partitions": 2})
     kube.until("settled at 3", lambda: settled(status(ns, NAME), 3), 240)
     loader = load.start(ns, NAME, "day2")
     kube.until("the load is on", lambda: kube.kubectl("logs", "-n", ns, loader, check=False)
@@ -84,7 +114,6 @@ def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> 
 
     # ------------------------------------------------------------- restart without a spec change
     before = uids(ns)
-    leaders = set(status(ns, NAME)["leaders"].values())
     asked = "2026-11-25T16:00:00Z"
     started = time.monotonic()
     annotate(ns, RESTART, asked)
@@ -96,7 +125,9 @@ def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> 
     assert all(after[n] != before[n] for n in before), (before, after)
     restarted = [e["message"].split()[1] for e in kube.items("events", ns)
                  if e["reason"] == "RollingRestart"]  # fmt: skip
-    assert restarted and restarted[-1] in leaders, restarted
+    # Each once. (Which goes last depends on where the two partitions' leaderships are when
+    # the roll reaches them; leader-last is checked with one partition in test_journeys.)
+    assert sorted(restarted) == [f"{NAME}-0", f"{NAME}-1", f"{NAME}-2"], restarted
 
     # ------------------------------------------------------------- switchover of every partition
     st = status(ns, NAME)
@@ -161,26 +192,7 @@ def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> 
     assert {"Hibernated", "Resumed"} <= set(reasons(ns, NAME))
 
     # ------------------------------------------------------------- every ack on every member
-    async def read_back() -> None:
-        async with aiohttp.ClientSession() as http:
-            gate = asyncio.Semaphore(32)
-
-            async def check(name: str, base: str, key: str, value: str) -> None:
-                url = f"{base}/v1/partitions/0/keys/{key}?consistency=local"
-                async with gate:
-                    for _ in range(100):
-                        async with http.get(url) as resp:
-                            if resp.status == 200:
-                                assert (await resp.json())["value"] == value, (name, key)
-                                return
-                        await asyncio.sleep(0.1)
-                raise AssertionError(f"{name} never applied acknowledged {key}")
-
-            await asyncio.gather(*(check(name, base, key, value)
-                                   for name, base in member_urls(ns, NAME).items()
-                                   for key, value in acked))  # fmt: skip
-
-    asyncio.run(read_back())
+    read_back(ns, NAME, acked)
     kube.say(f"day-2: {len(acked)} acknowledged records read back from each of the 3 members")
 
 
@@ -189,8 +201,11 @@ def test_named_removal_and_a_cancelled_one_through_kubectl_raft(operator: str) -
     raising replicas back while a removal waits (here: it would leave no ready majority, one
     member being stopped) cancels it."""
     ns, name = operator, "e"
-    apply(ns, name, SPEC)
+    apply(ns, name, DAY2_SPEC)
     kube.until("settled at 3", lambda: settled(status(ns, name), 3), 240)
+    loader = load.start(ns, name, "removals")
+    kube.until("the load is on", lambda: kube.kubectl("logs", "-n", ns, loader, check=False)
+               .count("\n") >= 10, 120)  # fmt: skip
 
     def raft(*args: str) -> str:
         return kubectl_raft.raft(*args, "-n", ns)
@@ -228,3 +243,8 @@ def test_named_removal_and_a_cancelled_one_through_kubectl_raft(operator: str) -
     kube.say(f"day-2 named removal of {name}-0: {time.monotonic() - started:.1f} s")
     assert sorted(m["name"] for m in status(ns, name)["members"]) == [f"{name}-1", f"{name}-2"]
     assert "MemberRemoved" in reasons(ns, name)
+    load.stop(ns, loader)
+    acked = load.acked(ns, loader)
+    assert len(acked) > 50
+    read_back(ns, name, acked)
+    kube.say(f"day-2 removals: {len(acked)} acknowledged records read back from each member")
