@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import io
 import json
+import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -36,6 +37,7 @@ from raftlog.operator.models import (
     Condition,
     MemberPartition,
     MemberStatus,
+    Promotion,
     RaftClusterStatus,
     SnapshotInstall,
     Switchover,
@@ -114,6 +116,8 @@ def status_model() -> RaftClusterStatus:
                 attempts=2,
                 started_at=1.0,
                 last_error="connection refused",
+                bytes_done=12_900_000,  # 12.3 MiB
+                bytes_total=40 * 1024 * 1024,
             )
         ],
         conditions=[
@@ -170,8 +174,8 @@ PARTITION   LEADER     orders-0      orders-1        orders-2
 (each member: lag/progress state; * SnapshotRequired)
 
 Snapshot installs (pending, then the most recent):
-MEMBER     PARTITION   SOURCE     STATE     ATTEMPTS   LAST ERROR
-orders-1   1           orders-0   pending   2          connection refused
+MEMBER     PARTITION   SOURCE     STATE     PROGRESS              ATTEMPTS   LAST ERROR
+orders-1   1           orders-0   pending   12.3/40.0 MiB (30%)   2          connection refused
 
 Switchover orders-2:0@20250101T000000.000000Z: to orders-2, partition 0: pending \
 (transferring partition 0)
@@ -245,11 +249,11 @@ def test_json_view_is_the_documented_object() -> None:
     ]  # fmt: skip
     assert v["members"] == [
         {"name": "orders-0", "role": "voter", "ready": True, "fenced": False,
-         "fenceRequested": False, "removeRequested": True, "leaderships": 1},
+         "fenceRequested": False, "removeRequested": True, "leaderships": 1, "promotion": None},
         {"name": "orders-1", "role": "voter", "ready": False, "fenced": False,
-         "fenceRequested": True, "removeRequested": False, "leaderships": 0},
+         "fenceRequested": True, "removeRequested": False, "leaderships": 0, "promotion": None},
         {"name": "orders-2", "role": "voter", "ready": True, "fenced": False,
-         "fenceRequested": False, "removeRequested": False, "leaderships": 1},
+         "fenceRequested": False, "removeRequested": False, "leaderships": 1, "promotion": None},
     ]  # fmt: skip
     assert v["partitions"][1] == {
         "partition": 1,
@@ -262,7 +266,8 @@ def test_json_view_is_the_documented_object() -> None:
     }
     assert v["snapshotInstalls"] == [
         {"member": "orders-1", "partition": 1, "source": "orders-0", "state": "pending",
-         "attempts": 2, "lastError": "connection refused"}
+         "attempts": 2, "lastError": "connection refused", "bytesDone": 12_900_000,
+         "bytesTotal": 41_943_040}
     ]  # fmt: skip
     assert v["switchover"] == {
         "request": REQUEST, "target": "orders-2", "partitions": [0], "state": "pending",
@@ -270,6 +275,67 @@ def test_json_view_is_the_documented_object() -> None:
     }  # fmt: skip
     assert v["switchoverRequested"] == REQUEST and v["paused"] is False
     assert v["volumeExpansion"] is None and v["problems"] == []
+
+
+@pytest.mark.parametrize(
+    ("done", "total", "shown"),
+    [
+        (None, None, "-"),
+        (None, 1000, "-"),
+        (0, 41_943_040, "0.0/40.0 MiB (0%)"),
+        (12_900_000, 41_943_040, "12.3/40.0 MiB (30%)"),
+        (41_943_039, 41_943_040, "40.0/40.0 MiB (99%)"),  # 100% only once it is all there
+        (41_943_040, 41_943_040, "40.0/40.0 MiB (100%)"),
+        (512, 2048, "0.5/2.0 KiB (25%)"),
+        (300, 700, "300/700 B (42%)"),
+        (3 * 1024**3, 6 * 1024**3, "3.0/6.0 GiB (50%)"),
+        (0, 0, "0/0 B (100%)"),
+    ],
+)
+def test_install_progress_text(done: int | None, total: int | None, shown: str) -> None:
+    assert raftview.progress(done, total) == shown
+
+
+def test_installs_table_shows_progress_while_pending_and_after() -> None:
+    st = status_model()
+    pending = st.snapshot_installs[0]
+    pending.bytes_done, pending.bytes_total = None, None  # not reported yet
+    done = pending.model_copy(
+        update={"member": "orders-2", "state": "installed", "finished_at": 9.0, "last_error": None}
+    )
+    done.bytes_done = done.bytes_total = 3 * 1024 * 1024
+    st.snapshot_installs.append(done)
+    v = raftview.view(resource(st))
+    assert [(i["bytesDone"], i["bytesTotal"]) for i in v["snapshotInstalls"]] == [
+        (None, None),
+        (3 * 1024 * 1024, 3 * 1024 * 1024),
+    ]
+    lines = raftview.render(v).splitlines()
+    start = lines.index("Snapshot installs (pending, then the most recent):") + 1
+    assert [re.split(r"\s{3,}", row) for row in lines[start : start + 3]] == [
+        ["MEMBER", "PARTITION", "SOURCE", "STATE", "PROGRESS", "ATTEMPTS", "LAST ERROR"],
+        ["orders-1", "1", "orders-0", "pending", "-", "2", "connection refused"],
+        ["orders-2", "1", "orders-0", "installed", "3.0/3.0 MiB (100%)", "2", "-"],
+    ]
+
+
+def test_a_learner_catching_up_shows_its_lag_and_window() -> None:
+    st = status_model()
+    learner = st.member("orders-1")
+    assert learner is not None
+    learner.role = "learner"
+    learner.promotion = Promotion(window_seconds=3.0, elapsed_seconds=1.5, max_lag=412)
+    v = raftview.view(resource(st))
+    assert v["members"][1]["promotion"] == {
+        "maxLag": 412,
+        "windowSeconds": 3.0,
+        "elapsedSeconds": 1.5,
+    }
+    text = raftview.render(v)
+    assert "orders-1   learner (lag 412, window 1.5/3 s)   no" in text, text
+    assert "412/snapshot*" in text  # and per partition, as for every member
+    learner.promotion = Promotion(window_seconds=3.0)
+    assert "learner (lag ?, window 0.0/3 s)" in raftview.render(raftview.view(resource(st)))
 
 
 @pytest.mark.parametrize(

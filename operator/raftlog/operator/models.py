@@ -390,6 +390,14 @@ class SnapshotInstall(_Status):
     finished_at: float | None = None
     last_error: str | None = None
     detail: str | None = None
+    bytes_done: int | None = Field(
+        None,
+        description="Bytes of the snapshot the member holds, as its source last reported while "
+        "streaming it (every few seconds; null until the first report).",
+    )
+    bytes_total: int | None = Field(
+        None, description="The snapshot's size in bytes, as its source reported it."
+    )
 
 
 class Switchover(_Status):

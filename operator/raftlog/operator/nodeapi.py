@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,22 @@ class NodeApi:
         got = await asyncio.gather(*(self.view(urls[n]) for n in names))
         return dict(zip(names, got, strict=True))
 
+    async def snapshot_send(
+        self, urls: Sequence[str], partition: int, target: str
+    ) -> tuple[int, int] | None:
+        """How far a snapshot stream to `target` is, (bytes the target holds, the snapshot's
+        size), from the first of `urls` whose node streams one (`snapshot_sends` in its
+        status); None when none answers with one."""
+        for url in urls:
+            try:
+                status = await self.client.status(url)
+            except ClientError:
+                continue
+            got = snapshot_send_progress(status, partition, target)
+            if got is not None:
+                return got
+        return None
+
     async def perform(self, action: Action, urls: dict[str, str]) -> Outcome:
         """Carry out an action that is a call to a node; the reply's reason on refusal."""
         c = self.client
@@ -152,6 +169,23 @@ class NodeApi:
         except KeyError as e:
             return Outcome(False, f"no address known for {e}")
         return Outcome(True, _summary(body))
+
+
+def snapshot_send_progress(
+    status: Mapping[str, Any], partition: int, target: str
+) -> tuple[int, int] | None:
+    """(sent, total) bytes of the node's snapshot stream to `target` in `partition`, from its
+    `/v1/status`; None when it streams none there (or is a node that does not say)."""
+    try:
+        for p in status.get("partitions") or []:
+            if p.get("partition") != partition:
+                continue
+            for send in p.get("snapshot_sends") or []:
+                if send.get("target") == target:
+                    return int(send["sent_bytes"]), int(send["total_bytes"])
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return None
+    return None
 
 
 def _summary(body: dict[str, Any]) -> str:

@@ -14,10 +14,13 @@ its keys, all camelCase:
   `lastTransitionTime`); `notable`: the types of those worth a look (`notable_conditions`);
 - `members`: `name`, `role`, `ready`, `fenced` (stopped as fenced), `fenceRequested` (listed
   in spec.fencedMembers), `removeRequested` (listed in spec.removeMembers), `leaderships`
-  (partitions it leads);
+  (partitions it leads), `promotion`: a learner's catch-up (`maxLag`: its largest lag over
+  its partitions, in entries, null when unknown; `windowSeconds`, `elapsedSeconds`: its
+  promotion window) or null;
 - `partitions`: `partition`, `leader` (null: none known), `members`: per member reporting the
   partition, `lag`, `state`, `snapshotRequired`;
-- `snapshotInstalls`: `member`, `partition`, `source`, `state`, `attempts`, `lastError`;
+- `snapshotInstalls`: `member`, `partition`, `source`, `state`, `attempts`, `lastError`,
+  `bytesDone` and `bytesTotal` (how far its stream is, as last reported; null before);
 - `switchover`: the status' record of the latest request (`request`, `target`, `partitions`,
   `state`, `message`) or null; `switchoverRequested`: the annotation's value or null;
 - `volumeExpansion`: the latest volume expansion (`size`, `state`, `message`) or null;
@@ -117,6 +120,13 @@ def view(obj: Mapping[str, Any]) -> dict[str, Any]:
                 "fenceRequested": m.name in fenced_spec,
                 "removeRequested": m.name in remove_spec,
                 "leaderships": leads.get(m.name, 0),
+                "promotion": None
+                if m.promotion is None or m.role != "learner"
+                else {
+                    "maxLag": m.promotion.max_lag,
+                    "windowSeconds": m.promotion.window_seconds,
+                    "elapsedSeconds": m.promotion.elapsed_seconds,
+                },
             }
             for m in status.members
         ],
@@ -129,6 +139,8 @@ def view(obj: Mapping[str, Any]) -> dict[str, Any]:
                 "state": i.state,
                 "attempts": i.attempts,
                 "lastError": i.last_error,
+                "bytesDone": i.bytes_done,
+                "bytesTotal": i.bytes_total,
             }
             for i in status.snapshot_installs
         ],
@@ -187,6 +199,31 @@ def _cell(cell: Mapping[str, Any] | None) -> str:
     return text + SNAPSHOT_MARK if cell["snapshotRequired"] else text
 
 
+def _role(member: Mapping[str, Any]) -> str:
+    text = str(member["role"])
+    promotion = member["promotion"]
+    if promotion is not None:  # a learner catching up
+        lag = "?" if promotion["maxLag"] is None else str(promotion["maxLag"])
+        window = f"{promotion['elapsedSeconds']:.1f}/{promotion['windowSeconds']:g} s"
+        text += f" (lag {lag}, window {window})"
+    return text + (" (remove requested)" if member["removeRequested"] else "")
+
+
+UNITS = (("GiB", 1024**3), ("MiB", 1024**2), ("KiB", 1024))
+
+
+def progress(done: int | None, total: int | None) -> str:
+    """`12.3/40.0 MiB (30%)`: bytes done of total in the total's unit, the percentage rounded
+    down (100% only when done); `-` when not known."""
+    if done is None or total is None:
+        return "-"
+    percent = 100 if done >= total else done * 100 // total
+    for unit, size in UNITS:
+        if total >= size:
+            return f"{done / size:.1f}/{total / size:.1f} {unit} ({percent}%)"
+    return f"{done}/{total} B ({percent}%)"
+
+
 def _switchover_line(v: Mapping[str, Any]) -> str | None:
     sw, asked = v["switchover"], v["switchoverRequested"]
     if asked is not None and (sw is None or sw["request"] != asked):
@@ -235,7 +272,7 @@ def render(v: Mapping[str, Any]) -> str:
             [
                 [
                     m["name"],
-                    m["role"] + (" (remove requested)" if m["removeRequested"] else ""),
+                    _role(m),
                     _yes(m["ready"]),
                     _fenced(m),
                     str(m["leaderships"]),
@@ -267,13 +304,14 @@ def render(v: Mapping[str, Any]) -> str:
     if v["snapshotInstalls"]:
         lines += ["", "Snapshot installs (pending, then the most recent):"]
         lines += table(
-            ["MEMBER", "PARTITION", "SOURCE", "STATE", "ATTEMPTS", "LAST ERROR"],
+            ["MEMBER", "PARTITION", "SOURCE", "STATE", "PROGRESS", "ATTEMPTS", "LAST ERROR"],
             [
                 [
                     i["member"],
                     str(i["partition"]),
                     i["source"],
                     i["state"],
+                    progress(i["bytesDone"], i["bytesTotal"]),
                     str(i["attempts"]),
                     i["lastError"] or "-",
                 ]

@@ -1043,6 +1043,8 @@ def record_outcome(
                         outcome.detail,
                     )
                     install.last_error = None
+                    if install.bytes_total is not None:  # its stream's last report was earlier
+                        install.bytes_done = install.bytes_total
                     events.append(
                         Event(
                             "Normal",

@@ -3,11 +3,14 @@
 A runtime turns members into running nodes (pods and PVCs on Kubernetes, processes and
 directories locally) and says what it sees of them. Everything else, the node calls and the
 decisions, is shared: `reconcile_pass` observes, decides, saves the status, acts, and folds the
-outcome back, so that an operator that dies at any point resumes from what it saved.
+outcome back, so that an operator that dies at any point resumes from what it saved. While a
+snapshot install runs (up to the install timeout), its progress is read from the member that
+streams it every `INSTALL_PROGRESS_EVERY_S` and saved in its `snapshotInstalls` entry.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import urllib.parse
@@ -21,6 +24,7 @@ from raftlog.operator.actions import (
     DeleteMember,
     Event,
     ExpandVolume,
+    InstallSnapshot,
     Outcome,
     RestartMember,
     StopMember,
@@ -29,11 +33,14 @@ from raftlog.operator.actions import (
 )
 from raftlog.operator.cluster_views import MemberObserved, Observed, PodState
 from raftlog.operator.controls import NONE, Controls
-from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus, SnapshotInstall
 from raftlog.operator.nodeapi import NodeApi
 from raftlog.operator.reconciler import decide, record_outcome
 
 log = logging.getLogger("raftlog.operator")
+
+INSTALL_PROGRESS_EVERY_S = 2.0
+Save = Callable[[RaftClusterStatus], Awaitable[None]]
 
 
 @dataclass(frozen=True)
@@ -112,10 +119,11 @@ async def reconcile_pass(
     status: RaftClusterStatus,
     runtime: Runtime,
     api: NodeApi,
-    save: Callable[[RaftClusterStatus], Awaitable[None]],
+    save: Save,
     generation: int | None = None,
     clock: Callable[[], float] = time.time,
     controls: Controls = NONE,
+    progress_every: float = INSTALL_PROGRESS_EVERY_S,
 ) -> PassResult:
     observed = await observe(runtime, api, spec, status)
     plan = decide(name, spec, status, observed, clock(), generation, controls)
@@ -124,7 +132,12 @@ async def reconcile_pass(
     if plan.action is None or isinstance(plan.action, Wait):
         return PassResult(plan.action, None, plan.status, plan.events)
     log.info("%s: %s", name, describe(plan.action))
-    outcome = await act(plan.action, spec, plan.status, runtime, api, observed.urls)
+    doing = act(plan.action, spec, plan.status, runtime, api, observed.urls)
+    if isinstance(plan.action, InstallSnapshot):
+        progress = InstallProgress.of(plan.action, plan.status, api, observed.urls, save)
+        outcome = await (doing if progress is None else progress.around(doing, progress_every))
+    else:
+        outcome = await doing
     new_status, more = record_outcome(plan.status, plan.action, outcome, clock())
     await save(new_status)
     return PassResult(plan.action, outcome, new_status, plan.events + more)
@@ -157,3 +170,75 @@ async def act(
     except Exception as e:  # a runtime failure is reported, and the next pass decides again
         log.exception("%s failed", describe(action))
         return Outcome(False, f"{type(e).__name__}: {e}")
+
+
+@dataclass
+class InstallProgress:
+    """Reports how far a snapshot install is while it runs: every few seconds, the bytes its
+    stream reached, read from the `/v1/status` of the member streaming it (the named source,
+    or the leader, which streams itself when the source cannot), go into the install's status
+    entry and the status is saved. Never a cause of the install's failure: a status that cannot
+    be read is skipped and a save that fails ends the reports (both logged at debug)."""
+
+    install: SnapshotInstall  # in `status`, changed in place: the pass's outcome keeps the last
+    status: RaftClusterStatus
+    api: NodeApi
+    sources: list[str]  # URLs to read it from, the named source's first
+    save: Save
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    saving: bool = False
+
+    @classmethod
+    def of(
+        cls,
+        action: InstallSnapshot,
+        status: RaftClusterStatus,
+        api: NodeApi,
+        urls: dict[str, str],
+        save: Save,
+    ) -> InstallProgress | None:
+        pending = [i for i in status.snapshot_installs if i.state == "pending"]
+        key = (action.target, action.partition)
+        install = next((i for i in pending if (i.member, i.partition) == key), None)
+        if install is None:
+            return None
+        names = [action.leader] if action.source == "leader" else [action.source, action.leader]
+        sources = [urls[n] for n in dict.fromkeys(names) if n in urls]
+        return cls(install, status, api, sources, save)
+
+    async def around(self, doing: Awaitable[Outcome], every: float) -> Outcome:
+        """`doing`'s outcome, reporting progress every `every` seconds until it ends."""
+        reports = asyncio.create_task(self._report(every))
+        try:
+            return await doing
+        finally:
+            self.ended.set()
+            if not self.saving:  # a save under way finishes: its resourceVersion is needed
+                reports.cancel()
+            await asyncio.gather(reports, return_exceptions=True)
+
+    async def _report(self, every: float) -> None:
+        i = self.install
+        while True:
+            try:
+                async with asyncio.timeout(every):
+                    await self.ended.wait()
+                return
+            except TimeoutError:
+                pass
+            try:
+                got = await self.api.snapshot_send(self.sources, i.partition, i.member)
+            except Exception as e:
+                log.debug("progress of the install on %s not read: %s", i.member, e)
+                continue
+            if got is None or got == (i.bytes_done, i.bytes_total) or self.ended.is_set():
+                continue
+            i.bytes_done, i.bytes_total = got
+            self.saving = True
+            try:
+                await self.save(self.status)
+            except Exception as e:
+                log.debug("progress of the install on %s not saved (%s); no more", i.member, e)
+                return
+            finally:
+                self.saving = False

@@ -370,6 +370,9 @@ async def status(request: web.Request) -> web.Response:
                     }
                     for f in st.followers.values()
                 },
+                # Snapshots this node is streaming (as leader or as a follower source), while
+                # they stream: bytes the target holds of the encoded snapshot's total.
+                "snapshot_sends": [s.as_json() for s in node.transport.snapshot_sends_of(p)],
             }
         )
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop or asyncio

@@ -90,6 +90,16 @@ class _StateCollector(Collector):
             "1 while a follower needs a snapshot (its next entry is compacted)",
             ["partition", "follower"],
         )
+        streamed = gauge(
+            "snapshot_send_sent_bytes",
+            "Bytes of a snapshot being streamed that its target holds (while it streams)",
+            ["partition", "target"],
+        )
+        streaming = gauge(
+            "snapshot_send_size_bytes",
+            "Size of a snapshot being streamed (while it streams)",
+            ["partition", "target"],
+        )
         elections = counter("elections", "Elections won by this node")
         rounds = counter("backfill_rounds", "Bounded backfill rounds sent")
         entries = counter("backfill_entries", "Entries sent in backfill rounds")
@@ -111,6 +121,9 @@ class _StateCollector(Collector):
                 if f.lag is not None:
                     lag.add_metric([str(p), f.node], f.lag)
                 required.add_metric([str(p), f.node], 1 if f.snapshot_required else 0)
+            for send in self.node.transport.snapshot_sends_of(p):
+                streamed.add_metric([str(p), send.target], send.sent_bytes)
+                streaming.add_metric([str(p), send.target], send.total_bytes)
             c = d.counters
             elections.add_metric(lp, c.elections)
             rounds.add_metric(lp, c.backfill_rounds)
@@ -119,6 +132,7 @@ class _StateCollector(Collector):
             sent.add_metric(lp, c.snapshots_sent)
             sent_bytes.add_metric(lp, c.snapshot_bytes_sent)
         yield from (term, leader, hwm, applied, last, floor, snap, failed, lag, required)
+        yield from (streamed, streaming)
         yield from (elections, rounds, entries, installed, sent, sent_bytes)
         insecure = GaugeMetricFamily(
             "raftlog_insecure_no_auth", "1 when the node runs without a token (insecure_no_auth)"

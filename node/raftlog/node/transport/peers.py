@@ -16,7 +16,9 @@ A stream that cannot take a write within `SEND_TIMEOUT` (a peer that stopped rea
 The queue is bounded: when a peer is down for long, the oldest messages are dropped first.
 
 Snapshots stream in chunks, each with its offset and CRC32C; the receiver appends them to a
-partial file, so a transfer cut short resumes where it stopped.
+partial file, so a transfer cut short resumes where it stopped. Each stream under way is in
+`Transport.snapshot_sends` (by partition and target) from its start until it ends, finished or
+failed, when it is removed: the node's `/v1/status` and metrics show how far it is.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
+import time
 import urllib.parse
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import aiohttp
 
@@ -47,6 +51,28 @@ CONNECT_TIMEOUT = 5.0  # TCP, TLS and the frame stream's handshake
 
 def auth_headers(token: str | None) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}"} if token else {}
+
+
+@dataclass
+class SnapshotSend:
+    """A snapshot being streamed to `target`: how far it is."""
+
+    target: str
+    snapshot_index: int
+    total_bytes: int  # the encoded snapshot's size
+    sent_bytes: int = 0  # the target holds this many of them (what it held at the start included)
+    resumed_from: int = 0  # what the target already held when the stream began
+    started: float = field(default_factory=time.monotonic)
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "target": self.target,
+            "snapshot_index": self.snapshot_index,
+            "sent_bytes": self.sent_bytes,
+            "total_bytes": self.total_bytes,
+            "resumed_from_bytes": self.resumed_from,
+            "elapsed_s": round(time.monotonic() - self.started, 3),
+        }
 
 
 class PeerSender:
@@ -224,6 +250,16 @@ class Transport:
         self.token = token
         self.session: aiohttp.ClientSession | None = None
         self.senders: dict[str, PeerSender] = {}
+        self.snapshot_chunk_bytes = DEFAULT_CHUNK_BYTES
+        # The snapshot streams under way, by (partition, target); each leaves when it ends.
+        self.snapshot_sends: dict[tuple[int, str], SnapshotSend] = {}
+
+    def snapshot_sends_of(self, partition: int) -> list[SnapshotSend]:
+        """The partition's snapshot streams under way from this node, by target."""
+        return sorted(
+            (s for (p, _), s in self.snapshot_sends.items() if p == partition),
+            key=lambda s: s.target,
+        )
 
     async def start(self) -> None:
         timeout = aiohttp.ClientTimeout(total=10, connect=2)
@@ -317,35 +353,45 @@ class Transport:
         term: int,
         meta: SnapshotMeta,
         data: bytes,
-        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        chunk_bytes: int | None = None,
     ) -> int:
-        """Stream a snapshot to `target` in chunks, resuming from what it already holds."""
+        """Stream a snapshot to `target` in chunks, resuming from what it already holds; its
+        progress is in `snapshot_sends` meanwhile."""
         assert self.session is not None
         url = self.peers[target]
         raw = encode_snapshot(meta, data)
+        chunk_bytes = chunk_bytes or self.snapshot_chunk_bytes
         base = f"{url}/peer/v1/partitions/{partition}/snapshot"
         params = {"leader": leader, "term": str(term), "index": str(meta.index)}
         params["snap_term"] = str(meta.term)
-        async with self.session.get(
-            base, params=params, headers=auth_headers(self.token)
-        ) as resp:  # how much of it the target already holds
-            resp.raise_for_status()
-            offset = int((await resp.json())["received"])
-        if offset > len(raw):
-            offset = 0
-        while True:
-            chunk = Chunk.of(raw, offset, chunk_bytes)
-            headers = {
-                **auth_headers(self.token),
-                "X-Offset": str(chunk.offset),
-                "X-Crc32c": str(chunk.crc32c),
-                "X-Total": str(chunk.total),
-            }
-            async with self.session.post(
-                base, params=params, data=chunk.data, headers=headers
-            ) as resp:
-                if resp.status not in (200, 204):
-                    raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
-            offset += len(chunk.data)
-            if chunk.last:
-                return len(raw)
+        key, progress = (partition, target), SnapshotSend(target, meta.index, len(raw))
+        self.snapshot_sends[key] = progress
+        try:
+            async with self.session.get(
+                base, params=params, headers=auth_headers(self.token)
+            ) as resp:  # how much of it the target already holds
+                resp.raise_for_status()
+                offset = int((await resp.json())["received"])
+            if offset > len(raw):
+                offset = 0
+            progress.sent_bytes = progress.resumed_from = offset
+            while True:
+                chunk = Chunk.of(raw, offset, chunk_bytes)
+                headers = {
+                    **auth_headers(self.token),
+                    "X-Offset": str(chunk.offset),
+                    "X-Crc32c": str(chunk.crc32c),
+                    "X-Total": str(chunk.total),
+                }
+                async with self.session.post(
+                    base, params=params, data=chunk.data, headers=headers
+                ) as resp:
+                    if resp.status not in (200, 204):
+                        raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                offset += len(chunk.data)
+                progress.sent_bytes = offset
+                if chunk.last:
+                    return len(raw)
+        finally:
+            if self.snapshot_sends.get(key) is progress:  # not a newer stream to the same target
+                del self.snapshot_sends[key]
