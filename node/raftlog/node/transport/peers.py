@@ -234,6 +234,20 @@ class PeerSender:
         raise RuntimeError(f"HTTP {status} to the frame stream's handshake ({frames.PATH})")
 
 
+@dataclass(frozen=True)
+class _Route:
+    """A peer's URL for one request: its own, or its last seen address for the same name (the
+    `Host` it is called by, and the name its certificate must carry)."""
+
+    url: str
+    host: str | None = None
+    tls_name: str | None = None
+
+    def headers(self, token: str | None) -> dict[str, str]:
+        out = auth_headers(token)
+        return {**out, "Host": self.host} if self.host is not None else out
+
+
 class Transport:
     def __init__(
         self,
@@ -345,6 +359,40 @@ class Transport:
             if resp.status != 200:
                 raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
 
+    async def _snapshot_route(
+        self, target: str, base: str, params: dict[str, str]
+    ) -> tuple[_Route, int]:
+        """Where `target` takes snapshot chunks, and how much it holds already: at its URL;
+        failing to connect there, at the address it last connected to this node from
+        (`seen_at`), for the same name. A restarted pod is at a new address while the cluster
+        DNS may still answer its old one for its cache time (CoreDNS's `cache 30`): installs
+        right after a restart timed out there, attempt after attempt, on the real cluster."""
+        assert self.session is not None
+        sender = self.senders.get(target)
+        seen = sender.seen_at if sender is not None else None
+        u = urllib.parse.urlsplit(base)
+        routes = [_Route(base)]
+        if seen is not None and u.hostname is not None and seen != u.hostname:
+            host = f"[{seen}]" if ":" in seen else seen
+            netloc = f"{host}:{u.port}" if u.port is not None else host
+            tls_name = u.hostname if u.scheme == "https" else None  # the certificate names it
+            routes.append(_Route(u._replace(netloc=netloc).geturl(), u.netloc, tls_name))
+        failure: Exception | None = None
+        for route in routes:
+            try:
+                async with self.session.get(
+                    route.url,
+                    params=params,
+                    headers=route.headers(self.token),
+                    server_hostname=route.tls_name,
+                ) as resp:  # how much of it the target already holds
+                    resp.raise_for_status()
+                    return route, int((await resp.json())["received"])
+            except (aiohttp.ClientConnectionError, TimeoutError) as e:
+                failure = e
+        assert failure is not None
+        raise failure
+
     async def send_snapshot(
         self,
         target: str,
@@ -367,11 +415,7 @@ class Transport:
         key, progress = (partition, target), SnapshotSend(target, meta.index, len(raw))
         self.snapshot_sends[key] = progress
         try:
-            async with self.session.get(
-                base, params=params, headers=auth_headers(self.token)
-            ) as resp:  # how much of it the target already holds
-                resp.raise_for_status()
-                offset = int((await resp.json())["received"])
+            route, offset = await self._snapshot_route(target, base, params)
             if offset > len(raw):
                 offset = 0
             progress.sent_bytes = progress.resumed_from = offset
@@ -384,8 +428,9 @@ class Transport:
                     "X-Total": str(chunk.total),
                 }
                 async with self.session.post(
-                    base, params=params, data=chunk.data, headers=headers
-                ) as resp:
+                    route.url, params=params, data=chunk.data,
+                    headers={**headers, **route.headers(None)}, server_hostname=route.tls_name,
+                ) as resp:  # fmt: skip
                     if resp.status not in (200, 204):
                         raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
                 offset += len(chunk.data)
