@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 # Two workers: the machine has two cores; the simulation suites dominate the run time.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install jvm demo demo-sim test test-fast lint typecheck bench clean cluster cluster-down mutate
+.PHONY: install jvm demo demo-sim test test-fast lint typecheck bench clean cluster cluster-down mutate \
+	s3server
 
 install: $(STAMP) jvm
 
@@ -54,7 +55,7 @@ typecheck: install
 # cluster beside the rest (it mostly waits on the cluster), its output kept in
 # .cluster/k8s-tests.log and shown at the end with the figures its tests measured; a cluster `make test` started is stopped again
 # (also on failure), one that `make cluster` started stays up.
-test: lint typecheck
+test: lint typecheck s3server
 	@was_up=$$($(PY) -m cluster status >/dev/null 2>&1 && echo yes); mkdir -p .cluster; \
 	rm -f .cluster/k8s-figures.log; \
 	( $(PY) -m cluster up && $(VENV)/bin/pytest -q --durations=15 -m k8s ) \
@@ -65,6 +66,14 @@ test: lint typecheck
 	[ -n "$$was_up" ] || $(PY) -m cluster down; \
 	echo "not k8s: exit $$rest; k8s: exit $$k8s_rc"; [ $$rest -eq 0 ] && [ $$k8s_rc -eq 0 ]
 
+# The S3-compatible server of the tests (SeaweedFS's `weed`, harness/raftlog/harness/s3.py), built
+# from the Go module proxy at the version of cluster/layout.py into
+# ~/.cache/raftlog-cluster/seaweedfs-<version>/ (its log beside it), so a second run builds nothing.
+# The first build took 15 min on this 2-core machine (empty Go build cache, other work running;
+# the module download before it 2.4 min more): docs/test-cluster.md.
+s3server: install
+	@$(PY) -m cluster weed >/dev/null
+
 # A real single-machine Kubernetes (cluster/): builds what is missing (cached by version under
 # ~/.cache/raftlog-cluster), starts it, prints `export KUBECONFIG=...`. Needs root.
 cluster: install
@@ -74,7 +83,7 @@ cluster-down: install
 	$(PY) -m cluster down
 
 # The quick loop for a developer: everything not marked slow.
-test-fast: install
+test-fast: install s3server
 	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q -m "not slow"
 
 # Single-line mutants of the Raft core (tests/mutation/mutants.py), each run against the unit

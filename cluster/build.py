@@ -7,11 +7,15 @@ release (its go.mod and go.sum checked in), into `CACHE/<name>-<version>/`, so a
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,6 +67,14 @@ TOOLS = (
     ),
 )  # fmt: skip
 
+# Not the cluster's: the S3-compatible server (`weed`) of the tests and the local mode, built on
+# demand (`python -m cluster weed`, `make s3server`, or the harness's first use), never by `up`.
+SEAWEEDFS = GoTool(
+    "seaweedfs", layout.SEAWEEDFS, "seaweedfs", ("github.com/seaweedfs/seaweedfs/weed",), ("weed",),
+    "-s -w -X github.com/seaweedfs/seaweedfs/weed/util/version.COMMIT="
+    + layout.SEAWEEDFS.rsplit("-", 1)[-1][:8],
+)  # fmt: skip
+
 
 def say(msg: str) -> None:
     print(f"cluster: {msg}", file=sys.stderr, flush=True)
@@ -92,27 +104,63 @@ def tool_dir(tool: GoTool) -> Path:
     return layout.CACHE / f"{tool.name}-{tool.version}"
 
 
-def build(tool: GoTool) -> Path:
-    """The folder holding `tool`'s binaries, built unless the cache has them."""
+@contextlib.contextmanager
+def _locked(out: Path) -> Iterator[None]:
+    """One build of a tool at a time on this machine (two test workers may both want it)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.with_name(out.name + ".lock"), "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def build(tool: GoTool, log: Path | None = None) -> Path:
+    """The folder holding `tool`'s binaries, built unless the cache has them.
+
+    `go build`'s output goes to `log` when given (else to this process's), the build's own log.
+    """
     out = tool_dir(tool)
     if all((out / b).exists() for b in tool.binaries):
         return out
+    with _locked(out):
+        if all((out / b).exists() for b in tool.binaries):
+            return out  # another process built it while this one waited
+        return _build(tool, out, log)
+
+
+def _build(tool: GoTool, out: Path, log: Path | None) -> Path:
     if shutil.which("go") is None:
         raise RuntimeError("cluster: `go` is not on the PATH (Go 1.24 or newer builds the cluster)")
     tmp = out.with_name(out.name + ".partial")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    say(f"go build {tool.name} {tool.version} ({len(tool.binaries)} commands; the first build "
-        "of Kubernetes takes many minutes on 2 cores)")  # fmt: skip
+    say(f"go build {tool.name} {tool.version} ({len(tool.binaries)} commands; a first build takes "
+        "minutes on 2 cores, Kubernetes' and SeaweedFS's over 10)")  # fmt: skip
     started = time.monotonic()
     env = {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-mod=readonly -buildvcs=false"}
     # One package is built to its binary's name: go names it after the import path, and
     # `go.etcd.io/etcd/server/v3` would be `server`. Several go to a folder, named by go.
     target = str(tmp / tool.binaries[0]) if len(tool.packages) == 1 else f"{tmp}/"
-    subprocess.run(
-        ["go", "build", "-trimpath", "-ldflags", tool.ldflags, "-o", target, *tool.packages],
-        cwd=layout.SRC / tool.module, env=env, check=True, timeout=5400,
-    )  # fmt: skip
+    cmd = ["go", "build", "-trimpath", "-ldflags", tool.ldflags, "-o", target, *tool.packages]
+    with contextlib.ExitStack() as stack:
+        sink = None
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            sink = stack.enter_context(open(log, "w"))
+            sink.write(f"$ cd {layout.SRC / tool.module} && CGO_ENABLED=0 {shlex.join(cmd)}\n")
+            sink.flush()
+            say(f"go build's log: {log}")
+        done = subprocess.run(
+            cmd, cwd=layout.SRC / tool.module, env=env, timeout=5400,
+            stdout=sink, stderr=subprocess.STDOUT if sink else None,
+        )  # fmt: skip
+        if sink is not None:
+            sink.write(f"exit {done.returncode} after {time.monotonic() - started:.0f} s\n")
+    if done.returncode != 0:
+        where = f"; its log: {log}" if log else ""
+        raise RuntimeError(f"cluster: go build {tool.name} exited {done.returncode}{where}")
     missing = [b for b in tool.binaries if not (tmp / b).exists()]
     if missing:
         built = sorted(p.name for p in tmp.iterdir())
@@ -125,6 +173,12 @@ def build(tool: GoTool) -> Path:
         tmp.rename(out)
     say(f"built {tool.name} in {time.monotonic() - started:.0f} s -> {out}")
     return out
+
+
+def ensure_weed() -> Path:
+    """SeaweedFS's `weed`, built (with its log beside its folder) unless the cache has it."""
+    tool = SEAWEEDFS
+    return build(tool, log=layout.CACHE / f"{tool.name}-{tool.version}.build.log") / "weed"
 
 
 def ensure_binaries() -> dict[str, Path]:

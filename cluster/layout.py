@@ -19,6 +19,9 @@ ETCD = "v3.5.21"  # the etcd server Kubernetes 1.33 is tested with (its go.mod's
 HELM = "v3.22.0"
 COREDNS = "v1.14.7"
 LOCAL_PATH = "v0.0.30"
+# The S3-compatible server of the tests and the local mode (not the cluster's): SeaweedFS publishes
+# no tagged module, so it is pinned at one pseudo-version (weed 4.53); built only on demand.
+SEAWEEDFS = "v0.0.0-20261109003541-7506e5f91cd6"
 
 # The cluster runs in a network namespace of its own, joined to the host by a veth pair: its
 # addresses are the namespace's, its iptables rules vanish with it.
