@@ -7,6 +7,7 @@ Raft settings as `RAFTLOG_RAFT__BACKFILL_THRESHOLD`), then the file given by `--
 
 from __future__ import annotations
 
+import json
 import os
 import ssl
 from contextvars import ContextVar
@@ -174,6 +175,33 @@ class NodeSettings(BaseSettings):
         description="who streams a snapshot to a follower that needs one: an eligible follower "
         "(RATIS-2428), falling back to the leader; or always the leader",
     )
+    archive_url: str | None = Field(
+        None,
+        description="continuous archive (off when unset): s3://bucket/prefix where each "
+        "partition's leader uploads its sealed, committed WAL segments and its snapshots, with "
+        "a manifest per partition; compaction then never removes a segment not archived yet",
+    )
+    archive_endpoint: str | None = Field(
+        None,
+        description="http(s) URL of the S3 API (a MinIO, SeaweedFS or other compatible "
+        "server); unset: the provider's default (AWS S3 of archive_region)",
+    )
+    archive_region: str | None = Field(
+        None, description="the bucket's region (unset: the client's default, us-east-1)"
+    )
+    archive_credentials_file: Path | None = Field(
+        None,
+        description="file holding the access key id and the secret (two lines, or JSON "
+        '{"access_key_id", "secret_access_key"}: a mounted Kubernetes Secret); unset: '
+        "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY from the environment. Never logged",
+    )
+    archive_interval_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="seconds between two archive passes of a partition (the leader uploads, "
+        "every member reads the manifest for its compaction floor)",
+    )
     raft: RaftConfig = Field(default_factory=RaftConfig)
 
     @field_validator("peers")
@@ -244,6 +272,69 @@ class NodeSettings(BaseSettings):
                     "are asked for on the peer listener only, and checked against the CA)"
                 )
         return self
+
+    @field_validator("archive_url")
+    @classmethod
+    def _archive_url(cls, v: str | None) -> str | None:
+        if v is None:
+            return None
+        u = urlsplit(v)
+        if u.scheme != "s3" or not u.netloc or u.query or u.fragment:
+            raise ValueError(f"{v!r} is not s3://bucket/prefix")
+        return f"s3://{u.netloc}/{u.path.strip('/')}".rstrip("/")
+
+    @field_validator("archive_endpoint")
+    @classmethod
+    def _archive_endpoint(cls, v: str | None) -> str | None:
+        if v is not None and (not v.startswith(("http://", "https://")) or not urlsplit(v).netloc):
+            raise ValueError(f"{v!r} is not an http(s) URL")
+        return v.rstrip("/") if v is not None else None
+
+    @model_validator(mode="after")
+    def _archive(self) -> NodeSettings:
+        given = [
+            name
+            for name in ("archive_endpoint", "archive_region", "archive_credentials_file")
+            if getattr(self, name) is not None
+        ]
+        if self.archive_url is None and given:
+            raise ValueError(f"{given[0]}: set, but archive_url is not (archiving is off)")
+        if self.archive_credentials_file is not None:
+            self.archive_credentials()  # read now: a bad file stops the start, naming the field
+        return self
+
+    def archive_credentials(self) -> tuple[str, str] | None:
+        """The archive's access key id and secret: from archive_credentials_file, else from
+        AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, else None (the client's own lookup).
+        Errors name the field, never the secret."""
+        f = self.archive_credentials_file
+        if f is None:
+            key, secret = (
+                os.environ.get("AWS_ACCESS_KEY_ID"),
+                os.environ.get("AWS_SECRET_ACCESS_KEY"),
+            )
+            return (key, secret) if key and secret else None
+        field = "archive_credentials_file"
+        try:
+            text = f.read_text()
+        except OSError as e:
+            raise ValueError(f"{field}: {f} cannot be read ({e.strerror})") from None
+        if text.lstrip().startswith("{"):
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                raise ValueError(f"{field}: {f} is not valid JSON") from None
+            key = doc.get("access_key_id") if isinstance(doc, dict) else None
+            secret = doc.get("secret_access_key") if isinstance(doc, dict) else None
+        else:
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            key, secret = (lines[0], lines[1]) if len(lines) == 2 else (None, None)
+        if not isinstance(key, str) or not isinstance(secret, str) or not key or not secret:
+            raise ValueError(
+                f"{field}: {f} must hold the access key id and the secret: two lines, or JSON "
+                '{"access_key_id": ..., "secret_access_key": ...}'
+            )
+        return key, secret
 
     @property
     def frame_budget(self) -> int:

@@ -155,3 +155,20 @@ class _StateCollector(Collector):
         )
         stalled.add_metric([], answers.timed_out)
         yield from (held, refused, stalled)
+        archiver = self.node.archiver
+        if archiver is None:
+            return
+        archive_lag = gauge(
+            "archive_lag_entries", "Commit index minus the highest index known archived"
+        )
+        archived = gauge("archive_archived_index", "Highest index known archived contiguously")
+        uploaded = counter("archive_uploaded_bytes", "Bytes uploaded to the archive")
+        errors = counter("archive_errors", "Archive passes that failed (the store down, ...)")
+        for p, a in archiver.partitions.items():
+            lp = [str(p)]
+            d = self.node.drivers[p]
+            archive_lag.add_metric(lp, max(0, d.raft.commit - a.archived_index))
+            archived.add_metric(lp, a.archived_index)
+            uploaded.add_metric(lp, a.uploaded_bytes)
+            errors.add_metric(lp, a.errors)
+        yield from (archive_lag, archived, uploaded, errors)

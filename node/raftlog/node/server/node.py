@@ -13,6 +13,7 @@ from raftlog.node.core.liveness import PeerLiveness
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
 from raftlog.node.server.answers import AnswerBudget
+from raftlog.node.server.archive import make_archiver
 from raftlog.node.server.metrics import NodeMetrics
 from raftlog.node.server.partition import COMMIT_TELL_DELAY, PartitionDriver
 from raftlog.node.settings import NodeSettings
@@ -88,6 +89,7 @@ class Node:
         self._work = asyncio.Event()
         self._untold: set[PartitionDriver] = set()  # leaders with a commit followers lack
         self._tell_timer: asyncio.TimerHandle | None = None
+        self.archiver = make_archiver(self)  # None unless archive_url is set
         self.metrics.attach(self)
 
     def _open(self, p: int, bootstrap: Membership | None) -> DurableStorage:
@@ -130,6 +132,8 @@ class Node:
         loop = asyncio.get_running_loop()
         self._tasks.append(loop.create_task(self._drive()))
         self._tasks.append(loop.create_task(self._clock()))
+        if self.archiver is not None:
+            self.archiver.start()
 
     def schedule(self, d: PartitionDriver) -> None:
         """Have the next pass take `d`'s inbox and Ready."""
@@ -231,6 +235,8 @@ class Node:
         for t in tasks:
             t.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        if self.archiver is not None:
+            await self.archiver.close()
         await self.transport.close()
         for d in self.drivers.values():
             await d.settle()

@@ -161,6 +161,9 @@ class PartitionDriver:
         self._snapshot_error: Exception | None = None  # its write failed: stop the driver
         # Futures answered by the driver loop: failed with the driver's error if it stops first.
         self._on_core: set[asyncio.Future[Any]] = set()
+        # With the continuous archive on (`server/archive.py`): the first index not known to be
+        # archived, which compaction never passes; None: archiving is off.
+        self.archive_floor: int | None = None
 
     # ================================================================== the inbox
     def call(self, fn: Callable[[], None]) -> None:
@@ -534,7 +537,7 @@ class PartitionDriver:
             pending.meta.index,
             self.table.applied_index,
             self.config,
-            self.storage.holds.floor(),
+            self._retention_floor(),
         )
         if done.dropped:
             self.counters.compactions += 1
@@ -546,6 +549,11 @@ class PartitionDriver:
                 done.floor,
             )
         return done
+
+    def _retention_floor(self) -> int | None:
+        """The lowest index compaction must keep: the retention holds' and the archive's."""
+        floors = [f for f in (self.storage.holds.floor(), self.archive_floor) if f is not None]
+        return min(floors) if floors else None
 
     async def compact_now(self) -> CompactionPass | None:
         """An operator's snapshot-and-compaction pass of the table as applied now: waits for a

@@ -248,6 +248,12 @@ class Wal:
     def segment_count(self) -> int:
         return len(self._segments)
 
+    def sealed_segments(self) -> list[Segment]:
+        """Every segment but the active one: sealed (ended at its last record, fsynced) and
+        never written again; one holding only committed entries never changes until it is
+        compacted or a snapshot install resets the log. Read only, in the owner's loop."""
+        return self._segments[:-1]
+
     def _segment_of(self, index: int) -> Segment:
         return self._segments[bisect.bisect_right(self._firsts, index) - 1]
 

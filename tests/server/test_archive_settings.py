@@ -1,0 +1,173 @@
+"""The continuous archive's settings (off by default, validated naming the field) and its
+manifest (format, contiguity). The archive against a real S3 server: tests/s3/test_archive.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from raftlog.node.settings import NodeSettings
+from raftlog.node.storage.archive_manifest import (
+    ArchivedSegment,
+    ArchivedSnapshot,
+    Manifest,
+    ManifestError,
+    archived_index,
+    manifest_key,
+    segment_key,
+    snapshot_key,
+)
+
+SECRET = "s3cr3t-never-shown"
+
+
+def settings(tmp_path: Path, **over: Any) -> NodeSettings:
+    return NodeSettings(
+        node_id="n1",
+        peers={"n1": "http://127.0.0.1:7001"},
+        data_dir=tmp_path,
+        insecure_no_auth=True,
+        **over,
+    )
+
+
+def test_archiving_is_off_by_default(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in list(__import__("os").environ):
+        if name.startswith("RAFTLOG_ARCHIVE"):
+            monkeypatch.delenv(name)
+    s = settings(tmp_path)
+    assert s.archive_url is None and s.archive_endpoint is None
+    assert s.archive_credentials_file is None and s.archive_interval_s == 10.0
+
+
+def test_url_and_endpoint_are_checked_naming_the_field(tmp_path: Path) -> None:
+    s = settings(tmp_path, archive_url="s3://bucket/some/prefix/", archive_endpoint="http://h:1/")
+    assert s.archive_url == "s3://bucket/some/prefix" and s.archive_endpoint == "http://h:1"
+    assert settings(tmp_path, archive_url="s3://bucket").archive_url == "s3://bucket"
+    for bad in ("bucket/prefix", "https://bucket/p", "s3:///prefix", "s3://b/p?x=1"):
+        with pytest.raises(ValidationError, match="archive_url") as e:
+            settings(tmp_path, archive_url=bad)
+        assert "s3://bucket/prefix" in str(e.value)
+    with pytest.raises(ValidationError, match="archive_endpoint"):
+        settings(tmp_path, archive_url="s3://b/p", archive_endpoint="127.0.0.1:9000")
+    with pytest.raises(ValidationError, match="archive_interval_s"):
+        settings(tmp_path, archive_url="s3://b/p", archive_interval_s=0)
+    with pytest.raises(ValidationError, match="archive_endpoint: set, but archive_url is not"):
+        settings(tmp_path, archive_endpoint="http://h:1")
+
+
+def test_environment_names_the_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAFTLOG_ARCHIVE_URL", "s3://b/cluster-a")
+    monkeypatch.setenv("RAFTLOG_ARCHIVE_INTERVAL_S", "2.5")
+    monkeypatch.setenv("RAFTLOG_ARCHIVE_REGION", "eu-west-1")
+    s = settings(tmp_path)
+    assert (s.archive_url, s.archive_interval_s, s.archive_region) == (
+        "s3://b/cluster-a",
+        2.5,
+        "eu-west-1",
+    )
+
+
+def test_credentials_from_a_file_of_two_lines_or_json_or_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    assert settings(tmp_path, archive_url="s3://b/p").archive_credentials() is None
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "env-key")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "env-secret")
+    assert settings(tmp_path, archive_url="s3://b/p").archive_credentials() == (
+        "env-key",
+        "env-secret",
+    )
+    lines = tmp_path / "lines"
+    lines.write_text(f"AKID\n{SECRET}\n")
+    s = settings(tmp_path, archive_url="s3://b/p", archive_credentials_file=lines)
+    assert s.archive_credentials() == ("AKID", SECRET)  # the file wins over the environment
+    doc = tmp_path / "doc.json"
+    doc.write_text(json.dumps({"access_key_id": "AKID2", "secret_access_key": SECRET}))
+    s = settings(tmp_path, archive_url="s3://b/p", archive_credentials_file=doc)
+    assert s.archive_credentials() == ("AKID2", SECRET)
+    assert SECRET not in repr(s) and SECRET not in str(s.model_dump())
+
+
+@pytest.mark.parametrize(
+    "content",
+    [f"only-one-line-{SECRET}\n", f"a\nb\n{SECRET}\n", '{"access_key_id": "k"}', "{not json"],
+)
+def test_a_bad_credentials_file_is_refused_naming_the_field_not_the_secret(
+    tmp_path: Path, content: str
+) -> None:
+    f = tmp_path / "creds"
+    f.write_text(content)
+    with pytest.raises(ValidationError, match="archive_credentials_file") as e:
+        settings(tmp_path, archive_url="s3://b/p", archive_credentials_file=f)
+    assert SECRET not in str(e.value)
+    with pytest.raises(ValidationError, match=r"archive_credentials_file: .* cannot be read"):
+        settings(tmp_path, archive_url="s3://b/p", archive_credentials_file=tmp_path / "none")
+
+
+def seg(first: int, last: int) -> ArchivedSegment:
+    return ArchivedSegment(first, last, f"k{first}", 10, "00")
+
+
+def snap(index: int) -> ArchivedSnapshot:
+    return ArchivedSnapshot(index, 1, f"s{index}", 10, "00")
+
+
+@pytest.mark.parametrize(
+    ("segments", "snapshots", "expected"),
+    [
+        ([], [], 0),
+        ([], [snap(40)], 0),
+        ([seg(1, 10)], [], 10),
+        ([seg(11, 20), seg(1, 10)], [], 20),  # in any order
+        ([seg(1, 10), seg(11, 20), seg(31, 40)], [], 20),  # a gap stops it
+        ([seg(1, 10), seg(11, 20), seg(31, 40)], [snap(29)], 20),  # not covered
+        ([seg(1, 10), seg(11, 20), seg(31, 40)], [snap(30)], 40),  # bridged by the snapshot
+        ([seg(5, 10), seg(11, 12)], [], 12),  # from the first archived entry
+    ],
+)
+def test_archived_index_is_contiguous_from_the_first_archived_entry(
+    segments: list[ArchivedSegment], snapshots: list[ArchivedSnapshot], expected: int
+) -> None:
+    assert archived_index(segments, snapshots) == expected
+
+
+def test_manifest_round_trip_and_refusals() -> None:
+    m = Manifest(3, term=7, leader="n2", segments=[seg(1, 10), seg(11, 20)], snapshots=[snap(9)])
+    doc = json.loads(m.to_json())
+    assert doc["format"] == 1 and doc["archived_index"] == 20 and doc["partition"] == 3
+    assert doc["segments"][1] == {
+        "first_index": 11,
+        "last_index": 20,
+        "key": "k11",
+        "bytes": 10,
+        "sha256": "00",
+    }
+    assert doc["snapshots"] == [{"index": 9, "term": 1, "key": "s9", "bytes": 10, "sha256": "00"}]
+    back = Manifest.from_json("k", m.to_json())
+    assert back == m and back.archived_index == 20
+    with pytest.raises(ManifestError, match="k: format 2, this node reads 1"):
+        Manifest.from_json("k", json.dumps({**doc, "format": 2}).encode())
+    with pytest.raises(ManifestError, match="k: not a manifest"):
+        Manifest.from_json("k", b"{")
+    with pytest.raises(ManifestError, match="first_index"):
+        bad = {**doc, "segments": [{**doc["segments"][0], "first_index": -1}]}
+        Manifest.from_json("k", json.dumps(bad).encode())
+
+
+def test_keys_sort_by_index() -> None:
+    assert manifest_key("a/b", 2) == "a/b/p2/manifest.json"
+    assert manifest_key("", 0) == "p0/manifest.json"
+    assert segment_key("x", 0, 9, 10) < segment_key("x", 0, 11, 100)
+    assert (
+        segment_key("x", 0, 1, 2) == "x/p0/segments/00000000000000000001-00000000000000000002.wal"
+    )
+    assert snapshot_key("x", 1, 5, 2).endswith(
+        "p1/snapshots/00000000000000000005-00000000000000000002.snap"
+    )
