@@ -248,3 +248,43 @@ def test_named_removal_and_a_cancelled_one_through_kubectl_raft(operator: str) -
     assert len(acked) > 50
     read_back(ns, name, acked)
     kube.say(f"day-2 removals: {len(acked)} acknowledged records read back from each member")
+
+
+EXPANDABLE = "raftlog-expandable"
+
+
+def test_a_larger_size_is_asked_of_every_claim_where_the_class_allows_it(operator: str) -> None:
+    """A StorageClass with allowVolumeExpansion (local-path's provisioner, which has no resizer:
+    the claims' requests grow, their capacity does not): the operator raises every member's
+    claim, restarts nobody, and says the expansion is requested until the volumes grow."""
+    ns, name = operator, "x"
+    sc = {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+          "metadata": {"name": EXPANDABLE}, "provisioner": "rancher.io/local-path",
+          "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer",
+          "allowVolumeExpansion": True}  # fmt: skip
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(sc))
+    try:
+        spec = {**DAY2_SPEC, "storage": {**DAY2_SPEC["storage"], "storageClassName": EXPANDABLE}}
+        apply(ns, name, spec)
+        kube.until("settled at 3", lambda: settled(status(ns, name), 3), 240)
+        before = {n: p["metadata"]["uid"] for n, p in pods(ns, name).items()}
+        started = time.monotonic()
+        patch(ns, name, {"storage": {"size": "2Gi"}})
+
+        def claims_asked() -> bool:
+            claims = kube.items("pvc", ns, f"raftlog.dev/cluster={name}")
+            return len(claims) == 3 and all(
+                c["spec"]["resources"]["requests"]["storage"] == "2Gi" for c in claims
+            )
+
+        kube.until("every claim asks for 2Gi", claims_asked, 60)
+        kube.say(f"day-2 volume expansion asked of 3 claims: {time.monotonic() - started:.1f} s")
+        expansion = status(ns, name).get("volumeExpansion") or {}
+        assert expansion.get("size") == "2Gi" and expansion.get("state") == "requested"
+        assert not any("storage.size" in p for p in status(ns, name).get("problems", []))
+        time.sleep(3)
+        assert {n: p["metadata"]["uid"] for n, p in pods(ns, name).items()} == before
+        assert settled(status(ns, name), 3)
+    finally:
+        kube.kubectl("delete", "raft", name, "-n", ns, "--timeout=120s", check=False)
+        kube.kubectl("delete", "storageclass", EXPANDABLE, check=False)
