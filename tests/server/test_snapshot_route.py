@@ -91,3 +91,69 @@ def test_without_a_seen_address_the_failure_is_the_caller_s() -> None:
         assert target.hosts == []
 
     asyncio.run(run())
+
+
+class Source:
+    """A follower source's `send-snapshot` route: counts the asks, answers with `status`."""
+
+    def __init__(self, status: int = 200) -> None:
+        self.status = status
+        self.asks: list[str] = []
+
+    async def send(self, request: web.Request) -> web.Response:
+        self.asks.append(request.headers["Host"])
+        body = await request.json()
+        assert body["target"] == "n3"
+        return web.json_response({"sent_bytes": 1}, status=self.status)
+
+
+async def ask(name_url: str, seen: str | None) -> None:
+    t = Transport("n1", {"n2": name_url, "n3": "http://127.0.0.1:1"}, None)
+    await t.start()
+    try:
+        if seen is not None:
+            t.ping({"n2"})
+            t.seen("n2", seen)
+        await t.request_snapshot_send("n2", 0, "n3", "n1", 3, 10)
+    finally:
+        await t.close()
+
+
+async def serve_source(source: Source) -> TestServer:
+    app = web.Application()
+    app.router.add_post("/peer/v1/partitions/{p}/send-snapshot", source.send)
+    srv = TestServer(app, host="127.0.0.1")
+    await srv.start_server()
+    return srv
+
+
+@pytest.mark.parametrize("name", ["n2.invalid", "127.0.0.9"])
+def test_a_source_at_a_new_address_is_asked_there_once(name: str) -> None:
+    async def run() -> None:
+        source = Source()
+        srv = await serve_source(source)
+        port = srv.port
+        try:
+            await ask(f"http://{name}:{port}", "127.0.0.1")
+        finally:
+            await srv.close()
+        assert source.asks == [f"{name}:{port}"]
+
+    asyncio.run(run())
+
+
+def test_an_ask_that_reached_the_source_is_not_sent_again() -> None:
+    """The source answered (here with an error): no second ask at another address."""
+
+    async def run() -> None:
+        source = Source(status=502)
+        srv = await serve_source(source)
+        port = srv.port
+        try:
+            with pytest.raises(RuntimeError, match="HTTP 502"):
+                await ask(f"http://127.0.0.1:{port}", "127.0.0.2")
+        finally:
+            await srv.close()
+        assert source.asks == [f"127.0.0.1:{port}"]
+
+    asyncio.run(run())

@@ -349,26 +349,32 @@ class Transport:
     async def request_snapshot_send(
         self, source: str, partition: int, target: str, leader: str, term: int, required: int
     ) -> None:
-        """Ask follower `source` to stream its snapshot to `target` (raises when it cannot)."""
+        """Ask follower `source` to stream its snapshot to `target` (raises when it cannot).
+        Only a connection that could not be made is tried again at `source`'s last seen
+        address (`_routes`): a request that reached it is never sent twice."""
         assert self.session is not None
-        url = f"{self.peers[source]}/peer/v1/partitions/{partition}/send-snapshot"
+        base = f"{self.peers[source]}/peer/v1/partitions/{partition}/send-snapshot"
         body = {"target": target, "leader": leader, "term": term, "required": required}
-        async with self.session.post(
-            url, json=body, headers=auth_headers(self.token), timeout=aiohttp.ClientTimeout(600)
-        ) as resp:
-            if resp.status != 200:
-                raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+        failure: Exception | None = None
+        for route in self._routes(source, base):
+            try:
+                async with self.session.post(
+                    route.url, json=body, headers=route.headers(self.token),
+                    server_hostname=route.tls_name, timeout=aiohttp.ClientTimeout(600),
+                ) as resp:  # fmt: skip
+                    if resp.status != 200:
+                        raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
+                    return
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+                failure = e
+        assert failure is not None
+        raise failure
 
-    async def _snapshot_route(
-        self, target: str, base: str, params: dict[str, str]
-    ) -> tuple[_Route, int]:
-        """Where `target` takes snapshot chunks, and how much it holds already: at its URL;
-        failing to connect there, at the address it last connected to this node from
-        (`seen_at`), for the same name. A restarted pod is at a new address while the cluster
-        DNS may still answer its old one for its cache time (CoreDNS's `cache 30`): installs
-        right after a restart timed out there, attempt after attempt, on the real cluster."""
-        assert self.session is not None
-        sender = self.senders.get(target)
+    def _routes(self, peer: str, base: str) -> list[_Route]:
+        """`base` (a URL of `peer`), then the same at the address `peer` last connected to this
+        node from (`seen_at`), for the same name: a restarted pod is at a new address while the
+        cluster DNS may still answer its old one for its cache time (CoreDNS's `cache 30`)."""
+        sender = self.senders.get(peer)
         seen = sender.seen_at if sender is not None else None
         u = urllib.parse.urlsplit(base)
         routes = [_Route(base)]
@@ -377,8 +383,17 @@ class Transport:
             netloc = f"{host}:{u.port}" if u.port is not None else host
             tls_name = u.hostname if u.scheme == "https" else None  # the certificate names it
             routes.append(_Route(u._replace(netloc=netloc).geturl(), u.netloc, tls_name))
+        return routes
+
+    async def _snapshot_route(
+        self, target: str, base: str, params: dict[str, str]
+    ) -> tuple[_Route, int]:
+        """Where `target` takes snapshot chunks (`_routes`: installs right after a restart had
+        timed out at the old address, attempt after attempt, on the real cluster), and how
+        much it holds already."""
+        assert self.session is not None
         failure: Exception | None = None
-        for route in routes:
+        for route in self._routes(target, base):
             try:
                 async with self.session.get(
                     route.url,
