@@ -26,6 +26,16 @@ class FollowerView:
 
 
 @dataclass(frozen=True)
+class ArchiveView:
+    """One node's continuous archive of one partition (`archive` in its `/v1/status`)."""
+
+    archived_index: int
+    lag_entries: int
+    last_error: str | None
+    last_upload_at: float | None
+
+
+@dataclass(frozen=True)
 class PartitionView:
     """One node's status of one partition (`/v1/status`)."""
 
@@ -39,6 +49,7 @@ class PartitionView:
     voters: frozenset[str]
     learners: frozenset[str]
     followers: dict[str, FollowerView] = field(default_factory=dict)
+    archive: ArchiveView | None = None  # None: the node does not archive
 
     @property
     def is_leader(self) -> bool:
@@ -118,5 +129,19 @@ def parse_node_status(body: dict[str, Any], peers: dict[str, str] | None = None)
             voters=frozenset(p["voters"]),
             learners=frozenset(p["learners"]),
             followers=followers,
+            archive=_archive(p.get("archive")),
         )
     return NodeView(name=str(body["node"]), partitions=parts, peers=dict(peers or {}))
+
+
+def _archive(body: Any) -> ArchiveView | None:
+    if not isinstance(body, dict):
+        return None
+    error = body.get("last_error")
+    uploaded = body.get("last_upload_at")
+    return ArchiveView(
+        archived_index=int(body.get("archived_index") or 0),
+        lag_entries=int(body.get("lag_entries") or 0),
+        last_error=None if error is None else str(error),
+        last_upload_at=None if uploaded is None else float(uploaded),
+    )

@@ -77,6 +77,12 @@ def spec_rows() -> list[tuple[str, str, str, str]]:
         for name, prop in node["properties"].items():
             field = f"{prefix}{name}"
             resolved = _resolve(prop, defs)
+            options = [n for n in resolved.get("anyOf", []) if n.get("type") != "null"]
+            if len(options) == 1 and "properties" in _resolve(options[0], defs):
+                # An optional section: its own row (what leaving it unset means), then its fields.
+                desc = _cell(prop.get("description") or "")
+                rows.append((f"`{field}`", "object (optional)", "unset", desc))
+                resolved = _resolve(options[0], defs)
             if "properties" in resolved:  # a nested section: its own fields
                 walk(resolved, f"{field}.", values.get(name) or {})
                 continue
@@ -85,7 +91,10 @@ def spec_rows() -> list[tuple[str, str, str, str]]:
             if not limits and "anyOf" in resolved:
                 limits = "; ".join(filter(None, (_limits(n) for n in resolved["anyOf"])))
             text = f"{desc} ({limits})" if limits else desc
-            rows.append((f"`{field}`", _type(prop, defs), _default(values.get(name)), _cell(text)))
+            value = values.get(name, prop.get("default", resolved.get("default")))
+            if name in node.get("required", []):
+                value, text = None, f"Required. {text}"
+            rows.append((f"`{field}`", _type(prop, defs), _default(value), _cell(text)))
 
     walk(schema, "spec.", defaults)
     return rows

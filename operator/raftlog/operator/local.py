@@ -4,6 +4,13 @@
 manifest kept in `DIR/raftcluster.yaml` (`raftctl local scale` edits it, as `kubectl scale` edits
 the resource); the status is `DIR/status.json`; each member's data is `DIR/members/<name>/`.
 Members are processes on 127.0.0.1, each on its own port, with the same flags a pod gets.
+
+Secrets are files here, the way Kubernetes mounts them: the generated auth token is `DIR/token`,
+and the Secret `spec.archive.credentialsSecret` names is the folder `DIR/secrets/<name>/` with a
+file per key (`accessKeyId`, `secretAccessKey`), from which the members' archive credentials
+file `DIR/archive-credentials` is written. With `raftctl local up --object-store` the archive goes
+to the local S3 server that command runs (`local_s3.LocalObjectStore`): its endpoint and its
+credentials instead of the spec's.
 """
 
 from __future__ import annotations
@@ -30,7 +37,15 @@ from raftlog.operator.actions import Event, describe
 from raftlog.operator.cluster_views import PodState
 from raftlog.operator.controls import Controls
 from raftlog.operator.controls import parse as parse_controls
-from raftlog.operator.models import GROUP, KIND, RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.local_s3 import LocalObjectStore
+from raftlog.operator.models import (
+    ACCESS_KEY_ID_KEY,
+    GROUP,
+    KIND,
+    SECRET_ACCESS_KEY_KEY,
+    RaftClusterSpec,
+    RaftClusterStatus,
+)
 from raftlog.operator.node_launch import node_args, node_env
 from raftlog.operator.nodeapi import NodeApi
 from raftlog.operator.ports import free_ports
@@ -40,6 +55,9 @@ log = logging.getLogger("raftlog.operator.local")
 
 MANIFEST = "raftcluster.yaml"
 STATUS = "status.json"
+SECRETS = "secrets"  # DIR/secrets/<name>/<key>: the local runtime's Secrets
+ARCHIVE_CREDENTIALS = "archive-credentials"
+OBJECT_STORE = "object-store"  # the folder of `raftctl local up --object-store`'s S3 server
 
 
 class ManifestError(ValueError):
@@ -86,10 +104,17 @@ def manifest_of(name: str, spec: RaftClusterSpec, annotations: dict[str, str] | 
 class LocalRuntime:
     """Members as processes on 127.0.0.1; their addresses and launch hashes in `runtime.json`."""
 
-    def __init__(self, base: Path, token_file: Path, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        base: Path,
+        token_file: Path,
+        env: dict[str, str] | None = None,
+        object_store: LocalObjectStore | None = None,
+    ) -> None:
         self.base = base
         self.token_file = token_file
         self.env = dict(env or {})
+        self.object_store = object_store
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._state_path = base / "runtime.json"
         state = json.loads(self._state_path.read_text()) if self._state_path.is_file() else {}
@@ -106,6 +131,47 @@ class LocalRuntime:
 
     def data_dir(self, name: str) -> Path:
         return self.base / "members" / name
+
+    def archive_env(self, spec: RaftClusterSpec) -> dict[str, str]:
+        """A member's archive settings: the spec's, with credentials from the Secret's folder
+        (written to one file for the node), or the local object store's endpoint and
+        credentials when there is one. Raises, naming the field, when the Secret is missing."""
+        if spec.archive is None:
+            return {}
+        env = spec.archive.node_env()
+        if self.object_store is not None:
+            env["RAFTLOG_ARCHIVE_ENDPOINT"] = self.object_store.endpoint
+            env["RAFTLOG_ARCHIVE_CREDENTIALS_FILE"] = str(self.object_store.credentials_file)
+            return env
+        name = spec.archive.credentials_secret
+        if name is None:
+            return env
+        folder = self.base / SECRETS / name
+        if not folder.is_dir():
+            raise RuntimeError(
+                f"spec.archive.credentialsSecret: no secret {name} in {self.base / SECRETS} "
+                f"(a folder {name}/ with the files {ACCESS_KEY_ID_KEY} and {SECRET_ACCESS_KEY_KEY})"
+            )
+        values = []
+        for key in (ACCESS_KEY_ID_KEY, SECRET_ACCESS_KEY_KEY):
+            try:
+                value = (folder / key).read_text().strip()
+            except OSError:
+                value = ""
+            if not value:
+                raise RuntimeError(
+                    f"spec.archive.credentialsSecret: secret {name} has no key {key} "
+                    f"({folder / key} missing or empty)"
+                )
+            values.append(value)
+        path = self.base / ARCHIVE_CREDENTIALS
+        tmp = path.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:  # readable by this user alone, from the first byte
+            f.write("\n".join(values) + "\n")
+        os.replace(tmp, path)
+        env["RAFTLOG_ARCHIVE_CREDENTIALS_FILE"] = str(path)
+        return env
 
     async def pods(self, spec: RaftClusterSpec, status: RaftClusterStatus) -> dict[str, PodInfo]:
         out = {}
@@ -127,6 +193,9 @@ class LocalRuntime:
         join: bool,
         launch_hash: str,
     ) -> None:
+        archive = self.archive_env(spec)  # a missing Secret fails the step before any change
+        if spec.archive is not None and self.object_store is not None:
+            await self.object_store.ensure_bucket(spec.archive.bucket)
         new = [n for n in names if n not in self.ports]
         for n, port in zip(new, free_ports(len(new)), strict=True):
             self.ports[n] = port
@@ -141,7 +210,7 @@ class LocalRuntime:
                 token_file=str(self.token_file),
             )  # fmt: skip
             cmd = [sys.executable, "-m", "raftlog.node.server.main", *args]
-            env = {**os.environ, **node_env(spec), **self.env}
+            env = {**os.environ, **node_env(spec), **archive, **self.env}
             with (self.base / f"{name}.log").open("ab") as out:
                 self.procs[name] = subprocess.Popen(
                     cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -193,6 +262,7 @@ class LocalOperator:
         env: dict[str, str] | None = None,
         interval_s: float = 0.5,
         on_event: Callable[[Event], None] | None = None,
+        object_store: LocalObjectStore | None = None,
     ) -> None:
         self.base = base
         self.interval_s = interval_s
@@ -201,7 +271,7 @@ class LocalOperator:
         if not self.token_file.is_file():  # the generated auth secret
             self.token_file.write_text(secrets.token_urlsafe(32))
             self.token_file.chmod(0o600)
-        self.runtime = LocalRuntime(base, self.token_file, env)
+        self.runtime = LocalRuntime(base, self.token_file, env, object_store)
         self.api = NodeApi(token=self.token_file.read_text().strip())
         self.status = RaftClusterStatus()
         status_path = base / STATUS

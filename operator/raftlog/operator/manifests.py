@@ -11,7 +11,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from raftlog.operator.models import DEFAULT_IMAGE, RaftClusterSpec
+from raftlog.operator.models import (
+    ACCESS_KEY_ID_KEY,
+    DEFAULT_IMAGE,
+    SECRET_ACCESS_KEY_KEY,
+    RaftClusterSpec,
+)
 from raftlog.operator.node_launch import CLIENT_PORT, PEER_PORT, node_args, node_env
 from raftlog.operator.safety import majority
 
@@ -97,7 +102,8 @@ def pod(
         ]
         if spec.peer_client_cert_auth:
             args.append("--peer-client-cert-auth")
-    env = [{"name": k, "value": v} for k, v in sorted(node_env(spec).items())]
+    env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(node_env(spec).items())]
+    env += archive_credentials_env(spec)
     scheme = "HTTPS" if tls else "HTTP"
     mounts = [
         {"name": "data", "mountPath": DATA_DIR},
@@ -185,6 +191,23 @@ def pod(
         },
         "spec": pod_spec,
     }
+
+
+def archive_credentials_env(spec: RaftClusterSpec) -> list[dict[str, Any]]:
+    """spec.archive.credentialsSecret's keys as the node's `AWS_ACCESS_KEY_ID` and
+    `AWS_SECRET_ACCESS_KEY` (which it reads when no archive_credentials_file is given): the
+    kubelet reads the Secret, so the operator never does, and a missing Secret or key keeps the
+    pod from starting (CreateContainerConfigError, naming it) rather than running unarchived."""
+    name = spec.archive.credentials_secret if spec.archive is not None else None
+    if name is None:
+        return []
+    return [
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": name, "key": key}}}
+        for var, key in (
+            ("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID_KEY),
+            ("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY_KEY),
+        )
+    ]
 
 
 def pvc(spec: RaftClusterSpec, cluster: str, namespace: str, member: str) -> dict[str, Any]:

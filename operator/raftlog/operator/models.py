@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import re
 from typing import Annotated, Any, ClassVar, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
@@ -32,6 +33,13 @@ QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 # RFC 1123 names of objects the operator creates or refers to.
 DNS_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DEFAULT_IMAGE = "ghcr.io/raftlog/raftlog:0.1.0"
+# An archive's place: s3://<bucket>/<prefix>, the bucket named by S3's rules (3 to 63 lowercase
+# letters, digits, dots and hyphens, a letter or digit at each end); the prefix optional.
+S3_URL = r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/[^?#]*)?$"
+HTTP_URL = r"^https?://[^/?#\s]+(/[^?#\s]*)?$"
+# The keys of spec.archive.credentialsSecret.
+ACCESS_KEY_ID_KEY = "accessKeyId"
+SECRET_ACCESS_KEY_KEY = "secretAccessKey"
 
 
 def _node(model: type[BaseModel], name: str) -> FieldInfo:
@@ -202,6 +210,82 @@ class PodTemplate(_Model):
     service_account_name: str | None = Field(None, description="Pod serviceAccountName.")
 
 
+class ArchiveSpec(_Model):
+    """Continuous archive to S3-compatible object storage: each partition's leader uploads its
+    committed WAL segments and its snapshots, with a manifest per partition; compaction never
+    removes what is not archived yet (the node's `archive_*` settings)."""
+
+    url: str = Field(
+        description="Where the partitions' archives go: s3://bucket/prefix (each partition "
+        "under <prefix>/p<N>/). The bucket must exist.",
+        json_schema_extra={"pattern": S3_URL},
+    )
+    endpoint: str | None = Field(
+        None,
+        description="http(s) URL of the S3 API (MinIO, SeaweedFS, ...); unset: AWS S3.",
+        json_schema_extra={"pattern": HTTP_URL},
+    )
+    region: str | None = Field(
+        None,
+        min_length=1,
+        max_length=63,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+        description="The bucket's region; unset: us-east-1.",
+    )
+    credentials_secret: str | None = Field(
+        None,
+        pattern=DNS_NAME,
+        description=f"Secret in the cluster's namespace with the keys `{ACCESS_KEY_ID_KEY}` and "
+        f"`{SECRET_ACCESS_KEY_KEY}`, given to every member (the operator never reads it); "
+        "unset: the members use no credentials of the operator's (the S3 client's own lookup, "
+        "e.g. a pod identity).",
+    )
+    interval_seconds: Annotated[
+        float,
+        _node(NodeSettings, "archive_interval_s"),
+        Field(
+            description="Seconds between two archive passes of a partition (its leader uploads "
+            "what is new; every member reads the manifest, which bounds its compaction)."
+        ),
+    ]
+
+    @field_validator("url")
+    @classmethod
+    def _s3_url(cls, v: str) -> str:
+        # The node's own check (`NodeSettings.archive_url`) and a bucket name S3 accepts.
+        u = urlsplit(v)
+        if u.scheme != "s3" or u.query or u.fragment or not re.match(S3_URL, v):
+            raise ValueError(
+                f"{v!r} is not s3://bucket/prefix (a bucket of 3 to 63 lowercase letters, "
+                "digits, dots and hyphens; no query)"
+            )
+        return v
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, v: str | None) -> str | None:
+        if v is not None and (not re.match(HTTP_URL, v) or not urlsplit(v).netloc):
+            raise ValueError(f"{v!r} is not an http(s) URL (e.g. https://s3.example.com)")
+        return v
+
+    @property
+    def bucket(self) -> str:
+        return urlsplit(self.url).netloc
+
+    def node_env(self) -> dict[str, str]:
+        """The node's archive settings (`RAFTLOG_ARCHIVE_*`); the credentials are the
+        runtime's to give (a Secret's keys on Kubernetes, a file locally)."""
+        env = {
+            "RAFTLOG_ARCHIVE_URL": self.url,
+            "RAFTLOG_ARCHIVE_INTERVAL_S": str(self.interval_seconds),
+        }
+        if self.endpoint is not None:
+            env["RAFTLOG_ARCHIVE_ENDPOINT"] = self.endpoint
+        if self.region is not None:
+            env["RAFTLOG_ARCHIVE_REGION"] = self.region
+        return env
+
+
 class RaftClusterSpec(_Model):
     # Refused at admission too (`_tls_for_cert_auth`): without the secret there is no CA to
     # check the members' certificates against, nor a certificate to show.
@@ -311,6 +395,14 @@ class RaftClusterSpec(_Model):
         description="The members a lower `replicas` removes first, instead of the highest "
         "ordinals. Raising `replicas` back before a removal reached any partition cancels it.",
     )
+    archive: ArchiveSpec | None = Field(
+        None,
+        description="Continuous archive of every partition to S3-compatible object storage "
+        "(off when unset). A change restarts the members one at a time. status.archive shows "
+        "each partition's archived index and lag; an archive that fails (the store down, "
+        "refused credentials) is named in status.problems while appends go on and compaction "
+        "waits for it.",
+    )
 
     @model_validator(mode="after")
     def _tls_for_cert_auth(self) -> RaftClusterSpec:
@@ -417,6 +509,30 @@ class VolumeExpansion(_Status):
     message: str = ""
 
 
+class PartitionArchive(_Status):
+    partition: int
+    archived_index: int = Field(
+        description="Highest index archived contiguously (0: nothing yet), as the partition's "
+        "leader reports it. The WAL segment being written is archived once it is sealed."
+    )
+    lag_entries: int = Field(description="The leader's commit index minus archivedIndex.")
+    last_error: str | None = Field(
+        None, description="Why the last archive pass failed (null: it succeeded)."
+    )
+    failing_on: list[str] = Field(
+        default_factory=list,
+        description="Members whose last archive pass of this partition failed (the leader's "
+        "error is lastError; a follower's failing pass holds its compaction).",
+    )
+    last_upload_at: float | None = Field(None, description="Epoch seconds of the last upload.")
+    reported_by: str = Field(description="The member that reported it (the leader).")
+
+
+class ArchiveStatus(_Status):
+    url: str = Field(description="The spec.archive.url this is about.")
+    partitions: list[PartitionArchive] = Field(default_factory=list)
+
+
 class RaftClusterStatus(_Status):
     observed_generation: int | None = None
     phase: str = Field("Pending", description="Pending, Bootstrapping, Running, Scaling, ...")
@@ -445,9 +561,13 @@ class RaftClusterStatus(_Status):
     volume_expansion: VolumeExpansion | None = Field(
         None, description="The latest volume expansion (spec.storage.size raised)."
     )
+    archive: ArchiveStatus | None = Field(
+        None, description="Each partition's continuous archive (spec.archive); null when off."
+    )
     problems: list[str] = Field(
         default_factory=list,
-        description="What the operator was asked and cannot act on, each with the reason.",
+        description="What the operator was asked and cannot act on, and an archive that fails, "
+        "each with the reason.",
     )
 
     def member(self, name: str) -> MemberStatus | None:

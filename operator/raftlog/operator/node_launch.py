@@ -42,10 +42,13 @@ def node_args(
 
 
 def node_env(spec: RaftClusterSpec) -> dict[str, str]:
-    """The Raft settings and the operator-driven snapshot installs, as `RAFTLOG_` variables."""
+    """The Raft settings, the operator-driven snapshot installs and the archive (its
+    credentials aside: each runtime gives them its own way), as `RAFTLOG_` variables."""
     env = spec.raft.node_env()
     # SnapshotRequired waits for the operator's install call, which picks the source.
     env["RAFTLOG_SNAPSHOT_INSTALL"] = "operator"
     env["RAFTLOG_SNAPSHOT_SOURCE"] = spec.snapshot_source
     env["RAFTLOG_SEGMENT_BYTES"] = str(spec.storage.segment_bytes)
+    if spec.archive is not None:
+        env.update(spec.archive.node_env())
     return env

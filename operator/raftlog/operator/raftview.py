@@ -24,8 +24,12 @@ its keys, all camelCase:
 - `switchover`: the status' record of the latest request (`request`, `target`, `partitions`,
   `state`, `message`) or null; `switchoverRequested`: the annotation's value or null;
 - `volumeExpansion`: the latest volume expansion (`size`, `state`, `message`) or null;
-- `problems`: what the operator was asked and cannot act on, each with the reason (they are
-  in the Degraded condition's message too).
+- `problems`: what the operator was asked and cannot act on, and an archive that fails, each
+  with the reason (they are in the Degraded condition's message too);
+- `archive`, only when the cluster archives (spec.archive): `url`, and `partitions`: per
+  partition `partition`, `archivedIndex`, `lagEntries`, `lastError` (the leader's, null when
+  its last pass worked), `failingOn` (members whose last pass failed), `lastUploadAt` (epoch
+  seconds or null), `reportedBy` (the leader).
 """
 
 from __future__ import annotations
@@ -85,7 +89,7 @@ def view(obj: Mapping[str, Any]) -> dict[str, Any]:
                 }
         partitions.append({"partition": p, "leader": status.leaders.get(str(p)), "members": cells})
     switchover = status.switchover
-    return {
+    out: dict[str, Any] = {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
         "phase": status.phase,
@@ -162,6 +166,28 @@ def view(obj: Mapping[str, Any]) -> dict[str, Any]:
             "message": status.volume_expansion.message,
         },
         "problems": list(status.problems),
+    }
+    if status.archive is not None or spec.get("archive"):
+        out["archive"] = _archive_view(status, spec)
+    return out
+
+
+def _archive_view(status: RaftClusterStatus, spec: Mapping[str, Any]) -> dict[str, Any]:
+    archive = status.archive
+    return {
+        "url": archive.url if archive else (spec.get("archive") or {}).get("url"),
+        "partitions": [
+            {
+                "partition": a.partition,
+                "archivedIndex": a.archived_index,
+                "lagEntries": a.lag_entries,
+                "lastError": a.last_error,
+                "failingOn": list(a.failing_on),
+                "lastUploadAt": a.last_upload_at,
+                "reportedBy": a.reported_by,
+            }
+            for a in (archive.partitions if archive else [])
+        ],
     }
 
 
@@ -319,10 +345,39 @@ def render(v: Mapping[str, Any]) -> str:
             ],
         )
 
+    archive = v.get("archive")
+    if archive is not None:
+        lines += ["", f"Archive to {archive['url']}:"]
+        if archive["partitions"]:
+            lines += table(
+                ["PARTITION", "ARCHIVED", "LAG", "LAST ERROR"],
+                [
+                    [
+                        str(a["partition"]),
+                        str(a["archivedIndex"]),
+                        str(a["lagEntries"]),
+                        _archive_error(a),
+                    ]
+                    for a in archive["partitions"]
+                ],
+            )
+        else:
+            lines.append("no member has reported its archive yet")
+
     switchover = _switchover_line(v)
     if switchover:
         lines += ["", switchover]
     return "\n".join(lines) + "\n"
+
+
+def _archive_error(a: Mapping[str, Any], chars: int = 80) -> str:
+    failing = [n for n in a["failingOn"] if n != a["reportedBy"]]
+    text = a["lastError"] or ("-" if not failing else "")
+    if len(text) > chars:
+        text = text[: chars - 3] + "..."
+    if failing:
+        text += ("; " if a["lastError"] else "") + f"failing on {', '.join(failing)}"
+    return text
 
 
 def render_list(views: Sequence[Mapping[str, Any]], all_namespaces: bool) -> str:

@@ -43,9 +43,11 @@ from raftlog.operator.actions import (
 from raftlog.operator.cluster_views import Observed, PartitionView
 from raftlog.operator.controls import NONE, Controls
 from raftlog.operator.models import (
+    ArchiveStatus,
     Condition,
     MemberPartition,
     MemberStatus,
+    PartitionArchive,
     Promotion,
     RaftClusterSpec,
     RaftClusterStatus,
@@ -75,6 +77,8 @@ INSTALL_COOLDOWN_S = 300.0  # after a failed install, before another is schedule
 INSTALL_HISTORY = 10  # finished installs kept in status
 SWITCHOVER_TIMEOUT_S = 120.0  # a switchover whose target never becomes fit to lead fails
 EXPANSION_RETRY_S = 300.0  # after the API server refused a larger claim, before asking again
+ARCHIVE_PROBLEMS_SHOWN = 5  # failing partitions named one by one in status.problems
+ARCHIVE_ERROR_CHARS = 200  # of a node's archive error, in status.problems
 
 
 def member_name(cluster: str, ordinal: int) -> str:
@@ -102,6 +106,8 @@ def config_hash(spec: RaftClusterSpec, restart: str | None = None) -> str:
             "remove_members": True,
         },
     )
+    if launch.get("archive") is None:
+        del launch["archive"]  # a cluster without one keeps the hash it had before the field
     if restart is not None:
         launch["restartedAt"] = restart
     return hashlib.sha256(json.dumps(launch, sort_keys=True).encode()).hexdigest()[:16]
@@ -130,6 +136,7 @@ class _ClusterPass:
     events: list[Event] = field(default_factory=list)
     lagging: dict[str, str] = field(default_factory=dict)  # learner -> why its window is shut
     windows_tracked: bool = False
+    archive_failing: list[int] = field(default_factory=list)  # partitions whose archive fails
 
     def event(self, reason: str, message: str, warning: bool = False) -> None:
         self.events.append(Event("Warning" if warning else "Normal", reason, message))
@@ -179,6 +186,7 @@ def decide(
     cluster = _ClusterPass(name, spec, status, observed, now, wanted, leader_views, controls)
     _refresh_members(cluster)
     _problems(cluster, previous)
+    _archive(cluster, previous)
     action: Action | None = None
     if controls.paused:
         action = None  # nothing is done to a paused cluster; its status still tells what is seen
@@ -779,6 +787,69 @@ def _problems(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
     cluster.status.problems = found
 
 
+def _archive(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
+    """status.archive from what each partition's leader reports of its archive (the members
+    with archiving on say `archive` in their status), and, for each partition whose archive
+    fails on any member, an entry in status.problems (so in the Degraded condition too), with
+    an event when it starts failing and when it recovers. A partition with no leader seen
+    keeps its last entry."""
+    spec = cluster.spec.archive
+    if spec is None:
+        cluster.status.archive = None
+        return
+    old = previous.archive if previous.archive and previous.archive.url == spec.url else None
+    before = {a.partition: a for a in old.partitions} if old else {}
+    entries: list[PartitionArchive] = []
+    problems: list[str] = []
+    for partition, leader_view in sorted(cluster.leader_views.items()):
+        errors: dict[str, str] = {}
+        for name, seen in sorted(cluster.observed.members.items()):
+            view = seen.node.partitions.get(partition) if seen.node else None
+            if view is not None and view.archive is not None and view.archive.last_error:
+                errors[name] = view.archive.last_error
+        mine = leader_view.archive if leader_view is not None else None
+        if leader_view is None or mine is None:
+            if partition in before:
+                entries.append(before[partition].model_copy(update={"failing_on": sorted(errors)}))
+        else:
+            entries.append(
+                PartitionArchive(
+                    partition=partition,
+                    archived_index=mine.archived_index,
+                    lag_entries=mine.lag_entries,
+                    last_error=mine.last_error,
+                    failing_on=sorted(errors),
+                    last_upload_at=mine.last_upload_at,
+                    reported_by=leader_view.leader or "",
+                )
+            )
+        was = before.get(partition)
+        if errors:
+            cluster.archive_failing.append(partition)
+            leader = leader_view.leader if leader_view is not None else None
+            error = errors.get(leader or "") or next(iter(errors.values()))
+            text = (
+                f"spec.archive: partition {partition}: archiving fails on "
+                f"{', '.join(errors)}: {error[:ARCHIVE_ERROR_CHARS]}"
+            )
+            problems.append(text)
+            if was is None or not was.failing_on:
+                cluster.event("ArchiveFailing", text, warning=True)
+        elif was is not None and was.failing_on:
+            cluster.event(
+                "ArchiveRecovered", f"partition {partition}: archiving works again on every member"
+            )
+    if len(problems) > ARCHIVE_PROBLEMS_SHOWN:
+        more = cluster.archive_failing[ARCHIVE_PROBLEMS_SHOWN:]
+        listed = ", ".join(map(str, more[:20])) + (", ..." if len(more) > 20 else "")
+        problems = [
+            *problems[:ARCHIVE_PROBLEMS_SHOWN],
+            f"spec.archive: {len(more)} more partitions fail to archive ({listed})",
+        ]
+    cluster.status.archive = ArchiveStatus(url=spec.url, partitions=entries)
+    cluster.status.problems = [*cluster.status.problems, *problems]
+
+
 # ===================================================================== helpers
 def _quantity(text: str) -> Decimal:
     """A Kubernetes quantity ("10Gi", "500M") as a number, by the client library's rules."""
@@ -945,6 +1016,9 @@ def _summarize(cluster: _ClusterPass, action: Action | None, previous: RaftClust
             if unready
             else "Fenced"
             if fenced
+            else "ArchiveFailing"
+            if cluster.archive_failing
+            and all(p.startswith("spec.archive:") for p in status.problems)
             else "CannotAct"
         )
         if degraded_msg
