@@ -56,7 +56,9 @@ def test_url_and_endpoint_are_checked_naming_the_field(tmp_path: Path) -> None:
         settings(tmp_path, archive_url="s3://b/p", archive_endpoint="127.0.0.1:9000")
     with pytest.raises(ValidationError, match="archive_interval_s"):
         settings(tmp_path, archive_url="s3://b/p", archive_interval_s=0)
-    with pytest.raises(ValidationError, match="archive_endpoint: set, but archive_url is not"):
+    with pytest.raises(
+        ValidationError, match="archive_endpoint: set, but neither archive_url nor restore_url"
+    ):
         settings(tmp_path, archive_endpoint="http://h:1")
 
 

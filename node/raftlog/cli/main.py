@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from raftlog.cli import cluster_cmds, wal_check
+from raftlog.cli import archive_cmds, cluster_cmds, wal_check
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -15,6 +15,7 @@ def build_parser() -> argparse.ArgumentParser:
     wal_sub = wal.add_subparsers(dest="wal_command", required=True, metavar="WAL_COMMAND")
     wal_check.add_parser(wal_sub)
     cluster_cmds.add_parsers(sub)
+    archive_cmds.add_parsers(sub)
     return ap
 
 

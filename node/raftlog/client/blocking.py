@@ -139,3 +139,4 @@ class Client:
     change_membership = _blocking(Calls.change_membership)
     transfer_leader = _blocking(Calls.transfer_leader)
     install_snapshot = _blocking(Calls.install_snapshot)
+    archive_flush = _blocking(Calls.archive_flush)

@@ -446,3 +446,13 @@ class Calls:
         path = f"/v1/admin/partitions/{partition}/snapshot-install"
         request = Request("POST", path, {"target": target, "source": source}, timeout_s)
         return (yield from self._at_leader(partition, endpoint, request))
+
+    def archive_flush(
+        self, partition: int, *, endpoint: str | None = None, timeout_s: float | None = None
+    ) -> Plan[dict[str, Any]]:
+        """Have the partition's leader archive everything committed now (a backup point): its
+        `archived_index`, at least the `commit` it read when asked."""
+        path = f"/v1/admin/partitions/{partition}/archive"
+        return (
+            yield from self._at_leader(partition, endpoint, Request("POST", path, {}, timeout_s))
+        )

@@ -120,6 +120,7 @@ class AsyncClient(SessionHolder):
     change_membership = _awaitable(Calls.change_membership)
     transfer_leader = _awaitable(Calls.transfer_leader)
     install_snapshot = _awaitable(Calls.install_snapshot)
+    archive_flush = _awaitable(Calls.archive_flush)
 
 
 class IdempotentProducer:

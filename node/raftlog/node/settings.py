@@ -202,6 +202,20 @@ class NodeSettings(BaseSettings):
         description="seconds between two archive passes of a partition (the leader uploads, "
         "every member reads the manifest for its compaction floor)",
     )
+    restore_url: str | None = Field(
+        None,
+        description="s3://bucket/prefix of another cluster's archive: on this member's first "
+        "start, each partition of restore_indexes is restored from it (the archived entries up "
+        "to its index, and a snapshot there naming this cluster's voters). The object store's "
+        "endpoint, region and credentials are archive_endpoint, archive_region and "
+        "archive_credentials_file",
+    )
+    restore_indexes: dict[int, int] = Field(
+        default_factory=dict,
+        description="partition -> the index it is restored at (0: starts empty), resolved once "
+        "for every member by whoever creates the cluster (raftctl restore plan, the operator): "
+        "members must restore the same log",
+    )
     raft: RaftConfig = Field(default_factory=RaftConfig)
 
     @field_validator("peers")
@@ -273,7 +287,7 @@ class NodeSettings(BaseSettings):
                 )
         return self
 
-    @field_validator("archive_url")
+    @field_validator("archive_url", "restore_url")
     @classmethod
     def _archive_url(cls, v: str | None) -> str | None:
         if v is None:
@@ -297,8 +311,28 @@ class NodeSettings(BaseSettings):
             for name in ("archive_endpoint", "archive_region", "archive_credentials_file")
             if getattr(self, name) is not None
         ]
-        if self.archive_url is None and given:
-            raise ValueError(f"{given[0]}: set, but archive_url is not (archiving is off)")
+        if self.archive_url is None and self.restore_url is None and given:
+            raise ValueError(
+                f"{given[0]}: set, but neither archive_url nor restore_url is (no object store)"
+            )
+        if self.restore_indexes and self.restore_url is None:
+            raise ValueError("restore_indexes: set, but restore_url (where from) is not")
+        if self.restore_url is not None and not self.restore_indexes:
+            raise ValueError(
+                "restore_indexes: required with restore_url (the index of each partition, the "
+                "same on every member: `raftctl restore plan` resolves it)"
+            )
+        for p, i in self.restore_indexes.items():
+            if not 0 <= p < self.partitions or i < 0:
+                raise ValueError(
+                    f"restore_indexes: partition {p} at {i}: partitions are "
+                    f"0..{self.partitions - 1} and indexes non-negative"
+                )
+        if self.restore_url is not None and self.restore_url == self.archive_url:
+            raise ValueError(
+                "restore_url: the same as archive_url; a restored cluster archives to a prefix "
+                "of its own (the source's history must not be written over)"
+            )
         if self.archive_credentials_file is not None:
             self.archive_credentials()  # read now: a bad file stops the start, naming the field
         return self
@@ -314,27 +348,7 @@ class NodeSettings(BaseSettings):
                 os.environ.get("AWS_SECRET_ACCESS_KEY"),
             )
             return (key, secret) if key and secret else None
-        field = "archive_credentials_file"
-        try:
-            text = f.read_text()
-        except OSError as e:
-            raise ValueError(f"{field}: {f} cannot be read ({e.strerror})") from None
-        if text.lstrip().startswith("{"):
-            try:
-                doc = json.loads(text)
-            except ValueError:
-                raise ValueError(f"{field}: {f} is not valid JSON") from None
-            key = doc.get("access_key_id") if isinstance(doc, dict) else None
-            secret = doc.get("secret_access_key") if isinstance(doc, dict) else None
-        else:
-            lines = [line.strip() for line in text.splitlines() if line.strip()]
-            key, secret = (lines[0], lines[1]) if len(lines) == 2 else (None, None)
-        if not isinstance(key, str) or not isinstance(secret, str) or not key or not secret:
-            raise ValueError(
-                f"{field}: {f} must hold the access key id and the secret: two lines, or JSON "
-                '{"access_key_id": ..., "secret_access_key": ...}'
-            )
-        return key, secret
+        return read_credentials(f, "archive_credentials_file")
 
     @property
     def frame_budget(self) -> int:
@@ -413,3 +427,28 @@ def load_settings(flags: dict[str, Any], config_file: str | None = None) -> Node
         return NodeSettings(**{k: v for k, v in flags.items() if v is not None})
     finally:
         _config_file.reset(token)
+
+
+def read_credentials(f: Path, field: str) -> tuple[str, str]:
+    """An object store's access key id and secret from file `f` (two lines, or JSON); errors
+    name `field` and the file, never the secret."""
+    try:
+        text = f.read_text()
+    except OSError as e:
+        raise ValueError(f"{field}: {f} cannot be read ({e.strerror})") from None
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise ValueError(f"{field}: {f} is not valid JSON") from None
+        key = doc.get("access_key_id") if isinstance(doc, dict) else None
+        secret = doc.get("secret_access_key") if isinstance(doc, dict) else None
+    else:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        key, secret = (lines[0], lines[1]) if len(lines) == 2 else (None, None)
+    if not isinstance(key, str) or not isinstance(secret, str) or not key or not secret:
+        raise ValueError(
+            f"{field}: {f} must hold the access key id and the secret: two lines, or JSON "
+            '{"access_key_id": ..., "secret_access_key": ...}'
+        )
+    return key, secret

@@ -135,6 +135,30 @@ async def compact(request: web.Request) -> web.Response:
     )
 
 
+async def archive_flush(request: web.Request) -> web.Response:
+    """Archive everything committed now (the leader's; a follower answers 421): the backup
+    point of a partition. 409 when archiving is off, 503 naming the store's error."""
+    node, driver = node_of(request), driver_of(request)
+    if node.archiver is None:
+        raise ApiError(409, "archive_off", "archiving is off on this node (no archive_url)")
+    commit = driver.raft.commit
+    try:
+        archived = await node.archiver.flush(driver.p)
+    except NotLeader:
+        raise not_leader(node, driver) from None
+    except Exception as e:
+        raise ApiError(503, "archive_failed", f"{type(e).__name__}: {e}"[:500]) from None
+    return web.json_response(
+        {
+            "partition": driver.p,
+            "archived_index": archived,
+            "commit": commit,
+            "term": driver.raft.term,
+            "archive_url": node.settings.archive_url,
+        }
+    )
+
+
 async def lag(request: web.Request) -> web.Response:
     node, driver = node_of(request), driver_of(request)
     follower = request.match_info["follower"]
@@ -215,6 +239,7 @@ def add_routes(app: web.Application) -> None:
     app.router.add_post(f"{base}/transfer", transfer)
     app.router.add_post(f"{base}/compact", compact)
     app.router.add_post(f"{base}/snapshot-install", snapshot_install)
+    app.router.add_post(f"{base}/archive", archive_flush)
     app.router.add_get(f"{base}/followers/{{follower}}/lag", lag)
     app.router.add_get("/v1/admin/peers", peers)
     app.router.add_post("/v1/admin/peers", peers)

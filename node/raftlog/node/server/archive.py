@@ -32,6 +32,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlsplit
 
+from raftlog.node.core.errors import NotLeader
 from raftlog.node.core.raft import Role
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage import segment as fmt
@@ -67,22 +68,26 @@ class S3ObjectStore:
     """An S3 bucket through obstore's asyncio API, with bounded retries and timeouts (a store
     that is down fails a pass in seconds; the next pass tries again)."""
 
-    def __init__(self, settings: NodeSettings) -> None:
+    def __init__(
+        self,
+        url: str,
+        endpoint: str | None = None,
+        region: str | None = None,
+        credentials: tuple[str, str] | None = None,
+    ) -> None:
         from obstore.store import S3Store  # only when archiving is on
 
-        assert settings.archive_url is not None
-        bucket, self.prefix = split_archive_url(settings.archive_url)
+        bucket, self.prefix = split_archive_url(url)
         options: dict[str, Any] = {}
-        if settings.archive_endpoint is not None:
-            options["endpoint"] = settings.archive_endpoint
+        if endpoint is not None:
+            options["endpoint"] = endpoint
             options["virtual_hosted_style_request"] = False
-        if settings.archive_region is not None:
-            options["region"] = settings.archive_region
-        creds = settings.archive_credentials()
-        if creds is not None:
-            options["access_key_id"], options["secret_access_key"] = creds
+        if region is not None:
+            options["region"] = region
+        if credentials is not None:
+            options["access_key_id"], options["secret_access_key"] = credentials
         client: ClientConfig = {"timeout": "30s", "connect_timeout": "5s"}
-        if (settings.archive_endpoint or "").startswith("http://"):
+        if (endpoint or "").startswith("http://"):
             client["allow_http"] = True
         self._store = S3Store(
             bucket,
@@ -112,6 +117,14 @@ class S3ObjectStore:
             return bytes(await result.bytes_async())
         except FileNotFoundError:
             return None
+
+
+def store_for(settings: NodeSettings, url: str) -> S3ObjectStore:
+    """The store at `url` (the archive's or the restore's) through the node's object-store
+    settings (endpoint, region, credentials: one object store per cluster)."""
+    return S3ObjectStore(
+        url, settings.archive_endpoint, settings.archive_region, settings.archive_credentials()
+    )
 
 
 def split_archive_url(url: str) -> tuple[str, str]:
@@ -157,6 +170,7 @@ class Archiver:
         self.interval_s = interval_s
         self.partitions = {p: PartitionArchive() for p in node.drivers}
         self._task: asyncio.Task[None] | None = None
+        self._locks: dict[int, asyncio.Lock] = {}
         for d in node.drivers.values():
             d.archive_floor = 1  # nothing known archived yet: nothing compacted
 
@@ -178,20 +192,48 @@ class Archiver:
         for p, d in list(self.node.drivers.items()):
             st = self.partitions.setdefault(p, PartitionArchive())
             try:
-                if d.raft.role == Role.LEADER:
-                    await self._lead(p, d, st)
-                else:
-                    await self._follow(p, d, st)
+                async with self._lock(p):
+                    if d.raft.role == Role.LEADER:
+                        await self._lead(p, d, st)
+                    else:
+                        await self._follow(p, d, st)
                 st.last_error = None
             except asyncio.CancelledError:
                 raise
             except Exception as e:
-                st.errors += 1
-                msg = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
-                if st.last_error != msg:
-                    log.warning("p%d archive: %s", p, msg)
-                st.last_error = msg
+                self._failed(p, st, e)
             st.last_pass_at = time.time()
+
+    def _failed(self, p: int, st: PartitionArchive, e: Exception) -> None:
+        st.errors += 1
+        msg = f"{type(e).__name__}: {e}"[:MAX_ERROR_CHARS]
+        if st.last_error != msg:
+            log.warning("p%d archive: %s", p, msg)
+        st.last_error = msg
+
+    def _lock(self, p: int) -> asyncio.Lock:
+        """One pass of a partition at a time: a flush and the periodic pass would otherwise
+        each find the manifest changed by the other."""
+        return self._locks.setdefault(p, asyncio.Lock())
+
+    async def flush(self, p: int) -> int:
+        """On the partition's leader: archive everything committed now, the active segment's
+        committed records included (as an object of their own; the rest of that segment
+        follows in a later object), and return the archived index, at least the commit index
+        read at the call. A backup point is taken this way. Raises NotLeader on a follower,
+        and what the store raised when it fails (also recorded as `last_error`)."""
+        d = self.node.drivers[p]
+        st = self.partitions.setdefault(p, PartitionArchive())
+        if d.raft.role != Role.LEADER:
+            raise NotLeader(d.raft.leader)
+        try:
+            async with self._lock(p):
+                await self._lead(p, d, st, active=True)
+        except Exception as e:
+            self._failed(p, st, e)
+            raise
+        st.last_error = None
+        return st.archived_index
 
     def _known(self, d: PartitionDriver, st: PartitionArchive, m: Manifest) -> None:
         st.archived_index = m.archived_index
@@ -212,7 +254,9 @@ class Archiver:
         st.last_upload_at = time.time()
         return digest
 
-    async def _lead(self, p: int, d: PartitionDriver, st: PartitionArchive) -> None:
+    async def _lead(
+        self, p: int, d: PartitionDriver, st: PartitionArchive, active: bool = False
+    ) -> None:
         term = d.raft.term
         # Read every pass (one GET): a leader continues whatever the previous one wrote.
         base = await self._read_manifest(p)
@@ -226,7 +270,7 @@ class Archiver:
         changed = False
         try:
             changed |= await self._upload_snapshot(p, d, st, m)
-            changed |= await self._upload_segments(p, d, st, m)
+            changed |= await self._upload_segments(p, d, st, m, active)
         finally:
             if changed:
                 await self._write_manifest(p, d, st, m, term, base)
@@ -249,15 +293,18 @@ class Archiver:
         return True
 
     async def _upload_segments(
-        self, p: int, d: PartitionDriver, st: PartitionArchive, m: Manifest
+        self, p: int, d: PartitionDriver, st: PartitionArchive, m: Manifest, active: bool
     ) -> bool:
         changed = False
         commit = d.raft.commit
         next_index = m.archived_index + 1 if m.segments else d.storage.first_index()
-        for seg in d.storage.wal.sealed_segments():
-            if seg.last_index > commit:
+        wal = d.storage.wal
+        for seg in [*wal.sealed_segments(), *([wal.active_segment()] if active else [])]:
+            sealed = seg is not wal.active_segment()
+            last = seg.last_index if sealed else min(seg.last_index, commit)
+            if last > commit or last < seg.first_index:
                 break
-            if seg.last_index < next_index:
+            if last < next_index:
                 continue
             if seg.first_index > next_index:
                 snap = m.latest_snapshot
@@ -271,16 +318,21 @@ class Archiver:
             # of `start` and the term below it.
             offset = seg.offsets[start - seg.first_index]
             prev_term = seg.terms[start - 1 - seg.first_index] if start > seg.first_index else 0
+            # A sealed segment ends at its last record; the active one's part is cut after the
+            # record of `last` (the bytes past it may still change).
+            end = None
+            if not sealed:
+                end = seg.offsets[last + 1 - seg.first_index] if last < seg.last_index else seg.end
             try:
                 data = await asyncio.to_thread(
-                    _segment_object, seg.path, seg.first_index, start, offset, prev_term
+                    _segment_object, seg.path, seg.first_index, start, offset, prev_term, end
                 )
             except FileNotFoundError:
                 break  # removed meanwhile (a snapshot install reset the log): next pass
-            key = segment_key(self.prefix, p, start, seg.last_index)
+            key = segment_key(self.prefix, p, start, last)
             digest = await self._put(st, key, data)
-            m.segments.append(ArchivedSegment(start, seg.last_index, key, len(data), digest))
-            next_index = seg.last_index + 1
+            m.segments.append(ArchivedSegment(start, last, key, len(data), digest))
+            next_index = last + 1
             changed = True
         return changed
 
@@ -319,10 +371,14 @@ def _read(path: str) -> bytes:
         return f.read()
 
 
-def _segment_object(path: str, first: int, start: int, offset: int, prev_term: int) -> bytes:
-    """The segment file's bytes; from `start` (the record at `offset`) behind a header of its
-    own when the entries below it are archived already."""
+def _segment_object(
+    path: str, first: int, start: int, offset: int, prev_term: int, end: int | None = None
+) -> bytes:
+    """The segment file's bytes up to `end` (None: all); from `start` (the record at `offset`)
+    behind a header of its own when the entries below it are archived already."""
     raw = _read(path)
+    if end is not None:
+        raw = raw[:end]
     if start == first:
         return raw
     _, _, flags = fmt.decode_header(path, raw)
@@ -334,5 +390,5 @@ def make_archiver(node: Node) -> Archiver | None:
     s = node.settings
     if s.archive_url is None:
         return None
-    store = S3ObjectStore(s)
+    store = store_for(s, s.archive_url)
     return Archiver(node, store, store.prefix, s.archive_interval_s)

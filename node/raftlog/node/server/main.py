@@ -33,6 +33,7 @@ from raftlog.node.server.app import ALL_PLANES, Plane, build_app
 from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors
 from raftlog.node.server.listener import IDLE_S, Connections, ListenerProtocol
 from raftlog.node.server.node import Node
+from raftlog.node.server.restore import restore_missing
 from raftlog.node.settings import NodeSettings, load_settings
 from raftlog.node.storage.errors import CorruptFile, WalCorruption
 
@@ -111,6 +112,7 @@ def _raft_settings_help() -> str:
 
 
 async def serve(settings: NodeSettings) -> None:
+    await restore_missing(settings)  # a new member of a restored cluster: its partitions first
     node = Node(settings)
     await node.start()
     listeners: list[tuple[int, frozenset[Plane]]] = (

@@ -254,6 +254,12 @@ class Wal:
         compacted or a snapshot install resets the log. Read only, in the owner's loop."""
         return self._segments[:-1]
 
+    def active_segment(self) -> Segment:
+        """The segment being written. Its records up to the commit index are on file (each
+        append is written before it can commit) and never change; those above may be
+        truncated. Read only, in the owner's loop."""
+        return self._segments[-1]
+
     def _segment_of(self, index: int) -> Segment:
         return self._segments[bisect.bisect_right(self._firsts, index) - 1]
 
