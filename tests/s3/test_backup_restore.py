@@ -79,7 +79,7 @@ def append(client: Client, p: int, tag: str, n: int, t0: int) -> list[tuple[int,
             for j in range(i, min(n, i + 5))
         ]
         r = client.append(p, recs)
-        out += [(r.first_index + k, rec["value"]) for k, rec in enumerate(recs)]
+        out += [(r.first_index + k, str(rec["value"])) for k, rec in enumerate(recs)]
     return out
 
 
