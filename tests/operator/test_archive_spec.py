@@ -351,3 +351,19 @@ def test_the_local_runtime_gives_the_members_the_secret_from_its_folder(tmp_path
     bare = RaftClusterSpec.model_validate({"archive": {"url": URL}})
     assert "RAFTLOG_ARCHIVE_CREDENTIALS_FILE" not in runtime.archive_env(bare)
     assert runtime.archive_env(RaftClusterSpec()) == {}
+
+
+def test_with_no_leader_yet_a_members_report_is_taken_and_its_failure_said_once():
+    # Found by a mutant of the local test: while nobody led, every pass announced the failure
+    # again (no entry to remember it by).
+    world = World(NAMES)
+    world.leader = {0: None, 1: None}
+    down = {(n, p): "GenericError: refused" for n in NAMES for p in range(2)}
+    s = archive_spec()
+    first = decide(NAME, s, steady(NAMES), archiving(world, down), T0)
+    assert first.status.archive is not None
+    assert [a.reported_by for a in first.status.archive.partitions] == ["c-0", "c-0"]
+    assert [e.reason for e in first.events] == ["ArchiveFailing", "ArchiveFailing"]
+    second = decide(NAME, s, first.status, archiving(world, down), T0 + 1)
+    assert "ArchiveFailing" not in [e.reason for e in second.events]
+    assert len(second.status.problems) == 2

@@ -1,4 +1,11 @@
-"""`raftctl local up` and `raftctl local scale`: the operator's reconciler on this machine."""
+"""`raftctl local up` and `raftctl local scale`: the operator's reconciler on this machine.
+
+`raftctl local up --object-store` also runs a real S3-compatible server (SeaweedFS,
+`local_s3.LocalObjectStore`) in `DIR/object-store/` for as long as the cluster runs, and the
+members archive to it: the bucket of `spec.archive.url` is made there, and the members get its
+endpoint and credentials in place of the spec's (which are for the store a Kubernetes cluster
+would reach). Without a manifest, it adds `spec.archive.url: s3://raftlog-archive/<name>`.
+"""
 
 from __future__ import annotations
 
@@ -15,7 +22,16 @@ from pathlib import Path
 import yaml
 
 from raftlog.operator.actions import Event
-from raftlog.operator.local import MANIFEST, LocalOperator, ManifestError, load_manifest
+from raftlog.operator.local import (
+    MANIFEST,
+    OBJECT_STORE,
+    LocalOperator,
+    ManifestError,
+    load_manifest,
+)
+from raftlog.operator.local_s3 import LocalObjectStore, LocalS3Error
+
+LOCAL_ARCHIVE_BUCKET = "raftlog-archive"  # of a manifest made from the flags
 
 
 def _print_event(event: Event) -> None:
@@ -24,10 +40,13 @@ def _print_event(event: Event) -> None:
 
 
 def _manifest_from_flags(args: argparse.Namespace) -> str:
-    return (
+    text = (
         "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nmetadata:\n  name: local\n"
         f"spec:\n  replicas: {args.replicas}\n  partitions: {args.partitions}\n"
     )
+    if args.object_store:
+        text += f"  archive:\n    url: s3://{LOCAL_ARCHIVE_BUCKET}/local\n"
+    return text
 
 
 def local_up(args: argparse.Namespace) -> int:
@@ -40,8 +59,21 @@ def local_up(args: argparse.Namespace) -> int:
             text = (base / MANIFEST).read_text()  # the cluster already set up there
         else:
             text = _manifest_from_flags(args)
-        local_operator = LocalOperator.create(base, text, on_event=_print_event)
-    except (OSError, ManifestError) as e:
+        name, spec = load_manifest(text)
+        if args.weed is not None and not args.object_store:
+            raise ManifestError("--weed: only with --object-store")
+        if args.object_store and spec.archive is None:
+            raise ManifestError(
+                "--object-store: the manifest has no spec.archive (add `archive: {url: "
+                "s3://bucket/prefix}`: the bucket is made on the local server)"
+            )
+        object_store = (
+            LocalObjectStore(base / OBJECT_STORE, weed=args.weed) if args.object_store else None
+        )
+        local_operator = LocalOperator.create(
+            base, text, on_event=_print_event, object_store=object_store
+        )
+    except (OSError, ManifestError, LocalS3Error) as e:
         print(f"raftctl local up: {e}", file=sys.stderr)
         return 1
     name, spec = local_operator.desired()
@@ -49,6 +81,17 @@ def local_up(args: argparse.Namespace) -> int:
         f"cluster {name}: {spec.replicas} members, {spec.partitions} partitions, data in {base}",
         flush=True,
     )
+    if object_store is not None:
+        try:
+            object_store.start()
+        except (OSError, LocalS3Error) as e:
+            print(f"raftctl local up: --object-store: {e}", file=sys.stderr)
+            return 1
+        print(
+            f"object store: {object_store.endpoint} (SeaweedFS, data in {object_store.folder}; "
+            f"access key id and secret in {object_store.credentials_file})",
+            flush=True,
+        )
 
     async def run() -> int:
         loop = asyncio.get_running_loop()
@@ -72,6 +115,8 @@ def local_up(args: argparse.Namespace) -> int:
                     await asyncio.wait_for(stop.wait(), local_operator.interval_s)
         finally:
             await local_operator.close()
+            if object_store is not None:
+                object_store.stop()
         print("stopped", flush=True)
         return 0
 
@@ -86,6 +131,9 @@ def _write_state(base: Path, local_operator: LocalOperator) -> None:
         "supervisor": os.getpid(),  # `local down` asks it to stop its nodes
         "phase": local_operator.status.phase,
     }
+    store = local_operator.runtime.object_store
+    if store is not None:
+        state["objectStore"] = {"endpoint": store.endpoint, "pid": store.pid}
     tmp = base / "cluster.json.tmp"
     tmp.write_text(json.dumps(state))
     os.replace(tmp, base / "cluster.json")
@@ -119,6 +167,18 @@ def add_commands(local_commands: argparse._SubParsersAction[argparse.ArgumentPar
     up.add_argument("--replicas", type=int, default=3, help="without -f: voters")
     up.add_argument("--partitions", type=int, default=1, help="without -f: partitions")
     up.add_argument("--data-dir", required=True)
+    up.add_argument(
+        "--object-store",
+        action="store_true",
+        help="run a local S3 server (SeaweedFS) in DATA_DIR/object-store for as long as the "
+        "cluster runs, and archive to it (spec.archive: its bucket is made there)",
+    )
+    up.add_argument(
+        "--weed",
+        type=Path,
+        help="with --object-store: the SeaweedFS `weed` binary (default: $RAFTLOG_WEED, else "
+        "the one `make s3server` cached, else `weed` on the PATH)",
+    )
     up.set_defaults(run=local_up)
     scale = local_commands.add_parser(
         "scale", help="change the replicas of the cluster `local up` runs"

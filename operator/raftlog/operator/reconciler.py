@@ -40,7 +40,7 @@ from raftlog.operator.actions import (
     Wait,
     describe,
 )
-from raftlog.operator.cluster_views import Observed, PartitionView
+from raftlog.operator.cluster_views import ArchiveView, Observed, PartitionView
 from raftlog.operator.controls import NONE, Controls
 from raftlog.operator.models import (
     ArchiveStatus,
@@ -792,7 +792,7 @@ def _archive(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
     with archiving on say `archive` in their status), and, for each partition whose archive
     fails on any member, an entry in status.problems (so in the Degraded condition too), with
     an event when it starts failing and when it recovers. A partition with no leader seen
-    keeps its last entry."""
+    keeps its last entry (or, having none, takes any member's report)."""
     spec = cluster.spec.archive
     if spec is None:
         cluster.status.archive = None
@@ -803,15 +803,21 @@ def _archive(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
     problems: list[str] = []
     for partition, leader_view in sorted(cluster.leader_views.items()):
         errors: dict[str, str] = {}
+        reports: dict[str, ArchiveView] = {}
         for name, seen in sorted(cluster.observed.members.items()):
             view = seen.node.partitions.get(partition) if seen.node else None
-            if view is not None and view.archive is not None and view.archive.last_error:
-                errors[name] = view.archive.last_error
-        mine = leader_view.archive if leader_view is not None else None
-        if leader_view is None or mine is None:
-            if partition in before:
-                entries.append(before[partition].model_copy(update={"failing_on": sorted(errors)}))
-        else:
+            if view is not None and view.archive is not None:
+                reports[name] = view.archive
+                if view.archive.last_error:
+                    errors[name] = view.archive.last_error
+        leader = leader_view.leader if leader_view is not None else None
+        # The leader's report; with no leader seen, the last entry, else any member's.
+        reporter = leader if leader in reports else None
+        if reporter is None and partition in before:
+            entries.append(before[partition].model_copy(update={"failing_on": sorted(errors)}))
+        elif reporter is not None or reports:
+            reporter = reporter or next(iter(reports))
+            mine = reports[reporter]
             entries.append(
                 PartitionArchive(
                     partition=partition,
@@ -820,13 +826,12 @@ def _archive(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
                     last_error=mine.last_error,
                     failing_on=sorted(errors),
                     last_upload_at=mine.last_upload_at,
-                    reported_by=leader_view.leader or "",
+                    reported_by=reporter,
                 )
             )
         was = before.get(partition)
         if errors:
             cluster.archive_failing.append(partition)
-            leader = leader_view.leader if leader_view is not None else None
             error = errors.get(leader or "") or next(iter(errors.values()))
             text = (
                 f"spec.archive: partition {partition}: archiving fails on "
