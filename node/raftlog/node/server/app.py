@@ -2,8 +2,10 @@
 
 Errors are JSON `{"error": code, "field": ..., "reason": ...}` with a 4xx for the caller's
 mistakes (never a 500): 400 bad input, 401 missing or wrong token, 404 unknown partition,
-410 below the compaction floor, 413 too large, 421 not the leader (with a hint), and 503 when the
-partition cannot take writes now (no leader yet, storage failed, commit timed out).
+410 below the compaction floor (and, with archiving on, not in the archive either: reads below the
+floor are served from it, `archive_reads`), 413 too large, 421 not the leader (with a hint), and
+503 when the partition cannot take writes now (no leader yet, storage failed, commit timed out) or
+the archive cannot be read now; 502 when the archive answered with damaged objects.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import decode_record
 from raftlog.node.routing import partition_for
-from raftlog.node.server import admin, columnar, timeindex, walpage
+from raftlog.node.server import admin, archive_reads, columnar, timeindex, walpage
 from raftlog.node.server.api_common import (
     NODE_KEY,
     ApiError,
@@ -190,8 +192,11 @@ async def read(request: web.Request) -> web.Response:
     hwm = driver.raft.commit
     try:
         entries = _read_within(driver, start, limit, max_bytes)
-    except Compacted:
-        raise _compacted(driver, start) from None
+    except Compacted:  # from the archive when archiving is on, else 410
+        node = node_of(request)
+        entries = await archive_reads.entries_below_floor(
+            node, driver, start, start + limit, limit, max_bytes, hwm
+        )
     records = [_record_json(e.index, e.term, e.data) for e in entries if e.kind == EntryKind.NORMAL]
     nxt = entries[-1].index + 1 if entries else start
     return web.json_response(
@@ -217,20 +222,10 @@ def _read_within(driver: PartitionDriver, start: int, limit: int, max_bytes: int
     return out
 
 
-def _compacted(driver: PartitionDriver, start: int) -> ApiError:
-    return ApiError(
-        410,
-        "compacted",
-        f"index {start} is below the compaction floor "
-        f"{driver.storage.compaction_floor()}; read the snapshot or from the floor",
-        compaction_floor=driver.storage.compaction_floor(),
-        snapshot_index=driver.storage.snapshot_meta().index,
-    )
-
-
 async def read_columns(request: web.Request) -> web.Response:
     """Committed records [from, to) as a column page (`columnar`), for bulk readers: at most
-    `limit` entries and about `max_bytes` of records, never above this replica's mark."""
+    `limit` entries and about `max_bytes` of records, never above this replica's mark. Below
+    the floor, the same page from the archive when archiving is on (`archive_reads`)."""
     driver = driver_of(request)
     start = int_param(request, "from", 1, 1, 2**62)
     stop = int_param(request, "to", 2**62, 1, 2**62)
@@ -247,7 +242,10 @@ async def read_columns(request: web.Request) -> web.Response:
             return web.Response(body=wal, content_type=walpage.CONTENT_TYPE)
         body = await columnar.read_records(driver, start, stop, limit, max_bytes)
     except Compacted:
-        raise _compacted(driver, start) from None
+        body, kind = await archive_reads.page_below_floor(
+            node_of(request), driver, fmt, start, stop, limit, max_bytes
+        )
+        return web.Response(body=body, content_type=kind)
     except WalCorruption as e:
         raise ApiError(503, "storage_corrupt", f"{e}; read from another replica") from None
     return web.Response(body=body, content_type=columnar.CONTENT_TYPE)

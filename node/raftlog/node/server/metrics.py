@@ -164,6 +164,17 @@ class _StateCollector(Collector):
         archived = gauge("archive_archived_index", "Highest index known archived contiguously")
         uploaded = counter("archive_uploaded_bytes", "Bytes uploaded to the archive")
         errors = counter("archive_errors", "Archive passes that failed (the store down, ...)")
+        reads = counter("archive_reads", "Reads below the compaction floor served from the archive")
+        read_entries = counter("archive_read_entries", "Entries read from the archive")
+        read_errors = counter(
+            "archive_read_errors",
+            "Reads below the floor answered 502/503 because the archive could not be read or was "
+            "damaged",
+        )
+        # Imported here: it imports the API's modules, which import this one (through `node`).
+        from raftlog.node.server import archive_reads
+
+        served = archive_reads.of(archiver)
         for p, a in archiver.partitions.items():
             lp = [str(p)]
             d = self.node.drivers[p]
@@ -171,4 +182,8 @@ class _StateCollector(Collector):
             archived.add_metric(lp, a.archived_index)
             uploaded.add_metric(lp, a.uploaded_bytes)
             errors.add_metric(lp, a.errors)
-        yield from (archive_lag, archived, uploaded, errors)
+            r = served.counters(p)
+            reads.add_metric(lp, r.reads)
+            read_entries.add_metric(lp, r.entries)
+            read_errors.add_metric(lp, r.errors)
+        yield from (archive_lag, archived, uploaded, errors, reads, read_entries, read_errors)
