@@ -8,9 +8,13 @@ Every call has a timeout; every retry loop a deadline and a bounded back-off.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from raftlog.client import Client, ClientError, RetryPolicy
 from raftlog.spark.options import OptionError, Options
+
+if TYPE_CHECKING:
+    from raftlog.spark.archived import Tier
 
 
 class DataLoss(Exception):
@@ -47,6 +51,8 @@ class Replica:
 class PartitionView:
     partition: int
     replicas: list[Replica] = field(default_factory=list)
+    # What the archive holds of the partition (with archiveUrl, once read: `archived.attach`).
+    tier: Tier | None = None
 
     @property
     def high_water_mark(self) -> int:
@@ -54,9 +60,15 @@ class PartitionView:
         return max((r.high_water_mark for r in self.replicas), default=0)
 
     @property
-    def earliest(self) -> int:
-        """The lowest index some replica still has."""
+    def floor(self) -> int:
+        """The lowest index some replica still has (the partition's compaction floor)."""
         return min((r.floor for r in self.replicas), default=1)
+
+    @property
+    def earliest(self) -> int:
+        """The lowest index still readable: the floor, or the archive's first index below it."""
+        first = self.tier.first if self.tier is not None else None
+        return self.floor if first is None else min(self.floor, first)
 
     def read_order(self, prefer_followers: bool, rotate: int = 0) -> list[str]:
         """Replicas to read from, best first: followers first when `prefer_followers` (spread

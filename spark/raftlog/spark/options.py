@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit
 
 EARLIEST = -2
 LATEST = -1
@@ -62,9 +63,28 @@ _DOC = (
     "retentionHoldTtlSeconds",
     "timeoutSeconds",
     "pageRecords",
+    "archiveUrl",
+    "archiveEndpoint",
+    "archiveRegion",
+    "archiveCredentialsFile",
+    "archiveAccessKeyId",
+    "archiveSecretAccessKey",
 )
 READ_OPTIONS = _DOC
 KNOWN = {name.lower() for name in _DOC} | {"path"}  # Spark passes load(path) as "path"
+
+
+@dataclass(frozen=True)
+class ArchiveOptions:
+    """Where the cluster's continuous archive is (`raftlog.spark.archived` reads it)."""
+
+    url: str  # s3://bucket/prefix, as the nodes' archive_url
+    bucket: str
+    prefix: str  # "" for the bucket's root
+    endpoint: str | None  # http(s) URL of the S3 API; None: AWS S3
+    region: str | None
+    access_key_id: str | None  # None: the executors' own AWS credentials chain
+    secret_access_key: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)
@@ -92,6 +112,7 @@ class Options:
     retention_hold_ttl_s: float
     timeout_s: float
     page_records: int
+    archive: ArchiveOptions | None = None  # None: only the nodes are read
 
 
 def _bool(opts: Mapping[str, str], name: str, default: bool) -> bool:
@@ -230,6 +251,96 @@ def _times(opts: Mapping[str, str], one: str, per: str, offsets: str) -> TimeSpe
     return out
 
 
+_ARCHIVE = ("archiveEndpoint", "archiveRegion", "archiveCredentialsFile", "archiveAccessKeyId",
+            "archiveSecretAccessKey")  # fmt: skip
+
+
+def _credentials_file(raw: str) -> tuple[str, str]:
+    """The access key id and the secret from a file of two lines, or of JSON
+    `{"access_key_id", "secret_access_key"}` (the nodes' archive_credentials_file, a mounted
+    Secret). Errors name the option, never the secret."""
+    name = "archiveCredentialsFile"
+    try:
+        text = Path(raw).read_text()
+    except OSError as e:
+        raise OptionError(name, f"{raw} cannot be read ({e.strerror})") from None
+    key: Any = None
+    secret: Any = None
+    if text.lstrip().startswith("{"):
+        try:
+            doc = json.loads(text)
+        except ValueError:
+            raise OptionError(name, f"{raw} is not valid JSON") from None
+        if isinstance(doc, dict):
+            key, secret = doc.get("access_key_id"), doc.get("secret_access_key")
+    else:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        if len(lines) == 2:
+            key, secret = lines
+    if not isinstance(key, str) or not isinstance(secret, str) or not key or not secret:
+        raise OptionError(
+            name,
+            f"{raw} must hold the access key id and the secret: two lines, or JSON "
+            '{"access_key_id": ..., "secret_access_key": ...}',
+        )
+    return key, secret
+
+
+def parse_archive(opts: Mapping[str, str], mode: str) -> ArchiveOptions | None:
+    """The archive options (`opts` lower-cased), or None without archiveUrl."""
+    raw_url = opts.get("archiveurl")
+    if raw_url is None or not str(raw_url).strip():
+        given = [name for name in _ARCHIVE if name.lower() in opts]
+        if given:
+            raise OptionError(given[0], "set, but archiveUrl is not (the archive is not read)")
+        return None
+    url = str(raw_url).strip()
+    u = urlsplit(url)
+    if u.scheme != "s3" or not u.netloc or u.query or u.fragment:
+        raise OptionError("archiveUrl", f"must be s3://bucket/prefix, got {url!r}")
+    if mode == "table":
+        raise OptionError(
+            "archiveUrl",
+            "is for mode=log (a table is read from a replica's snapshot and the log after it)",
+        )
+    prefix = u.path.strip("/")
+    endpoint = opts.get("archiveendpoint")
+    if endpoint is not None:
+        endpoint = str(endpoint).strip().rstrip("/")
+        e = urlsplit(endpoint)
+        if e.scheme not in ("http", "https") or not e.netloc or e.path or e.query:
+            raise OptionError(
+                "archiveEndpoint",
+                f"must be an http(s) URL such as http://host:9000, got {endpoint!r}",
+            )
+    region = opts.get("archiveregion")
+    if region is not None and not str(region).strip():
+        raise OptionError("archiveRegion", "is empty (leave it out for the default, us-east-1)")
+    key = opts.get("archiveaccesskeyid")
+    secret = opts.get("archivesecretaccesskey")
+    creds_file = opts.get("archivecredentialsfile")
+    if creds_file is not None and (key is not None or secret is not None):
+        name = "archiveAccessKeyId" if key is not None else "archiveSecretAccessKey"
+        raise OptionError(name, "give archiveCredentialsFile or the keys, not both")
+    if (key is None) != (secret is None):
+        missing = "archiveSecretAccessKey" if secret is None else "archiveAccessKeyId"
+        raise OptionError(missing, "is required with the other key (give both, or neither)")
+    if key is not None and (not str(key).strip() or not str(secret).strip()):
+        raise OptionError("archiveAccessKeyId" if not str(key).strip() else
+                          "archiveSecretAccessKey", "is empty")  # fmt: skip
+    if creds_file is not None:
+        key, secret = _credentials_file(str(creds_file))
+    return ArchiveOptions(
+        url=f"s3://{u.netloc}/{prefix}".rstrip("/"),
+        bucket=u.netloc,
+        prefix=prefix,
+        endpoint=endpoint or None,
+        region=str(region).strip() if region is not None else None,
+        access_key_id=str(key).strip() if key is not None else None,
+        secret_access_key=str(secret).strip() if secret is not None else None,
+    )
+
+
 def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
     """Every option validated; OptionError names the first bad one."""
     opts = {str(k).lower(): v for k, v in raw_options.items()}
@@ -340,6 +451,7 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
             f"{min_per_trigger} is more than maxOffsetsPerTrigger ({per_trigger})",
         )
     min_partitions = _int(opts, "minPartitions", None, 1, 1_000_000)
+    archive = parse_archive(opts, mode)
     return Options(
         endpoints=endpoints,
         partitions=partitions,
@@ -363,4 +475,5 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
         retention_hold_ttl_s=_float(opts, "retentionHoldTtlSeconds", 3600.0, 1.0, 30 * 86400.0),
         timeout_s=_float(opts, "timeoutSeconds", 30.0, 0.1, 3600.0),
         page_records=page,
+        archive=archive,
     )

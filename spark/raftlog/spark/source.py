@@ -6,7 +6,8 @@ index range at or below the high-water mark; the range is cut into splits of at 
 unless `preferFollowers=false`). A task reads its range in column pages (`/columns`) and yields
 them as Arrow batches. A stream's offsets are the next index to read per partition (as Kafka's
 source), checkpointed by Spark: a restarted query replans the same ranges of the same committed
-log, so every record lands exactly once.
+log, so every record lands exactly once. With `archiveUrl`, what lies below a partition's
+compaction floor is read by the tasks straight from the cluster's archive (`archived`).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from raftlog.client import Client, ClientError
-from raftlog.spark import arrow, sink
+from raftlog.spark import archived, arrow, sink
 from raftlog.spark.nodes import (
     ClusterView,
     DataLoss,
@@ -175,18 +176,30 @@ def _data_loss(p: int, start: int, floor: int, where: str) -> DataLoss:
 def _start_or_skip(opts: Options, view: PartitionView, start: int, where: str) -> int:
     """`start`, or the earliest index still held when `start` was compacted and
     `failOnDataLoss=false` (DataLoss otherwise)."""
-    if start >= view.earliest:
+    if start >= view.floor:
         return start
     if opts.fail_on_data_loss:
-        raise _data_loss(view.partition, start, view.earliest, where)
+        raise _data_loss(view.partition, start, view.floor, where)
     log.warning(
         "raftlog partition %d: skipped records [%d, %d): compacted before they were read "
         "(failOnDataLoss=false)",
         view.partition,
         start,
-        view.earliest,
+        view.floor,
     )
-    return view.earliest
+    return view.floor
+
+
+def plan_range(
+    opts: Options, view: PartitionView, start: int, stop: int, first: int, where: str
+) -> tuple[list[archived.ArchiveSplit], list[LogSplit]]:
+    """The splits of [start, stop): below the compaction floor from the archive (with
+    archiveUrl), the rest from the nodes."""
+    from_archive, start = archived.plan(opts, view, start, stop, where)
+    if opts.archive is not None and start >= stop:  # all of it below the floor
+        return from_archive, []
+    start = _start_or_skip(opts, view, start, where)
+    return from_archive, log_splits(opts, view, start, stop, first) if start < stop else []
 
 
 def _order(view: PartitionView, opts: Options, stop: int, rotate: int) -> list[str]:
@@ -206,15 +219,15 @@ def log_splits(
     return out
 
 
-def spread(splits: list[LogSplit], min_partitions: int | None) -> list[LogSplit]:
-    """`splits` with the largest halved until there are `min_partitions` of them (Kafka's
-    minPartitions), or every split holds one index; in partition and index order."""
-    if not min_partitions or len(splits) >= min_partitions:
+def spread(splits: list[LogSplit], min_partitions: int | None, others: int = 0) -> list[LogSplit]:
+    """`splits` with the largest halved until there are `min_partitions` of them with `others`
+    (Kafka's minPartitions), or every split holds one index; in partition and index order."""
+    if not min_partitions or len(splits) + others >= min_partitions:
         return splits
     heap = [(s.start - s.stop, n, s) for n, s in enumerate(splits)]  # the largest first
     heapq.heapify(heap)
     made = len(heap)
-    while heap and len(heap) < min_partitions and heap[0][0] <= -2:
+    while heap and len(heap) + others < min_partitions and heap[0][0] <= -2:
         _, _, s = heapq.heappop(heap)
         mid = s.start + (s.stop - s.start) // 2
         for half in (LogSplit(s.partition, s.start, mid, s.replicas),
@@ -225,8 +238,11 @@ def spread(splits: list[LogSplit], min_partitions: int | None) -> list[LogSplit]
 
 
 # ====================================================================== reading
-def _fetch(nodes: Client, split: LogSplit, at: int, opts: Options) -> dict[str, Any] | int:
-    """The next column page of `split` from `at`, or the index to skip to after data loss."""
+def _fetch(
+    nodes: Client, split: LogSplit, at: int, opts: Options
+) -> dict[str, Any] | int | archived.Compacted:
+    """The next column page of `split` from `at`, the index to skip to after data loss, or
+    (with archiveUrl) the floor of replicas that all compacted `at`."""
     tries = rounds(opts).start()
     floors: dict[str, int] = {}
     errors: dict[str, str] = {}
@@ -256,6 +272,8 @@ def _fetch(nodes: Client, split: LogSplit, at: int, opts: Options) -> dict[str, 
             errors[url] = f"{url}: no progress at {at}"
         if len(floors) == len(split.replicas):
             floor = min(floors.values())
+            if opts.archive is not None:
+                return archived.Compacted(floor)
             if opts.fail_on_data_loss:
                 raise _data_loss(split.partition, at, floor, "the planned index")
             skip_to = min(floor, split.stop)
@@ -282,6 +300,11 @@ def read_log(opts: Options, split: LogSplit) -> Iterator[pa.RecordBatch]:
         at = split.start
         while at < split.stop:
             got = _fetch(nodes, split, at, opts)
+            if isinstance(got, archived.Compacted):  # compacted since planning: the archive's
+                below = min(got.floor, split.stop)
+                yield from archived.read_range(opts, split.partition, at, below, got.floor)
+                at = below
+                continue
             if isinstance(got, int):
                 at = got
                 continue
@@ -366,7 +389,11 @@ class RaftlogBatchReader(DataSourceReader):
             nodes.close()
         _check_json_partitions("startingOffsets", starting, view)
         _check_json_partitions("endingOffsets", ending, view)
+        if opts.archive is not None:
+            for pv in view.partitions.values():
+                archived.attach(opts, pv)  # the archive's first index is the earliest
         out: list[InputPartition] = []
+        from_archive: list[archived.ArchiveSplit] = []
         for p, pv in sorted(view.partitions.items()):
             hwm = pv.high_water_mark
             if opts.mode == "table":
@@ -384,17 +411,21 @@ class RaftlogBatchReader(DataSourceReader):
                 raise OptionError(
                     "startingOffsets", f"partition {p}: {start} is after the ending offset {stop}"
                 )
-            start = _start_or_skip(opts, pv, start, "the starting offset")
-            out.extend(log_splits(opts, pv, start, stop, len(out)))
+            arch, logs = plan_range(opts, pv, start, stop, len(out), "the starting offset")
+            from_archive.extend(arch)
+            out.extend(logs)
         if any(isinstance(s, TableSplit) for s in out):
             return out
-        return spread([s for s in out if isinstance(s, LogSplit)], opts.min_partitions)
+        nodes_part = [s for s in out if isinstance(s, LogSplit)]
+        return [*from_archive, *spread(nodes_part, opts.min_partitions, len(from_archive))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, TableSplit):
             return read_table(self.opts, partition)
         if isinstance(partition, LogSplit):
             return read_log(self.opts, partition)
+        if isinstance(partition, archived.ArchiveSplit):
+            return archived.read_split(self.opts, partition)
         return iter(())  # Spark's placeholder when there is nothing to read
 
 
@@ -455,6 +486,9 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def initialOffset(self) -> dict[str, int]:
         view = self._survey()
+        if self.opts.archive is not None:
+            for pv in view.partitions.values():
+                archived.attach(self.opts, pv)  # the archive's first index is the earliest
         starting = self.opts.starting
         if self.opts.starting_times is not None:
             nodes = client(self.opts)
@@ -523,17 +557,20 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         view = self._view or self._survey()
         begin, stop = _parse_offsets(start), _parse_offsets(end)
         out: list[LogSplit] = []
+        from_archive: list[archived.ArchiveSplit] = []
         for p, hi in sorted(stop.items()):
             pv = view.partitions.get(p)
             lo = begin.get(p, pv.earliest if pv else hi)
             if pv is None or hi <= lo:
                 continue
-            lo = _start_or_skip(self.opts, pv, lo, "the checkpointed offset")
-            if lo < hi:
-                out.extend(log_splits(self.opts, pv, lo, hi, len(out)))
-        return spread(out, self.opts.min_partitions)
+            arch, logs = plan_range(self.opts, pv, lo, hi, len(out), "the checkpointed offset")
+            from_archive.extend(arch)
+            out.extend(logs)
+        return [*from_archive, *spread(out, self.opts.min_partitions, len(from_archive))]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, archived.ArchiveSplit):
+            return archived.read_split(self.opts, partition)
         assert isinstance(partition, LogSplit)
         return read_log(self.opts, partition)
 
