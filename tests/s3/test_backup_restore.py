@@ -23,10 +23,9 @@ from raftlog.harness.s3 import S3Server
 from raftlog.node.server.archive import S3ObjectStore
 from raftlog.node.server.restore import (
     RestoreError,
-    Target,
-    parse_target,
     resolve,
 )
+from raftlog.node.server.restore_target import Target, parse_target
 from raftlog.node.settings import NodeSettings
 
 pytestmark = [pytest.mark.s3, pytest.mark.slow, pytest.mark.e2e]

@@ -166,10 +166,13 @@ def test_manifest_round_trip_and_refusals() -> None:
 def test_keys_sort_by_index() -> None:
     assert manifest_key("a/b", 2) == "a/b/p2/manifest.json"
     assert manifest_key("", 0) == "p0/manifest.json"
-    assert segment_key("x", 0, 9, 10) < segment_key("x", 0, 11, 100)
+    assert segment_key("x", 0, 9, 10, "f" * 64) < segment_key("x", 0, 11, 100, "0" * 64)
     assert (
-        segment_key("x", 0, 1, 2) == "x/p0/segments/00000000000000000001-00000000000000000002.wal"
+        segment_key("x", 0, 1, 2, "ab" * 32)
+        == "x/p0/segments/00000000000000000001-00000000000000000002-abababababababab.wal"
     )
-    assert snapshot_key("x", 1, 5, 2).endswith(
-        "p1/snapshots/00000000000000000005-00000000000000000002.snap"
+    assert snapshot_key("x", 1, 5, 2, "cd" * 32).endswith(
+        "p1/snapshots/00000000000000000005-00000000000000000002-cdcdcdcdcdcdcdcd.snap"
     )
+    # Other bytes for the same range: another key, so a named object is never replaced.
+    assert segment_key("x", 0, 1, 2, "ab" * 32) != segment_key("x", 0, 1, 2, "ac" * 32)

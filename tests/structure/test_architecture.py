@@ -52,7 +52,9 @@ ALLOWED: dict[str, frozenset[str]] = {
     "server": frozenset({"core", "storage", "transport", "state machine", "routing"}),
     "sim": frozenset({"core", "storage", "state machine", "server"}),
     "client": frozenset({"routing"}),
-    "cli": frozenset({"client", "operator", "storage"}),
+    # The server for `raftctl backup` and `raftctl restore plan`: the node's object-store client
+    # and its restore planning, one implementation with the node's own restore.
+    "cli": frozenset({"client", "operator", "storage", "server"}),
     "operator": frozenset({"client", "core", "server"}),
     "spark": frozenset({"client", "routing"}),
     "demo": frozenset({"cli", "client", "operator", "spark", "harness"}),

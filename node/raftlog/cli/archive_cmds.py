@@ -14,11 +14,11 @@ from raftlog.cli.cluster_cmds import _client, _run, add_common
 from raftlog.node.server.archive import S3ObjectStore, split_archive_url
 from raftlog.node.server.restore import (
     RestoreError,
-    parse_target,
     read_backup,
     resolve,
     take_backup,
 )
+from raftlog.node.server.restore_target import parse_target
 from raftlog.node.settings import read_credentials
 
 

@@ -84,6 +84,19 @@ class InstallSnapshot:
 
 
 @dataclass(frozen=True)
+class PlanRestore:
+    """Resolve spec.restore's target to an index per partition, once, before any member."""
+
+
+@dataclass(frozen=True)
+class TakeBackup:
+    """Have each partition's leader archive what it has committed, then record backup `name`."""
+
+    name: str
+    leaders: tuple[tuple[int, str], ...]  # partition -> its leader
+
+
+@dataclass(frozen=True)
 class Wait:
     """Nothing safe to do now; `reason` says what the operator waits for."""
 
@@ -100,6 +113,8 @@ Action = (
     | ChangeMembership
     | TransferLeader
     | InstallSnapshot
+    | PlanRestore
+    | TakeBackup
     | Wait
 )
 
@@ -108,6 +123,7 @@ Action = (
 class Outcome:
     ok: bool
     detail: str = ""
+    indexes: dict[int, int] | None = None  # a restore plan's or a backup's, per partition
 
 
 @dataclass(frozen=True)
@@ -142,6 +158,10 @@ def describe(action: Action | None) -> str:
             return f"partition {p}: transfer leadership from {leader} to {target}"
         case InstallSnapshot(p, leader, target, source):
             return f"partition {p}: install a snapshot on {target} from {source} (leader {leader})"
+        case PlanRestore():
+            return "resolve the restore target to an index per partition"
+        case TakeBackup(name, leaders):
+            return f"back up as {name} ({len(leaders)} partitions)"
         case Wait(reason):
             return f"wait: {reason}"
     raise AssertionError(action)

@@ -14,6 +14,8 @@ the spec, where the API server checks it.
 - `raftlog.dev/switchover: <member>[:<p>,<p>...][@<id>]`: move the leadership of the listed
   partitions (all of them if none are listed) to that member. Each distinct value is one request,
   carried out once and recorded in `status.switchover`; `@<id>` lets the same move be asked again.
+- `raftlog.dev/backup: <name>`: a backup named so (every partition archived up to what it has
+  committed, recorded in the archive); each name is taken once, recorded in `status.backups`.
 """
 
 from __future__ import annotations
@@ -22,9 +24,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from raftlog.node.server.restore_target import check_backup_name
+
 PAUSE = "raftlog.dev/pause-reconciliation"
 RESTART = "raftlog.dev/restartedAt"
 SWITCHOVER = "raftlog.dev/switchover"
+BACKUP = "raftlog.dev/backup"
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "")
 _MEMBER = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
@@ -43,6 +48,7 @@ class Controls:
     paused: bool = False
     restart: str | None = None
     switchover: SwitchoverRequest | None = None
+    backup: str | None = None  # the name of the backup asked for
     problems: tuple[str, ...] = ()  # annotations that could not be read, each with its reason
 
 
@@ -76,4 +82,12 @@ def parse(annotations: Mapping[str, str] | None) -> Controls:
             listed = match.group("partitions")
             partitions = tuple(sorted({int(p) for p in listed.split(",")})) if listed else None
             switchover = SwitchoverRequest(raw.strip(), match.group("member"), partitions)
-    return Controls(paused, restart, switchover, tuple(problems))
+    backup = None
+    raw = annotations.get(BACKUP)
+    if raw:
+        try:
+            check_backup_name(raw.strip())
+            backup = raw.strip()
+        except ValueError as e:
+            problems.append(f"{BACKUP}: {e}")
+    return Controls(paused, restart, switchover, backup, tuple(problems))

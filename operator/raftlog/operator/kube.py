@@ -20,9 +20,16 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 
+from raftlog.node.server.archive import S3ObjectStore
 from raftlog.operator import manifests
 from raftlog.operator.cluster_views import PodState
-from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
+from raftlog.operator.models import (
+    ACCESS_KEY_ID_KEY,
+    SECRET_ACCESS_KEY_KEY,
+    RaftClusterSpec,
+    RaftClusterStatus,
+)
+from raftlog.operator.node_launch import restore_env
 from raftlog.operator.nodeapi import MemberTls
 from raftlog.operator.runtime import PodInfo
 
@@ -193,6 +200,33 @@ class KubeRuntime:
         self._known_token = base64.b64decode(data["token"]).decode().strip()
         return self._known_token
 
+    async def archive_store(self, spec: RaftClusterSpec, url: str) -> S3ObjectStore:
+        """The object store at `url` as the members reach it (spec.archive's endpoint and
+        region, credentials from its Secret), for restore plans and backups."""
+        assert spec.archive is not None
+        creds = None
+        name = spec.archive.credentials_secret
+        if name is not None:
+            try:
+                resp = await asyncio.to_thread(
+                    self.core.read_namespaced_secret, name, self.namespace, _preload_content=False
+                )
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                raise RuntimeError(
+                    f"spec.archive.credentialsSecret: secret {name} not found in {self.namespace}"
+                ) from None
+            data = _json(resp).get("data") or {}
+            keys = (ACCESS_KEY_ID_KEY, SECRET_ACCESS_KEY_KEY)
+            if any(k not in data for k in keys):
+                raise RuntimeError(
+                    f"spec.archive.credentialsSecret: secret {name} needs the keys {keys}"
+                )
+            key_id, secret = (base64.b64decode(data[k]).decode().strip() for k in keys)
+            creds = (key_id, secret)
+        return S3ObjectStore(url, spec.archive.endpoint, spec.archive.region, creds)
+
     # ----------------------------------------------------------------- members
     async def create_members(
         self,
@@ -210,7 +244,7 @@ class KubeRuntime:
             await self._create(self.core.create_namespaced_persistent_volume_claim, claim)
             body = manifests.pod(
                 spec, self.cluster, self.namespace, name, peers, join=join,
-                config_hash=launch_hash,
+                config_hash=launch_hash, restore=restore_env(status) if not join else None,
             )  # fmt: skip
             self.adopt(body)
             await self._create(self.core.create_namespaced_pod, body)

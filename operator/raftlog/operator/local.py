@@ -33,6 +33,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from raftlog.node.server.archive import S3ObjectStore
+from raftlog.node.settings import read_credentials
 from raftlog.operator.actions import Event, describe
 from raftlog.operator.cluster_views import PodState
 from raftlog.operator.controls import Controls
@@ -46,7 +48,7 @@ from raftlog.operator.models import (
     RaftClusterSpec,
     RaftClusterStatus,
 )
-from raftlog.operator.node_launch import node_args, node_env
+from raftlog.operator.node_launch import node_args, node_env, restore_env
 from raftlog.operator.nodeapi import NodeApi
 from raftlog.operator.ports import free_ports
 from raftlog.operator.runtime import PassResult, PodInfo, reconcile_pass
@@ -132,6 +134,20 @@ class LocalRuntime:
     def data_dir(self, name: str) -> Path:
         return self.base / "members" / name
 
+    async def archive_store(self, spec: RaftClusterSpec, url: str) -> S3ObjectStore:
+        """The object store at `url` as the members reach it (spec.archive's endpoint, region
+        and credentials, or the local object store's), for restore plans and backups."""
+        env = self.archive_env(spec)
+        creds_file = env.get("RAFTLOG_ARCHIVE_CREDENTIALS_FILE")
+        creds = (
+            read_credentials(Path(creds_file), "spec.archive.credentialsSecret")
+            if creds_file
+            else None
+        )
+        return S3ObjectStore(
+            url, env.get("RAFTLOG_ARCHIVE_ENDPOINT"), env.get("RAFTLOG_ARCHIVE_REGION"), creds
+        )
+
     def archive_env(self, spec: RaftClusterSpec) -> dict[str, str]:
         """A member's archive settings: the spec's, with credentials from the Secret's folder
         (written to one file for the node), or the local object store's endpoint and
@@ -210,7 +226,8 @@ class LocalRuntime:
                 token_file=str(self.token_file),
             )  # fmt: skip
             cmd = [sys.executable, "-m", "raftlog.node.server.main", *args]
-            env = {**os.environ, **node_env(spec), **archive, **self.env}
+            restore = restore_env(status) if not join else {}
+            env = {**os.environ, **node_env(spec), **archive, **restore, **self.env}
             with (self.base / f"{name}.log").open("ab") as out:
                 self.procs[name] = subprocess.Popen(
                     cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True

@@ -86,7 +86,10 @@ def pod(
     *,
     join: bool,
     config_hash: str,
+    restore: dict[str, str] | None = None,
 ) -> dict[str, Any]:
+    """Member `member`'s pod; `restore`: the restore plan's settings (`restore_env`), for the
+    members that start a restored cluster."""
     tls = spec.tls_secret_name is not None
     args = node_args(
         spec, member, peers, join=join, data_dir=DATA_DIR, token_file=f"{TOKEN_DIR}/token"
@@ -103,6 +106,7 @@ def pod(
         if spec.peer_client_cert_auth:
             args.append("--peer-client-cert-auth")
     env: list[dict[str, Any]] = [{"name": k, "value": v} for k, v in sorted(node_env(spec).items())]
+    env += [{"name": k, "value": v} for k, v in sorted((restore or {}).items())]
     env += archive_credentials_env(spec)
     scheme = "HTTPS" if tls else "HTTP"
     mounts = [

@@ -20,6 +20,7 @@ from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
 
 from raftlog.node.core.config import RaftConfig, ticks_problem
+from raftlog.node.server.restore_target import parse_target
 from raftlog.node.settings import NodeSettings
 
 GROUP = "raftlog.dev"
@@ -210,6 +211,17 @@ class PodTemplate(_Model):
     service_account_name: str | None = Field(None, description="Pod serviceAccountName.")
 
 
+def check_s3_url(v: str) -> str:
+    """The node's own check (`NodeSettings.archive_url`) and a bucket name S3 accepts."""
+    u = urlsplit(v)
+    if u.scheme != "s3" or u.query or u.fragment or not re.match(S3_URL, v):
+        raise ValueError(
+            f"{v!r} is not s3://bucket/prefix (a bucket of 3 to 63 lowercase letters, "
+            "digits, dots and hyphens; no query)"
+        )
+    return v
+
+
 class ArchiveSpec(_Model):
     """Continuous archive to S3-compatible object storage: each partition's leader uploads its
     committed WAL segments and its snapshots, with a manifest per partition; compaction never
@@ -236,7 +248,8 @@ class ArchiveSpec(_Model):
         None,
         pattern=DNS_NAME,
         description=f"Secret in the cluster's namespace with the keys `{ACCESS_KEY_ID_KEY}` and "
-        f"`{SECRET_ACCESS_KEY_KEY}`, given to every member (the operator never reads it); "
+        f"`{SECRET_ACCESS_KEY_KEY}`, given to every member; the operator reads it only to "
+        "plan a restore and to record backups; "
         "unset: the members use no credentials of the operator's (the S3 client's own lookup, "
         "e.g. a pod identity).",
     )
@@ -249,17 +262,19 @@ class ArchiveSpec(_Model):
         ),
     ]
 
+    backup_interval_minutes: int | None = Field(
+        None,
+        ge=5,
+        le=525_600,
+        description="Take a backup (a point every partition is archived up to, recorded in the "
+        "archive as backups/scheduled-<time>.json) this often; unset: only on request "
+        "(the raftlog.dev/backup annotation, `kubectl raft backup`).",
+    )
+
     @field_validator("url")
     @classmethod
     def _s3_url(cls, v: str) -> str:
-        # The node's own check (`NodeSettings.archive_url`) and a bucket name S3 accepts.
-        u = urlsplit(v)
-        if u.scheme != "s3" or u.query or u.fragment or not re.match(S3_URL, v):
-            raise ValueError(
-                f"{v!r} is not s3://bucket/prefix (a bucket of 3 to 63 lowercase letters, "
-                "digits, dots and hyphens; no query)"
-            )
-        return v
+        return check_s3_url(v)
 
     @field_validator("endpoint")
     @classmethod
@@ -286,6 +301,35 @@ class ArchiveSpec(_Model):
         return env
 
 
+class RestoreSpec(_Model):
+    """Create the cluster from another cluster's archive: every partition comes back at the
+    index the target resolves to (once, before the first member starts; status.restore says
+    which), with every archived record up to it and none after."""
+
+    url: str = Field(
+        description="The source's archive: s3://bucket/prefix (its spec.archive.url). Read "
+        "through this cluster's spec.archive endpoint, region and credentials.",
+        json_schema_extra={"pattern": S3_URL},
+    )
+    target: str = Field(
+        "latest",
+        description="latest (what the archive holds), index:N (every partition), "
+        "index:P=N,P=N (per partition), time:<RFC 3339 time with a zone, or epoch ms> (each "
+        "partition up to its first record stamped after it), or backup:<name>.",
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _s3_url(cls, v: str) -> str:
+        return check_s3_url(v)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        parse_target(v)  # its error names what is wrong
+        return v
+
+
 class RaftClusterSpec(_Model):
     # Refused at admission too (`_tls_for_cert_auth`): without the secret there is no CA to
     # check the members' certificates against, nor a certificate to show.
@@ -297,7 +341,20 @@ class RaftClusterSpec(_Model):
                 "fieldPath": ".peerClientCertAuth",
                 "message": "peerClientCertAuth needs tlsSecretName (the CA that signs the "
                 "members' certificates)",
-            }
+            },
+            {
+                "rule": "!has(self.restore) || has(self.archive)",
+                "fieldPath": ".restore",
+                "message": "restore needs archive (the object store to read through, and "
+                "where the restored cluster archives from then on)",
+            },
+            {
+                "rule": "!has(self.restore) || !has(self.archive)"
+                " || self.restore.url != self.archive.url",
+                "fieldPath": ".restore.url",
+                "message": "restore.url is archive.url: the restored cluster archives to a url "
+                "of its own",
+            },
         )
     )
 
@@ -403,6 +460,30 @@ class RaftClusterSpec(_Model):
         "refused credentials) is named in status.problems while appends go on and compaction "
         "waits for it.",
     )
+
+    restore: RestoreSpec | None = Field(
+        None,
+        description="Create the cluster from another cluster's archive (a restore, to the "
+        "latest archived index, an index, a time or a backup). Needs spec.archive (the object "
+        "store, and where this cluster archives from then on: another url). Read only when the "
+        "cluster is created; status.restore says where each partition came back.",
+    )
+
+    @model_validator(mode="after")
+    def _restore_needs_archive(self) -> RaftClusterSpec:
+        if self.restore is None:
+            return self
+        if self.archive is None:
+            raise ValueError(
+                "restore: needs archive (the object store to read through, and where the "
+                "restored cluster archives from then on)"
+            )
+        if self.archive.url.rstrip("/") == self.restore.url.rstrip("/"):
+            raise ValueError(
+                "restore.url: the same as archive.url; the restored cluster archives to a url "
+                "of its own (the source's history is never written over)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _tls_for_cert_auth(self) -> RaftClusterSpec:
@@ -533,6 +614,36 @@ class ArchiveStatus(_Status):
     partitions: list[PartitionArchive] = Field(default_factory=list)
 
 
+class PartitionIndex(_Status):
+    partition: int
+    index: int
+
+
+class RestoreStatus(_Status):
+    url: str = Field(description="The spec.restore.url read.")
+    target: str = Field(description="The spec.restore.target resolved.")
+    state: Literal["planning", "planned", "failed"]
+    partitions: list[PartitionIndex] = Field(
+        default_factory=list,
+        description="The index each partition comes back at (0: nothing archived, it starts "
+        "empty); every member is given these.",
+    )
+    message: str | None = Field(None, description="Why the plan failed.")
+    at: float | None = Field(None, description="Epoch seconds of the plan or the failure.")
+
+
+class BackupStatus(_Status):
+    name: str
+    scheduled: bool = Field(False, description="Taken by spec.archive.backupIntervalMinutes.")
+    state: Literal["pending", "done", "failed"]
+    requested_at: float
+    finished_at: float | None = None
+    partitions: list[PartitionIndex] = Field(
+        default_factory=list, description="The index each partition is archived up to."
+    )
+    message: str | None = Field(None, description="Why it failed.")
+
+
 class RaftClusterStatus(_Status):
     observed_generation: int | None = None
     phase: str = Field("Pending", description="Pending, Bootstrapping, Running, Scaling, ...")
@@ -563,6 +674,12 @@ class RaftClusterStatus(_Status):
     )
     archive: ArchiveStatus | None = Field(
         None, description="Each partition's continuous archive (spec.archive); null when off."
+    )
+    restore: RestoreStatus | None = Field(
+        None, description="Where each partition came back (spec.restore); null when not restored."
+    )
+    backups: list[BackupStatus] = Field(
+        default_factory=list, description="The most recent backups, oldest first."
     )
     problems: list[str] = Field(
         default_factory=list,

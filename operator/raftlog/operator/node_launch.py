@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from raftlog.operator.models import RaftClusterSpec
+import json
+
+from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
 
 CLIENT_PORT = 7001
 # Peers and the admin API on a port of their own, so a NetworkPolicy can keep clients off it.
@@ -52,3 +54,15 @@ def node_env(spec: RaftClusterSpec) -> dict[str, str]:
     if spec.archive is not None:
         env.update(spec.archive.node_env())
     return env
+
+
+def restore_env(status: RaftClusterStatus) -> dict[str, str]:
+    """The restore plan (status.restore, once planned) for the members that start the cluster:
+    each writes its partitions from the source's archive on its first start, at these indexes."""
+    r = status.restore
+    if r is None or r.state != "planned":
+        return {}
+    return {
+        "RAFTLOG_RESTORE_URL": r.url,
+        "RAFTLOG_RESTORE_INDEXES": json.dumps({str(p.partition): p.index for p in r.partitions}),
+    }

@@ -142,6 +142,12 @@ class NodeApi:
                 return got
         return None
 
+    async def archive_flush(self, partition: int, url: str) -> int:
+        """Have the partition's leader at `url` archive what it has committed: the index
+        archived (a backup's point for it). Raises ClientError with the node's reason."""
+        reply = await self.client.archive_flush(partition, endpoint=url, timeout_s=120.0)
+        return int(reply["archived_index"])
+
     async def perform(self, action: Action, urls: dict[str, str]) -> Outcome:
         """Carry out an action that is a call to a node; the reply's reason on refusal."""
         c = self.client

@@ -6,11 +6,12 @@ to emit. The runtime carries the action out and `record_outcome` folds the resul
 status. Nothing here does I/O, so every decision is unit-tested table-style.
 
 The order of concerns in a pass, the first that asks for something wins:
-bootstrap; hibernation; pods to (re)create; leaders; peer addresses; removals cancelled by a
-raised `replicas`; members being removed; snapshot installs for members in SnapshotRequired;
-fencing; a switchover; scale down; a joining member added as a learner; a learner's promotion
-window; scale up; volume expansion; rolling restart of members on an old configuration (or for
-a restart request). A paused cluster (`controls.PAUSE`) gets no step at all.
+a restore's plan; bootstrap; hibernation; pods to (re)create; leaders; peer addresses; backups;
+removals cancelled by a raised `replicas`; members being removed; snapshot installs for members
+in SnapshotRequired; fencing; a switchover; scale down; a joining member added as a learner; a
+learner's promotion window; scale up; volume expansion; rolling restart of members on an old
+configuration (or for a restart request). A paused cluster (`controls.PAUSE`) gets no step at
+all.
 """
 
 from __future__ import annotations
@@ -33,13 +34,16 @@ from raftlog.operator.actions import (
     ExpandVolume,
     InstallSnapshot,
     Outcome,
+    PlanRestore,
     RestartMember,
     StopMember,
     SyncPeers,
+    TakeBackup,
     TransferLeader,
     Wait,
     describe,
 )
+from raftlog.operator.archive_steps import backups, record_backup, record_restore, restore_plan
 from raftlog.operator.cluster_views import ArchiveView, Observed, PartitionView
 from raftlog.operator.controls import NONE, Controls
 from raftlog.operator.models import (
@@ -91,7 +95,8 @@ def config_hash(spec: RaftClusterSpec, restart: str | None = None) -> str:
     `replicas` is left out (scaling does not restart anybody), and so is the volume itself (it
     is not resized or moved by restarting its pod), and so are the Raft settings only the
     operator reads (they never reach a member), and the day-2 controls (fencing, hibernation,
-    removals: they stop or remove members, never roll them). `restart` (the restartedAt
+    removals: they stop or remove members, never roll them), nor the restore (read once, at
+    creation) and the backup schedule. `restart` (the restartedAt
     annotation) is in: a new value rolls every member once."""
     volume = {"size", "storage_class_name", "reclaim_policy"}
     operator_only = set(RaftSettings.OPERATOR_ONLY)
@@ -104,6 +109,8 @@ def config_hash(spec: RaftClusterSpec, restart: str | None = None) -> str:
             "fenced_members": True,
             "hibernate": True,
             "remove_members": True,
+            "restore": True,  # read once, when the cluster is created
+            "archive": {"backup_interval_minutes"},  # the operator's schedule alone
         },
     )
     if launch.get("archive") is None:
@@ -203,6 +210,7 @@ def decide(
 
 def _next_action(cluster: _ClusterPass) -> Action | None:
     for step in (
+        restore_plan,
         _bootstrap,
         _hibernation,
         _unfence,
@@ -210,6 +218,7 @@ def _next_action(cluster: _ClusterPass) -> Action | None:
         _leaders,
         _partitions_not_lowered,
         _peers,
+        backups,
         _cancel_removals,
         _removals,
         _snapshot_installs,
@@ -1104,6 +1113,10 @@ def record_outcome(
     if not outcome.ok and not isinstance(action, Wait):
         events.append(Event("Warning", "StepFailed", f"{describe(action)}: {outcome.detail}"))
     match action:
+        case PlanRestore():
+            events += record_restore(new_status, outcome, now)
+        case TakeBackup():
+            events += record_backup(new_status, action, outcome, now)
         case InstallSnapshot(p, _, target, source):
             install = next(
                 (

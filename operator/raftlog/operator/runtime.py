@@ -18,6 +18,9 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from raftlog.node.server.archive import S3ObjectStore
+from raftlog.node.server.restore import resolve, take_backup
+from raftlog.node.server.restore_target import parse_target
 from raftlog.operator.actions import (
     Action,
     CreateMembers,
@@ -26,8 +29,10 @@ from raftlog.operator.actions import (
     ExpandVolume,
     InstallSnapshot,
     Outcome,
+    PlanRestore,
     RestartMember,
     StopMember,
+    TakeBackup,
     Wait,
     describe,
 )
@@ -76,6 +81,10 @@ class Runtime(Protocol):
 
     async def expand_volume(self, name: str, size: str) -> None:
         """Its volume's claim asks for `size` (refused with the reason where it cannot grow)."""
+        ...
+
+    async def archive_store(self, spec: RaftClusterSpec, url: str) -> S3ObjectStore:
+        """The object store at `url` as the members reach it (for restore plans, backups)."""
         ...
 
 
@@ -165,6 +174,22 @@ async def act(
             case ExpandVolume(member, size):
                 await runtime.expand_volume(member, size)
                 return Outcome(True)
+            case PlanRestore():
+                assert spec.restore is not None
+                store = await runtime.archive_store(spec, spec.restore.url)
+                target = parse_target(spec.restore.target)
+                plan = await resolve(store, store.prefix, spec.partitions, target)
+                return Outcome(True, target.describe(), indexes=plan)
+            case TakeBackup(name, leaders):
+                assert spec.archive is not None
+                store = await runtime.archive_store(spec, spec.archive.url)
+                at = dict(leaders)
+
+                async def flush(p: int) -> int:
+                    return await api.archive_flush(p, urls[at[p]])
+
+                backup = await take_backup(store, store.prefix, name, len(leaders), flush)
+                return Outcome(True, backup.created_at, indexes=backup.partitions)
             case _:
                 return await api.perform(action, urls)
     except Exception as e:  # a runtime failure is reported, and the next pass decides again

@@ -247,12 +247,10 @@ class Archiver:
     async def _follow(self, p: int, d: PartitionDriver, st: PartitionArchive) -> None:
         self._known(d, st, await self._read_manifest(p))
 
-    async def _put(self, st: PartitionArchive, key: str, data: bytes) -> str:
-        digest = hashlib.sha256(data).hexdigest()
+    async def _put(self, st: PartitionArchive, key: str, data: bytes) -> None:
         await self.store.put(key, data)
         st.uploaded_bytes += len(data)
         st.last_upload_at = time.time()
-        return digest
 
     async def _lead(
         self, p: int, d: PartitionDriver, st: PartitionArchive, active: bool = False
@@ -287,8 +285,9 @@ class Archiver:
             raw = await asyncio.to_thread(_read, path)
         except FileNotFoundError:
             return False  # replaced by a newer one meanwhile: the next pass takes that
-        key = snapshot_key(self.prefix, p, meta.index, meta.term)
-        digest = await self._put(st, key, raw)
+        digest = hashlib.sha256(raw).hexdigest()
+        key = snapshot_key(self.prefix, p, meta.index, meta.term, digest)
+        await self._put(st, key, raw)
         m.snapshots.append(ArchivedSnapshot(meta.index, meta.term, key, len(raw), digest))
         return True
 
@@ -329,8 +328,9 @@ class Archiver:
                 )
             except FileNotFoundError:
                 break  # removed meanwhile (a snapshot install reset the log): next pass
-            key = segment_key(self.prefix, p, start, last)
-            digest = await self._put(st, key, data)
+            digest = hashlib.sha256(data).hexdigest()
+            key = segment_key(self.prefix, p, start, last, digest)
+            await self._put(st, key, data)
             m.segments.append(ArchivedSegment(start, last, key, len(data), digest))
             next_index = last + 1
             changed = True

@@ -2,11 +2,15 @@
 
 Under the archive's prefix, each partition has
 
-    p<N>/segments/<first>-<last>.wal   WAL segments of committed entries, as the WAL framed them
-    p<N>/snapshots/<index>-<term>.snap  snapshot files, as the node stored them
-    p<N>/manifest.json                  what the archive holds, written after the objects it names
+    p<N>/segments/<first>-<last>-<digest>.wal   WAL segments of committed entries, as framed
+    p<N>/snapshots/<index>-<term>-<digest>.snap  snapshot files, as the node stored them
+    p<N>/manifest.json                           what the archive holds, written last
 
-(`<first>`, `<last>`, `<index>`, `<term>` zero-padded to 20 digits, so keys sort by index). A
+(`<first>`, `<last>`, `<index>`, `<term>` zero-padded to 20 digits, so keys sort by index;
+`<digest>` the first 16 hex digits of the object's SHA-256). The digest in the key means an
+upload never replaces an object with other bytes: two leaders' objects for the same range (a
+deposed leader's late pass, commit records placed differently) have keys of their own, and the
+one a manifest names stays as it names it. A
 segment object is a WAL segment file: the 32-byte header then the records with their CRC32C,
 byte for byte as the leader's WAL wrote them. When a leader's segment begins below what is
 archived already (segment boundaries differ from member to member), the object holds its records
@@ -180,9 +184,11 @@ def manifest_key(prefix: str, partition: int) -> str:
     return f"{partition_prefix(prefix, partition)}/manifest.json"
 
 
-def segment_key(prefix: str, partition: int, first: int, last: int) -> str:
-    return f"{partition_prefix(prefix, partition)}/segments/{first:020d}-{last:020d}.wal"
+def segment_key(prefix: str, partition: int, first: int, last: int, sha256: str) -> str:
+    where = f"{partition_prefix(prefix, partition)}/segments"
+    return f"{where}/{first:020d}-{last:020d}-{sha256[:16]}.wal"
 
 
-def snapshot_key(prefix: str, partition: int, index: int, term: int) -> str:
-    return f"{partition_prefix(prefix, partition)}/snapshots/{index:020d}-{term:020d}.snap"
+def snapshot_key(prefix: str, partition: int, index: int, term: int, sha256: str) -> str:
+    where = f"{partition_prefix(prefix, partition)}/snapshots"
+    return f"{where}/{index:020d}-{term:020d}-{sha256[:16]}.snap"
