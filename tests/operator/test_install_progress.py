@@ -17,6 +17,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestServer
 from tests.operator.test_reconciler import MEMBERS, World, fv, running_status, spec
 
+from raftlog.node.server.archive import S3ObjectStore
 from raftlog.operator.actions import Action, InstallSnapshot, Outcome
 from raftlog.operator.cluster_views import NodeView
 from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus, SnapshotInstall
@@ -89,6 +90,9 @@ class FakeRuntime:
 
     async def expand_volume(self, name: str, size: str) -> None:
         raise AssertionError("no volume is expanded here")
+
+    async def archive_store(self, spec: RaftClusterSpec, url: str) -> S3ObjectStore:
+        raise AssertionError("no archive is read here")
 
 
 class FakeApi(NodeApi):
