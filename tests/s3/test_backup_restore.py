@@ -69,6 +69,23 @@ def run_raftctl(args: list[str]) -> tuple[int, str, str]:
     return code, out.getvalue(), err.getvalue()
 
 
+def backup(
+    src: LocalCluster, s3: S3Server, creds: Path, url: str, name: str
+) -> tuple[int, str, str]:
+    """`raftctl backup create --json NAME` of the cluster `src` into the archive at `url`."""
+    return run_raftctl(
+        [
+            "backup",
+            "create",
+            "--endpoints",
+            ",".join(src.endpoints),
+            "--json",
+            *store_args(s3, creds, url),
+            name,
+        ]
+    )
+
+
 def append(client: Client, p: int, tag: str, n: int, t0: int) -> list[tuple[int, str]]:
     """`n` records to partition `p` in batches, stamped t0 + i s: their (index, value)."""
     out = []
@@ -124,46 +141,18 @@ def test_backup_then_restore_to_the_backup_an_index_and_a_time(
         src.wait_ready()
         with Client(src.endpoints, retries=20) as c:
             before = {p: append(c, p, f"a{p}", 60, T0) for p in range(2)}
-            code, out, err = run_raftctl(
-                [
-                    "backup",
-                    "create",
-                    "--endpoints",
-                    ",".join(src.endpoints),
-                    "--json",
-                    *store_args(s3, creds, url),
-                    "nightly",
-                ]
-            )
+            code, out, err = backup(src, s3, creds, url, "nightly")
             assert code == 0, err
             point = {int(p): i for p, i in json.loads(out)["partitions"].items()}
             # The backup point holds every record acknowledged before it was asked for.
             assert all(point[p] >= before[p][-1][0] for p in range(2)), (point, before)
             after = {p: append(c, p, f"b{p}", 40, T0 + 3_600_000) for p in range(2)}
             # A second backup of the same name is refused: a backup point never moves.
-            code, _, err = run_raftctl(
-                [
-                    "backup",
-                    "create",
-                    "--endpoints",
-                    ",".join(src.endpoints),
-                    *store_args(s3, creds, url),
-                    "nightly",
-                ]
-            )
+            code, _, err = backup(src, s3, creds, url, "nightly")
             assert code == 1 and "exists already" in err
             # The active segment's committed records are archived on a flush (a backup) only:
             # a second backup takes the later records, and "latest" then has them.
-            code, _, err = run_raftctl(
-                [
-                    "backup",
-                    "create",
-                    "--endpoints",
-                    ",".join(src.endpoints),
-                    *store_args(s3, creds, url),
-                    "final",
-                ]
-            )
+            code, _, err = backup(src, s3, creds, url, "final")
             assert code == 0, err
 
     # The plan for the backup names the backup's indexes; the source is gone by now.
@@ -280,17 +269,7 @@ def test_a_restore_carries_the_new_clusters_voters_not_the_sources(
             gone = next(n for n, node in src.nodes.items() if node.url != leader and n != "n4")
             c.change_membership(0, "remove", gone)
             acked += append(c, 0, "m2", 30, T0)
-            code, out, err = run_raftctl(
-                [
-                    "backup",
-                    "create",
-                    "--endpoints",
-                    ",".join(src.endpoints),
-                    "--json",
-                    *store_args(s3, creds, f"s3://{BUCKET}/m"),
-                    "b1",
-                ]
-            )
+            code, out, err = backup(src, s3, creds, f"s3://{BUCKET}/m", "b1")
             assert code == 0, err
             plan = json.loads(out)["partitions"]
     with restored(tmp_path / "rm", s3, creds, "m", plan, 1) as r:
@@ -318,17 +297,7 @@ def test_plans_that_the_archive_cannot_give_are_refused_naming_the_partition(
         src.wait_ready()
         with Client(src.endpoints, retries=20) as c:
             append(c, 0, "x", 20, T0)
-            code, _out, err = run_raftctl(
-                [
-                    "backup",
-                    "create",
-                    "--endpoints",
-                    ",".join(src.endpoints),
-                    "--json",
-                    *store_args(s3, creds, url),
-                    "only",
-                ]
-            )
+            code, _out, err = backup(src, s3, creds, url, "only")
             assert code == 0, err
     for args, why in (
         (

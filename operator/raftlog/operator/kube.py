@@ -143,24 +143,28 @@ class KubeRuntime:
         )  # fmt: skip
         self._applied[(kind, name)] = (text, now)
 
+    async def _secret_data(self, name: str, field: str) -> dict[str, str]:
+        """The `data` of Secret `name` (base64 values); a missing one is an error naming the
+        spec `field` that names it."""
+        try:
+            resp = await asyncio.to_thread(
+                self.core.read_namespaced_secret, name, self.namespace, _preload_content=False
+            )
+        except ApiException as e:
+            if e.status == 404:
+                raise RuntimeError(
+                    f"{field}: secret {name} not found in {self.namespace}"
+                ) from None
+            raise
+        data: dict[str, str] = _json(resp).get("data") or {}
+        return data
+
     async def member_tls(self, spec: RaftClusterSpec) -> MemberTls | None:
         """The cluster's TLS secret as the operator uses it: `ca.crt` to verify members with,
         and `tls.crt`/`tls.key` to show them when they ask (spec.peerClientCertAuth)."""
         if spec.tls_secret_name is None:
             return None
-        try:
-            resp = await asyncio.to_thread(
-                self.core.read_namespaced_secret, spec.tls_secret_name, self.namespace,
-                _preload_content=False,
-            )  # fmt: skip
-        except ApiException as e:
-            if e.status == 404:
-                raise RuntimeError(
-                    f"spec.tlsSecretName: secret {spec.tls_secret_name} not found "
-                    f"in {self.namespace}"
-                ) from None
-            raise
-        data = _json(resp).get("data") or {}
+        data = await self._secret_data(spec.tls_secret_name, "spec.tlsSecretName")
         missing = [k for k in ("ca.crt", "tls.crt", "tls.key") if k not in data]
         if missing:
             keys = ", ".join(f"`{k}`" for k in missing)
@@ -207,17 +211,7 @@ class KubeRuntime:
         creds = None
         name = spec.archive.credentials_secret
         if name is not None:
-            try:
-                resp = await asyncio.to_thread(
-                    self.core.read_namespaced_secret, name, self.namespace, _preload_content=False
-                )
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-                raise RuntimeError(
-                    f"spec.archive.credentialsSecret: secret {name} not found in {self.namespace}"
-                ) from None
-            data = _json(resp).get("data") or {}
+            data = await self._secret_data(name, "spec.archive.credentialsSecret")
             keys = (ACCESS_KEY_ID_KEY, SECRET_ACCESS_KEY_KEY)
             if any(k not in data for k in keys):
                 raise RuntimeError(
