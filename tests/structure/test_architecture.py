@@ -24,7 +24,10 @@ PARTS: dict[str, str] = {
     "raftlog.node.storage": "storage",
     "raftlog.node.transport": "transport",
     "raftlog.node.statemachine": "state machine",
-    "raftlog.node.record": "state machine",
+    # Formats readers outside the node read too: the record, and the archive's objects.
+    "raftlog.node.record": "record",
+    "raftlog.node.storage.archive_manifest": "archive format",
+    "raftlog.node.storage.archive_objects": "archive format",
     "raftlog.node.routing": "routing",
     "raftlog.node.server": "server",
     "raftlog.node.settings": "server",
@@ -39,24 +42,42 @@ PARTS: dict[str, str] = {
 
 # The parts of the node process.
 NODE = frozenset(
-    {"core", "storage", "transport", "state machine", "routing", "server", "sim"},
+    {
+        "core",
+        "storage",
+        "transport",
+        "state machine",
+        "routing",
+        "server",
+        "sim",
+        "record",
+        "archive format",
+    },
 )
+# The node's formats that readers may read themselves (Spark's executors read the archive).
+FORMATS = frozenset({"routing", "record", "archive format"})
 
 # Part -> the other parts it may import. Anything else is forbidden.
 ALLOWED: dict[str, frozenset[str]] = {
     "core": frozenset(),
-    "state machine": frozenset({"core"}),
+    "state machine": frozenset({"core", "record"}),
     "routing": frozenset(),
+    "record": frozenset(),
     "storage": frozenset({"core"}),
+    # The archive's layout and objects: WAL segments (storage's format) of entries (core's).
+    "archive format": frozenset({"core", "storage"}),
     "transport": frozenset({"core", "storage"}),
-    "server": frozenset({"core", "storage", "transport", "state machine", "routing"}),
-    "sim": frozenset({"core", "storage", "state machine", "server"}),
+    "server": frozenset(
+        {"core", "storage", "transport", "state machine", "routing", "record", "archive format"}
+    ),
+    "sim": frozenset({"core", "storage", "state machine", "server", "record"}),
     "client": frozenset({"routing"}),
     # The server for `raftctl backup` and `raftctl restore plan`: the node's object-store client
     # and its restore planning, one implementation with the node's own restore.
     "cli": frozenset({"client", "operator", "storage", "server"}),
     "operator": frozenset({"client", "core", "server"}),
-    "spark": frozenset({"client", "routing"}),
+    # The archive format and the record: executors read archived ranges from object storage.
+    "spark": frozenset({"client", "routing", "record", "archive format"}),
     "demo": frozenset({"cli", "client", "operator", "spark", "harness"}),
     # The node it starts and the client it waits with; the operator for `free_ports` alone.
     "harness": NODE | frozenset({"client", "operator"}),
@@ -78,7 +99,7 @@ FORBIDDEN: list[tuple[frozenset[str], frozenset[str], str]] = [
         "the core is sans-I/O and owns its interfaces: it depends on nothing outward",
     ),
     (
-        frozenset({"storage", "transport", "state machine", "core"}),
+        frozenset({"storage", "transport", "state machine", "core", "record", "archive format"}),
         frozenset({"server", "sim"}),
         "storage, transport and the state machine are used by the driver, never the reverse",
     ),
@@ -89,8 +110,9 @@ FORBIDDEN: list[tuple[frozenset[str], frozenset[str], str]] = [
     ),
     (
         frozenset({"spark"}),
-        NODE - {"routing"},
-        "Spark reads through the client, never the node's core, storage or server",
+        NODE - FORMATS,
+        "Spark reads through the client, or the archive's objects, never the node's core, "
+        "storage or server",
     ),
     (
         frozenset(PARTS.values()) - {"demo"},
@@ -135,8 +157,10 @@ MINIMUM_MODULES: dict[str, int] = {
     "core": 10,
     "storage": 10,
     "transport": 3,
-    "state machine": 2,
+    "state machine": 1,
     "routing": 1,
+    "record": 1,
+    "archive format": 2,
     "server": 12,
     "sim": 5,
     "client": 5,

@@ -4,7 +4,7 @@ With `archiveUrl` (and `archiveEndpoint`, `archiveRegion`, the credentials), ind
 partition's compaction floor are read from the cluster's continuous archive with pyarrow's S3
 filesystem, not through the nodes. The archive's layout is the nodes' own
 (`raftlog.node.storage.archive_manifest`): `p<N>/manifest.json` names the segment objects
-`p<N>/segments/<first>-<last>.wal`, each a WAL segment of committed entries.
+`p<N>/segments/<first>-<last>-<digest>.wal`, each a WAL segment of committed entries.
 
 - Planning (the driver) reads the manifest of a partition (`attach`) and plans the range below
   the floor as one `ArchiveSplit` per segment object (`plan`). What is below the archive's first
@@ -45,9 +45,7 @@ from raftlog.node.storage.archive_manifest import (
     ManifestError,
     manifest_key,
 )
-from raftlog.node.storage.archive_objects import check_object, object_entries
-from raftlog.node.storage.errors import WalCorruption
-from raftlog.node.storage.segment import Rows
+from raftlog.node.storage.archive_objects import Rows, WalCorruption, check_object, object_entries
 from raftlog.spark import arrow
 from raftlog.spark.nodes import DataLoss, PartitionView
 from raftlog.spark.options import ArchiveOptions, Options

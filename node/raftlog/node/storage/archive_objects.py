@@ -3,7 +3,9 @@
 A segment object (`archive_manifest`) is a WAL segment: its header, then records with their
 CRC32C. `object_entries` checks every record it returns (checksum, the index it should hold),
 so a reader of the archive trusts it as the WAL's own reads do. Shared by the node's tiered
-reads, restore, and the Spark source's executors.
+reads, restore, and the Spark source's executors, which read the archive through this module
+and `archive_manifest` alone (the "archive format" part of docs/architecture.md): `Rows`
+(entries as columns) and `WalCorruption` (a damaged object) are theirs from here.
 """
 
 from __future__ import annotations
@@ -14,6 +16,9 @@ from raftlog.node.core.types import Entry
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.archive_manifest import ArchivedSegment, Manifest
 from raftlog.node.storage.errors import WalCorruption
+from raftlog.node.storage.segment import Rows
+
+__all__ = ["Rows", "WalCorruption", "check_object", "object_entries", "segment_for"]
 
 
 def object_entries(key: str, raw: bytes, start: int = 1, stop: int = 2**63) -> list[Entry]:
