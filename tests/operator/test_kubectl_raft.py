@@ -24,21 +24,28 @@ from raftlog.operator.kubectl_raft import (
     Clusters,
     Failure,
     annotation_patch,
+    backup_patch,
     build_parser,
     check_switchover,
     connect,
     fence_patch,
     main,
     remove_patch,
+    restore_manifest,
+    restored_archive_url,
     switchover_value,
     utc_stamp,
 )
 from raftlog.operator.models import (
+    BackupStatus,
     Condition,
     MemberPartition,
     MemberStatus,
+    PartitionIndex,
     Promotion,
+    RaftClusterSpec,
     RaftClusterStatus,
+    RestoreStatus,
     SnapshotInstall,
     Switchover,
 )
@@ -240,7 +247,7 @@ def test_json_view_is_the_documented_object() -> None:
         "desiredReplicas", "replicas", "readyReplicas", "desiredPartitions", "paused",
         "hibernate", "restartRequested", "restartedAt", "conditions", "notable", "members",
         "partitions", "snapshotInstalls", "switchover", "switchoverRequested",
-        "volumeExpansion", "problems",
+        "volumeExpansion", "problems", "restore", "backups", "backupRequested",
     }  # fmt: skip
     assert (v["name"], v["namespace"], v["phase"]) == ("orders", NS, "Degraded")
     assert v["notable"] == ["Progressing", "Degraded"]
@@ -275,6 +282,7 @@ def test_json_view_is_the_documented_object() -> None:
     }  # fmt: skip
     assert v["switchoverRequested"] == REQUEST and v["paused"] is False
     assert v["volumeExpansion"] is None and v["problems"] == []
+    assert v["restore"] is None and v["backups"] == [] and v["backupRequested"] is None
 
 
 @pytest.mark.parametrize(
@@ -510,6 +518,14 @@ def test_argument_parsing() -> None:
         (["remove", "orders"], "the following arguments are required: MEMBER"),
         (["explode"], "invalid choice: 'explode'"),
         ([], "the following arguments are required: COMMAND"),
+        (["backup", "orders"], "the following arguments are required: NAME"),
+        (["backup", "orders", "b", "--timeout", "-1"], "the timeout must be positive"),
+        (["restore", "new"], "the following arguments are required: --from"),
+        (["restore", "new", "--from", "orders", "-o", "table"], "invalid choice: 'table'"),
+        (
+            ["restore", "new", "--from", "orders", "--apply", "-o", "json"],
+            "-o prints the manifest, --apply creates it: give one of them",
+        ),
         (["status", "orders", "-A"], "a NAME and --all-namespaces do not go together"),
     ],
 )
@@ -525,7 +541,7 @@ def test_usage_errors_exit_2(
 @pytest.mark.parametrize(
     "command",
     ["status", "switchover", "restart", "pause", "resume", "fence", "unfence", "hibernate",
-     "wake", "remove"],
+     "wake", "remove", "backup", "restore"],
 )  # fmt: skip
 def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
@@ -595,6 +611,7 @@ class FakeCustomObjects:
     def __init__(self, *objs: dict[str, Any]) -> None:
         self.store = {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in objs}
         self.patches: list[dict[str, Any]] = []
+        self.created: list[dict[str, Any]] = []
         self.before_patch: Callable[[dict[str, Any]], None] | None = None  # a concurrent writer
         self.on_get: Callable[[dict[str, Any]], None] | None = None  # the operator's progress
 
@@ -644,6 +661,20 @@ class FakeCustomObjects:
             )
         new = merge(obj, body)
         new["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        self.store[(namespace, name)] = new
+        return copy.deepcopy(new)
+
+    def create_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, body: Any
+    ) -> Any:
+        self._check(group, version, plural)
+        name = body["metadata"]["name"]
+        assert body["metadata"].get("namespace") in (None, namespace)
+        if (namespace, name) in self.store:
+            raise _error(409, "AlreadyExists", f'raftclusters.raftlog.dev "{name}" already exists')
+        self.created.append(copy.deepcopy(body))
+        new = copy.deepcopy(body)
+        new["metadata"] = {**new["metadata"], "namespace": namespace, "resourceVersion": "1"}
         self.store[(namespace, name)] = new
         return copy.deepcopy(new)
 
@@ -860,3 +891,287 @@ def test_paused_cluster_is_mentioned_on_a_request() -> None:
     api = FakeCustomObjects(obj)
     code, out, _ = run(api, "switchover", "orders", "--to", "orders-0")
     assert code == 0 and "is paused: the operator acts once `kubectl raft resume` is run" in out
+
+
+# ----------------------------------------------------------------------------- backups, restore
+
+ARCHIVE = {"url": "s3://bucket/orders", "endpoint": "http://s3.example:8333",
+           "credentialsSecret": "s3", "intervalSeconds": 1.0}  # fmt: skip
+T0 = 1_740_000_000.0  # 2025-02-19T21:20:00Z
+
+
+def _backup(name: str, state: str, at: float, message: str | None = None) -> BackupStatus:
+    parts = [PartitionIndex(partition=0, index=120), PartitionIndex(partition=1, index=98)]
+    return BackupStatus(
+        name=name,
+        state=state,
+        requested_at=at,
+        finished_at=None if state == "pending" else at + 2,
+        partitions=parts if state == "done" else [],
+        message=message,
+    )
+
+
+def restored_status() -> RaftClusterStatus:
+    st = status_model()
+    st.restore = RestoreStatus(
+        url="s3://bucket/src",
+        target="backup:b1",
+        state="planned",
+        partitions=[PartitionIndex(partition=0, index=120), PartitionIndex(partition=1, index=0)],
+        at=T0,
+    )
+    st.backups = [_backup(f"old{i}", "done", T0 + i) for i in range(4)] + [
+        _backup("nightly", "failed", T0 + 60, "partition 1: no leader"),
+        _backup("now", "done", T0 + 120),
+        _backup("last", "pending", T0 + 180),
+    ]
+    return st
+
+
+def test_status_shows_the_restore_and_the_last_backups() -> None:
+    obj = resource(restored_status(), archive=ARCHIVE)
+    obj["metadata"]["annotations"][controls.BACKUP] = "last"
+    v = raftview.view(obj)
+    assert v["restore"] == {
+        "url": "s3://bucket/src", "target": "backup:b1", "state": "planned",
+        "partitions": [{"partition": 0, "index": 120}, {"partition": 1, "index": 0}],
+        "message": None, "at": T0,
+    }  # fmt: skip
+    assert [b["name"] for b in v["backups"]] == [
+        "old0",
+        "old1",
+        "old2",
+        "old3",
+        "nightly",
+        "now",
+        "last",
+    ]  # every one the status keeps
+    assert v["backups"][5] == {
+        "name": "now", "scheduled": False, "state": "done", "requestedAt": T0 + 120,
+        "finishedAt": T0 + 122,
+        "partitions": [{"partition": 0, "index": 120}, {"partition": 1, "index": 98}],
+        "message": None,
+    }  # fmt: skip
+    assert v["backupRequested"] == "last"
+    assert json.loads(json.dumps(v)) == v
+    text = raftview.render(v)
+    assert "\nRestored from s3://bucket/src (backup:b1): planned, partition@index 0@120,1@0\n" in (
+        text
+    )
+    tail = text.split("Backups", 1)[1].splitlines()
+    assert tail[:7] == [
+        " (oldest first, the last 5 of 7):",
+        "NAME      STATE     REQUESTED              PARTITION@INDEX",
+        "old2      done      2025-02-19T21:20:02Z   0@120,1@98",
+        "old3      done      2025-02-19T21:20:03Z   0@120,1@98",
+        "nightly   failed    2025-02-19T21:21:00Z   partition 1: no leader",
+        "now       done      2025-02-19T21:22:00Z   0@120,1@98",
+        "last      pending   2025-02-19T21:23:00Z   -",
+    ]
+    assert "not picked up" not in text  # "last" is in the status
+
+
+def test_status_shows_a_failed_restore_plan_and_a_backup_not_picked_up() -> None:
+    st = status_model()
+    st.restore = RestoreStatus(
+        url="s3://bucket/src", target="backup:nope", state="failed",
+        message="backup nope: not in the archive", at=T0,
+    )  # fmt: skip
+    obj = resource(st)
+    obj["metadata"]["annotations"][controls.BACKUP] = "b2"
+    text = raftview.render(raftview.view(obj))
+    assert (
+        "Restored from s3://bucket/src (backup:nope): failed (backup nope: not in the archive)"
+        in text
+    )
+    assert "\nBackup b2: requested, not picked up by the operator yet\n" in text
+    assert "Backups (" not in text
+    # Neither: no line about them.
+    quiet = raftview.render(raftview.view(resource()))
+    assert "Restored" not in quiet and "Backup" not in quiet
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [
+        ("Nightly", "backup name 'Nightly': 1 to 128 of a-z, 0-9"),
+        (".b", "not starting with . or -"),
+        ("a/b", "backup name 'a/b'"),
+        ("x" * 129, "1 to 128"),
+    ],
+)
+def test_backup_refuses_a_bad_name_naming_why(name: str, says: str) -> None:
+    api = FakeCustomObjects(resource(archive=ARCHIVE))
+    code, out, err = run(api, "backup", "orders", name)
+    assert (code, out) == (1, "") and says in err
+    assert api.patches == []
+
+
+def test_backup_refuses_a_cluster_without_archive_and_a_name_taken() -> None:
+    with pytest.raises(Failure, match=r"raftcluster raftlog-system/orders has no spec.archive"):
+        backup_patch(resource(), "b1")
+    st = status_model()
+    st.backups = [_backup("b1", "done", T0)]
+    with pytest.raises(Failure, match=r"backup b1 was already asked for \(done\)"):
+        backup_patch(resource(st, archive=ARCHIVE), "b1")
+    assert backup_patch(resource(st, archive=ARCHIVE), "b2") == {
+        "metadata": {"resourceVersion": "100", "annotations": {controls.BACKUP: "b2"}}
+    }
+
+
+def test_backup_sets_the_annotation_on_the_version_read_and_again_on_a_conflict() -> None:
+    api = FakeCustomObjects(resource(archive=ARCHIVE))
+
+    def someone_else(obj: dict[str, Any]) -> None:
+        api.before_patch = None
+        obj["metadata"]["resourceVersion"] = "150"
+
+    api.before_patch = someone_else
+    code, out, _ = run(api, "backup", "orders", "b1")
+    assert (code, out) == (
+        0,
+        f"raftcluster {NS}/orders: backup requested (raftlog.dev/backup=b1)\n",
+    )
+    assert [p["metadata"]["resourceVersion"] for p in api.patches] == ["100", "150"]
+    annotations = api.store[(NS, "orders")]["metadata"]["annotations"]
+    assert annotations[controls.BACKUP] == "b1" and annotations[controls.SWITCHOVER] == REQUEST
+
+
+@pytest.mark.parametrize(
+    ("outcome", "code", "last"),
+    [
+        ("done", 0, "backup b1: done: partition@index 0@120, 1@98"),
+        ("failed", 1, "backup b1: failed: partition 1: no leader"),
+    ],
+)
+def test_backup_waits_for_its_outcome(outcome: str, code: int, last: str) -> None:
+    api = FakeCustomObjects(resource(archive=ARCHIVE))
+    gets = 0
+
+    def operator(obj: dict[str, Any]) -> None:
+        nonlocal gets
+        gets += 1
+        st = obj["status"]
+        if gets == 3:  # an older backup of the same name is not this one's outcome
+            st["backups"] = [_backup("b0", "done", T0).model_dump(by_alias=True, mode="json")]
+        if gets == 4:
+            st["backups"].append(_backup("b1", "pending", T0).model_dump(by_alias=True))
+        if gets == 5:
+            message = "partition 1: no leader" if outcome == "failed" else None
+            b = _backup("b1", outcome, T0, message)
+            st["backups"][-1] = b.model_dump(by_alias=True, mode="json")
+
+    api.on_get = operator
+    got, out, err = run(api, "backup", "orders", "b1", "--wait")
+    assert (got, err) == (code, "")
+    assert out.splitlines() == [
+        f"raftcluster {NS}/orders: backup requested (raftlog.dev/backup=b1)",
+        "waiting for the operator to take the request",
+        "backup b1: pending",
+        last,
+    ]
+
+
+def test_backup_wait_times_out() -> None:
+    api = FakeCustomObjects(resource(archive=ARCHIVE))
+    code, _, err = run(api, "backup", "orders", "b1", "--wait", "--timeout", "3")
+    assert code == 1
+    assert err == (
+        f"error: raftcluster {NS}/orders: not done within 3 s "
+        "(last: waiting for the operator to take the request)\n"
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "new", "default"),
+    [
+        ("s3://bucket/orders", "r", "s3://bucket/orders-restored-r"),
+        ("s3://bucket/a/orders/", "r2", "s3://bucket/a/orders-restored-r2"),
+        ("s3://bucket", "r", "s3://bucket/restored-r"),
+    ],
+)
+def test_restored_archive_url_is_beside_the_source(url: str, new: str, default: str) -> None:
+    assert restored_archive_url(url, new) == default
+    assert default.rstrip("/") != url.rstrip("/")
+
+
+def source(**spec: Any) -> dict[str, Any]:
+    obj = resource(
+        archive=ARCHIVE,
+        fencedMembers=["orders-1"],
+        removeMembers=["orders-0"],
+        hibernate=True,
+        storage={"size": "2Gi"},
+        **spec,
+    )
+    return obj
+
+
+def test_restore_manifest_is_the_source_spec_restored_from_its_archive() -> None:
+    m = restore_manifest(source(), "again", "backup:b1", None)
+    assert m == {
+        "apiVersion": "raftlog.dev/v1alpha1",
+        "kind": "RaftCluster",
+        "metadata": {"name": "again", "namespace": NS},
+        "spec": {
+            "replicas": 3,
+            "partitions": 2,
+            "storage": {"size": "2Gi"},
+            "archive": {**ARCHIVE, "url": "s3://bucket/orders-restored-again"},
+            "restore": {"url": "s3://bucket/orders", "target": "backup:b1"},
+        },
+    }
+    RaftClusterSpec.model_validate(m["spec"])
+    # A source restored itself: its own restore is not copied but replaced.
+    again = source(restore={"url": "s3://bucket/first", "target": "latest"})
+    m = restore_manifest(again, "r", "index:0=5,1=7", "s3://other/place")
+    assert m["spec"]["restore"] == {"url": "s3://bucket/orders", "target": "index:0=5,1=7"}
+    assert m["spec"]["archive"]["url"] == "s3://other/place"
+
+
+@pytest.mark.parametrize(
+    ("obj", "target", "url", "says"),
+    [
+        (resource(), "latest", None,
+         f"raftcluster {NS}/orders has no spec.archive: there is no archive to restore from"),
+        (source(), "yesterday", None, "--to: target 'yesterday': give latest, index:N"),
+        (source(), "time:2025-01-01T00:00:00", None, "give a zone"),
+        (source(), "backup:Bad", None, "backup name 'Bad'"),
+        (source(), "latest", "s3://bucket/orders/",
+         f"--archive-url s3://bucket/orders/ is raftcluster {NS}/orders's own archive"),
+        (source(), "latest", "http://bucket/x", "the new spec is not valid: spec.archive.url"),
+    ],
+)  # fmt: skip
+def test_restore_refusals_name_why(
+    obj: dict[str, Any], target: str, url: str | None, says: str
+) -> None:
+    with pytest.raises(Failure) as refused:
+        restore_manifest(obj, "r", target, url)
+    assert says in str(refused.value)
+
+
+def test_restore_prints_the_manifest_or_creates_it() -> None:
+    api = FakeCustomObjects(source())
+    code, out, _ = run(api, "restore", "r", "--from", "orders", "--to", "time:1700000000000")
+    assert code == 0
+    printed = yaml.safe_load(out)
+    assert printed == restore_manifest(source(), "r", "time:1700000000000", None)
+    assert "status" not in printed
+    code, out, _ = run(api, "restore", "r", "--from", "orders", "-o", "json")
+    assert code == 0 and json.loads(out)["spec"]["restore"]["target"] == "latest"
+    assert api.created == [] and api.patches == []
+
+    code, out, _ = run(api, "restore", "r", "--from", "orders", "--to", "backup:b1", "--apply")
+    assert (code, out) == (
+        0,
+        f"raftcluster {NS}/r created: restoring s3://bucket/orders (backup:b1), archiving to "
+        "s3://bucket/orders-restored-r; `kubectl raft status r` shows where each partition "
+        "comes back\n",
+    )
+    assert api.created == [restore_manifest(source(), "r", "backup:b1", None)]
+    code, out, err = run(api, "restore", "r", "--from", "orders", "--apply")
+    assert (code, out, err) == (1, "", f"error: raftcluster {NS}/r already exists\n")
+    code, _, err = run(api, "restore", "r2", "--from", "nope", "--apply")
+    assert (code, err) == (1, f"error: raftcluster {NS}/nope not found\n")
+    assert len(api.created) == 1 and api.patches == []

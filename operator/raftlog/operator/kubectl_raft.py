@@ -1,12 +1,14 @@
 """`kubectl raft`: day-2 controls of RaftClusters, as a kubectl plugin (`kubectl-raft` on PATH).
 
 Everything goes through the `RaftCluster` resource, never around the operator: status is read
-from `.status`; requests are the annotations of `controls.py` (pause, restart, switchover) and
-the spec fields `fencedMembers`, `hibernate`, `removeMembers`. The operator carries them out.
+from `.status`; requests are the annotations of `controls.py` (pause, restart, switchover,
+backup) and the spec fields `fencedMembers`, `hibernate`, `removeMembers`. The operator carries
+them out. `restore` writes a new `RaftCluster` (its `spec.restore` reads the source's archive),
+printed or created with the user's own credentials (`create` on raftclusters).
 
-Layers: the request builders (annotation values, patch bodies, refusals) and `raftview` are
-pure; `Clusters` is the one place that calls the API server (four methods of the client's
-`CustomObjectsApi`); `main` parses the command line and prints.
+Layers: the request builders (annotation values, patch bodies, manifests, refusals) and
+`raftview` are pure; `Clusters` is the one place that calls the API server (five methods of the
+client's `CustomObjectsApi`); `main` parses the command line and prints.
 
 Exit codes: 0 done; 1 refused, failed or not found (the message says which and why); 2 usage.
 """
@@ -22,12 +24,14 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol, TextIO
+from urllib.parse import urlsplit
 
 import yaml
 from pydantic import ValidationError
 
+from raftlog.node.server.restore_target import check_backup_name, parse_target
 from raftlog.operator import controls, raftview
-from raftlog.operator.models import GROUP, PLURAL, VERSION
+from raftlog.operator.models import GROUP, KIND, PLURAL, VERSION, RaftClusterSpec
 
 PROG = "kubectl raft"
 CONFLICT_RETRIES = 5
@@ -148,6 +152,86 @@ def remove_patch(obj: Mapping[str, Any], members: Sequence[str]) -> dict[str, An
     return _guarded(obj, {"removeMembers": [*listed, *wanted], "replicas": replicas - len(wanted)})
 
 
+def backup_patch(obj: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """The guarded patch setting raftlog.dev/backup to `name`. Refuses a name the operator
+    would not take, a cluster that does not archive, and a name already taken (the operator
+    takes each name once)."""
+    try:
+        check_backup_name(name)
+    except ValueError as e:
+        raise Failure(str(e)) from None
+    if not (obj.get("spec") or {}).get("archive"):
+        raise Failure(f"{ref(obj)} has no spec.archive: there is no archive to back up to")
+    taken = _backup(obj, name)
+    if taken is not None:
+        raise Failure(
+            f"{ref(obj)}: backup {name} was already asked for ({taken.get('state')}); "
+            "a backup name is taken once: give another"
+        )
+    return {
+        "metadata": {
+            "resourceVersion": obj["metadata"]["resourceVersion"],
+            "annotations": {controls.BACKUP: name},
+        }
+    }
+
+
+def _backup(obj: Mapping[str, Any], name: str) -> dict[str, Any] | None:
+    listed = [b for b in (obj.get("status") or {}).get("backups") or [] if b.get("name") == name]
+    return listed[-1] if listed else None
+
+
+def restored_archive_url(source_url: str, new: str) -> str:
+    """Where the restored cluster archives by default: beside the source, in its bucket, under
+    `<source prefix>-restored-<new>` (`restored-<new>` when the source has no prefix)."""
+    parts = urlsplit(source_url)
+    prefix = parts.path.strip("/")
+    return f"s3://{parts.netloc}/{prefix + '-' if prefix else ''}restored-{new}"
+
+
+# What a new cluster does not take from its source: requests about the source's own members.
+NOT_COPIED = ("fencedMembers", "removeMembers", "hibernate", "restore")
+
+
+def restore_manifest(
+    source: Mapping[str, Any], new: str, target: str, archive_url: str | None
+) -> dict[str, Any]:
+    """A new RaftCluster `new` (in the source's namespace) with the source's spec, restored from
+    the source's archive to `target` and archiving to `archive_url` (default:
+    `restored_archive_url`); no status. Refuses a source without spec.archive, a bad target, the
+    source's own archive url, and a spec the models refuse (naming the field)."""
+    spec = dict(source.get("spec") or {})
+    archive = spec.get("archive")
+    if not archive or not archive.get("url"):
+        raise Failure(f"{ref(source)} has no spec.archive: there is no archive to restore from")
+    try:
+        parse_target(target)
+    except ValueError as e:
+        raise Failure(f"--to: {e}") from None
+    url = archive_url or restored_archive_url(archive["url"], new)
+    if url.rstrip("/") == archive["url"].rstrip("/"):
+        raise Failure(
+            f"--archive-url {url} is {ref(source)}'s own archive: the restored cluster must "
+            "archive elsewhere"
+        )
+    for key in NOT_COPIED:
+        spec.pop(key, None)
+    spec["archive"] = {**archive, "url": url}
+    spec["restore"] = {"url": archive["url"], "target": target}
+    try:
+        RaftClusterSpec.model_validate(spec)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise Failure(f"the new spec is not valid: spec.{where}: {first['msg']}") from None
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": new, "namespace": (source.get("metadata") or {}).get("namespace")},
+        "spec": spec,
+    }
+
+
 # ----------------------------------------------------------------------------- the API server
 
 
@@ -166,6 +250,10 @@ class CustomObjects(Protocol):
 
     def patch_namespaced_custom_object(
         self, group: str, version: str, namespace: str, plural: str, name: str, body: Any
+    ) -> Any: ...
+
+    def create_namespaced_custom_object(
+        self, group: str, version: str, namespace: str, plural: str, body: Any
     ) -> Any: ...
 
 
@@ -242,6 +330,22 @@ class Clusters:
                 ),
             )
         )
+
+    def create(self, namespace: str, body: Mapping[str, Any]) -> dict[str, Any]:
+        name = body["metadata"]["name"]
+        try:
+            return dict(
+                self._call(
+                    f"raftcluster {namespace}/{name}",
+                    lambda: self.api.create_namespaced_custom_object(
+                        GROUP, VERSION, namespace, PLURAL, dict(body)
+                    ),
+                )
+            )
+        except Failure as e:
+            if e.status == 409:
+                raise Failure(f"raftcluster {namespace}/{name} already exists", 409) from None
+            raise
 
     def update(
         self,
@@ -412,6 +516,56 @@ def restart_progress(value: str) -> Callable[[dict[str, Any]], tuple[str, bool |
         return f"restarting: {status.get('lastAction') or 'waiting for the operator'}", None
 
     return check
+
+
+def backup_progress(name: str) -> Callable[[dict[str, Any]], tuple[str, bool | None]]:
+    def check(obj: dict[str, Any]) -> tuple[str, bool | None]:
+        b = _backup(obj, name)
+        if b is None:
+            return "waiting for the operator to take the request", None
+        state = b.get("state", "pending")
+        if state == "done":
+            at = ", ".join(f"{p['partition']}@{p['index']}" for p in b.get("partitions") or [])
+            return f"backup {name}: done: partition@index {at or 'none'}", True
+        if state == "failed":
+            return f"backup {name}: failed: {b.get('message') or 'no reason given'}", False
+        return f"backup {name}: {state}", None
+
+    return check
+
+
+def cmd_backup(args: argparse.Namespace, clusters: Clusters, out: TextIO) -> int:
+    obj, _ = clusters.update(
+        args.namespace, args.name, lambda o: backup_patch(o, args.backup), args.clock.sleep
+    )
+    out.write(f"{ref(obj)}: backup requested ({controls.BACKUP}={args.backup})\n")
+    _paused_note(obj, out)
+    if not args.wait:
+        return 0
+    done = wait_until(
+        clusters, args.namespace, args.name, backup_progress(args.backup), args.timeout,
+        args.clock, out,
+    )  # fmt: skip
+    return 0 if done else 1
+
+
+def cmd_restore(args: argparse.Namespace, clusters: Clusters, out: TextIO) -> int:
+    source = clusters.get(args.namespace, args.source)
+    manifest = restore_manifest(source, args.name, args.to, args.archive_url)
+    if not args.apply:
+        if args.output == "json":
+            out.write(json.dumps(manifest, indent=2) + "\n")
+        else:
+            out.write(yaml.safe_dump(manifest, sort_keys=False))
+        return 0
+    created = clusters.create(args.namespace, manifest)
+    spec = manifest["spec"]
+    out.write(
+        f"{ref(created)} created: restoring {spec['restore']['url']} "
+        f"({spec['restore']['target']}), archiving to {spec['archive']['url']}; "
+        f"`kubectl raft status {args.name}` shows where each partition comes back\n"
+    )
+    return 0
 
 
 def cmd_switchover(args: argparse.Namespace, clusters: Clusters, out: TextIO) -> int:
@@ -590,6 +744,42 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("member", metavar="MEMBER")
 
     p = command(
+        "backup",
+        cmd_backup,
+        "take a backup: every partition archived up to a point recorded under NAME "
+        "(annotation raftlog.dev/backup)",
+    )
+    p.add_argument("name", metavar="CLUSTER")
+    p.add_argument("backup", metavar="NAME", help="the backup's name (a-z, 0-9, -, ., _)")
+    p.add_argument("--wait", action="store_true", help="wait until done, or failed (exit 1)")
+    p.add_argument("--timeout", type=_seconds, default=300.0, help="of --wait, in s (300)")
+
+    p = command(
+        "restore",
+        cmd_restore,
+        "a new RaftCluster restored from SOURCE's archive (spec.restore): printed, or created "
+        "with --apply",
+    )
+    p.add_argument("name", metavar="NEW", help="the new RaftCluster's name")
+    p.add_argument("--from", dest="source", required=True, metavar="SOURCE",
+                   help="the RaftCluster whose archive (spec.archive.url) to restore")  # fmt: skip
+    p.add_argument(
+        "--to",
+        default="latest",
+        metavar="TARGET",
+        help="latest (default), index:N, index:P=N,..., time:<RFC 3339 with a zone, or epoch "
+        "ms>, backup:<name>",
+    )
+    p.add_argument(
+        "--archive-url",
+        metavar="URL",
+        help="where the new cluster archives (default: s3://<source's bucket>/<source's "
+        "prefix>-restored-NEW)",
+    )
+    p.add_argument("-o", "--output", choices=["yaml", "json"], help="format (yaml)")
+    p.add_argument("--apply", action="store_true", help="create it instead of printing it")
+
+    p = command(
         "remove",
         cmd_remove,
         "remove these members and lower spec.replicas by as many (spec.removeMembers)",
@@ -613,6 +803,8 @@ def main(
     args = parser.parse_args(argv)
     if getattr(args, "all_namespaces", False) and args.name:
         parser.error("status: a NAME and --all-namespaces do not go together")
+    if args.command == "restore" and args.apply and args.output:
+        parser.error("restore: -o prints the manifest, --apply creates it: give one of them")
     args.clock = clock or RealClock()
     try:
         if clusters is None:

@@ -29,12 +29,20 @@ its keys, all camelCase:
 - `archive`, only when the cluster archives (spec.archive): `url`, and `partitions`: per
   partition `partition`, `archivedIndex`, `lagEntries`, `lastError` (the leader's, null when
   its last pass worked), `failingOn` (members whose last pass failed), `lastUploadAt` (epoch
-  seconds or null), `reportedBy` (the leader).
+  seconds or null), `reportedBy` (the leader);
+- `restore`: where the cluster came back from (spec.restore) or null: `url`, `target`, `state`
+  (planning, planned, failed), `partitions` (`partition`, `index`: where each came back),
+  `message` (why the plan failed), `at` (epoch seconds);
+- `backups`: the status' backups, oldest first (the operator keeps the last 20): `name`,
+  `scheduled`, `state` (pending, done, failed), `requestedAt`, `finishedAt` (epoch seconds),
+  `partitions` (`partition`, `index`: what each is archived up to), `message`;
+  `backupRequested`: the raftlog.dev/backup annotation's value or null.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from raftlog.operator import controls
@@ -43,6 +51,7 @@ from raftlog.operator.models import Condition, RaftClusterStatus
 # Conditions shown when True; `Available` is shown when it is not True.
 NOTABLE_WHEN_TRUE = ("Degraded", "Paused", "Hibernated", "Progressing")
 SNAPSHOT_MARK = "*"
+BACKUPS_SHOWN = 5  # in the text; -o json has every one the status keeps
 
 
 def notable_conditions(conditions: Sequence[Condition]) -> list[Condition]:
@@ -166,10 +175,37 @@ def view(obj: Mapping[str, Any]) -> dict[str, Any]:
             "message": status.volume_expansion.message,
         },
         "problems": list(status.problems),
+        "restore": None
+        if status.restore is None
+        else {
+            "url": status.restore.url,
+            "target": status.restore.target,
+            "state": status.restore.state,
+            "partitions": _indexes(status.restore.partitions),
+            "message": status.restore.message,
+            "at": status.restore.at,
+        },
+        "backups": [
+            {
+                "name": b.name,
+                "scheduled": b.scheduled,
+                "state": b.state,
+                "requestedAt": b.requested_at,
+                "finishedAt": b.finished_at,
+                "partitions": _indexes(b.partitions),
+                "message": b.message,
+            }
+            for b in status.backups
+        ],
+        "backupRequested": asked.backup,
     }
     if status.archive is not None or spec.get("archive"):
         out["archive"] = _archive_view(status, spec)
     return out
+
+
+def _indexes(parts: Sequence[Any]) -> list[dict[str, int]]:
+    return [{"partition": p.partition, "index": p.index} for p in parts]
 
 
 def _archive_view(status: RaftClusterStatus, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -364,10 +400,60 @@ def render(v: Mapping[str, Any]) -> str:
         else:
             lines.append("no member has reported its archive yet")
 
+    lines += _restore_lines(v)
+    lines += _backup_lines(v)
+
     switchover = _switchover_line(v)
     if switchover:
         lines += ["", switchover]
     return "\n".join(lines) + "\n"
+
+
+def at_indexes(parts: Sequence[Mapping[str, int]]) -> str:
+    """`0@120,1@98`: partition@index."""
+    return ",".join(f"{p['partition']}@{p['index']}" for p in parts) or "-"
+
+
+def utc(epoch: float | None) -> str:
+    if epoch is None:
+        return "-"
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _restore_lines(v: Mapping[str, Any]) -> list[str]:
+    r = v["restore"]
+    if r is None:
+        return []
+    line = f"Restored from {r['url']} ({r['target']}): {r['state']}"
+    if r["state"] == "planned":
+        line += f", partition@index {at_indexes(r['partitions'])}"
+    elif r["message"]:
+        line += f" ({r['message']})"
+    return ["", line]
+
+
+def _backup_lines(v: Mapping[str, Any]) -> list[str]:
+    backups, asked = v["backups"], v["backupRequested"]
+    lines = []
+    if backups:
+        shown = backups[-BACKUPS_SHOWN:]
+        more = f", the last {len(shown)} of {len(backups)}" if len(shown) < len(backups) else ""
+        lines += ["", f"Backups (oldest first{more}):"]
+        lines += table(
+            ["NAME", "STATE", "REQUESTED", "PARTITION@INDEX"],
+            [
+                [
+                    b["name"],
+                    b["state"],
+                    utc(b["requestedAt"]),
+                    b["message"] or "-" if b["state"] == "failed" else at_indexes(b["partitions"]),
+                ]
+                for b in shown
+            ],
+        )
+    if asked is not None and all(b["name"] != asked for b in backups):
+        lines += ["", f"Backup {asked}: requested, not picked up by the operator yet"]
+    return lines
 
 
 def _archive_error(a: Mapping[str, Any], chars: int = 80) -> str:
