@@ -332,12 +332,10 @@ def _removals(cluster: _ClusterPass) -> Action | None:
 
 
 def _remove(cluster: _ClusterPass, m: MemberStatus) -> Action:
+    handing = _hand_over(cluster, m.name, f"removing {m.name}")
+    if handing is not None:
+        return handing
     for partition, leader_view in cluster.led_partitions():
-        if leader_view.leader == m.name:
-            target = _successor(cluster, leader_view, leaving=m.name)
-            if target is None:
-                return Wait(f"partition {partition}: no caught-up voter to take over from {m.name}")
-            return TransferLeader(partition, m.name, target)
         if m.name in leader_view.voters:
             ready = cluster.ready_names()
             if not keeps_majority(leader_view.voters, m.name, ready):
@@ -552,25 +550,13 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
         leader_view.leader for _, leader_view in cluster.led_partitions() if leader_view.leader
     }
     target = next_to_restart(stale, leading)
-    ready = cluster.ready_names()
-    for partition, leader_view in cluster.led_partitions():
-        if target.name in leader_view.voters and not stays_available(
-            leader_view.voters, target.name, ready
-        ):
-            return Wait(
-                f"restart of {target.name} waits: partition {partition} would have "
-                f"{len(leader_view.voters & (ready - {target.name}))} of "
-                f"{len(leader_view.voters)} voters ready without it"
-            )
+    short = _short_without(cluster, target.name, f"the restart of {target.name} waits")
+    if short is not None:
+        return short
     # A leader restarts only once its leaderships moved to a caught-up voter.
-    for partition, leader_view in cluster.led_partitions():
-        if leader_view.leader == target.name:
-            successor = _successor(cluster, leader_view, leaving=target.name)
-            if successor is None:
-                return Wait(
-                    f"partition {partition}: no caught-up voter to take over from {target.name}"
-                )
-            return TransferLeader(partition, target.name, successor)
+    handing = _hand_over(cluster, target.name, f"restarting {target.name}")
+    if handing is not None:
+        return handing
     asked = cluster.controls.restart
     why = (
         f"(raftlog.dev/restartedAt {asked})"
@@ -623,24 +609,12 @@ def _fencing(cluster: _ClusterPass) -> Action | None:
             if pod in ("missing", "terminating"):
                 continue
             return StopMember(name)  # it came back (a stop that failed, or someone made it)
-        for partition, leader_view in cluster.led_partitions():
-            if leader_view.leader == name:
-                target = _successor(cluster, leader_view, leaving=name)
-                if target is None:
-                    return Wait(
-                        f"fencing {name}: partition {partition} has no caught-up voter to take "
-                        "over its leadership"
-                    )
-                return TransferLeader(partition, name, target)
-        ready = cluster.ready_names()
-        for partition, leader_view in cluster.led_partitions():
-            if name in leader_view.voters and not stays_available(leader_view.voters, name, ready):
-                left = len(leader_view.voters & (ready - {name}))
-                return Wait(
-                    f"fencing {name} is refused for now: partition {partition} would have "
-                    f"{left} of {len(leader_view.voters)} voters ready without it, below a "
-                    "majority"
-                )
+        handing = _hand_over(cluster, name, f"fencing {name}")
+        if handing is not None:
+            return handing
+        short = _short_without(cluster, name, f"fencing {name} is refused for now")
+        if short is not None:
+            return short
         m.fenced = True
         cluster.event("Fenced", f"{name} stops serving; its volume and memberships stay")
         return StopMember(name)
@@ -873,6 +847,36 @@ def _quantity(text: str) -> Decimal:
 def _pod(cluster: _ClusterPass, name: str) -> str:
     seen = cluster.observed.members.get(name)
     return "missing" if seen is None else seen.pod
+
+
+def _hand_over(cluster: _ClusterPass, name: str, doing: str) -> Action | None:
+    """The next of `name`'s leaderships moved to a caught-up voter (one partition a pass), a
+    Wait saying which partition has none, or None once it leads no partition."""
+    for partition, leader_view in cluster.led_partitions():
+        if leader_view.leader == name:
+            target = _successor(cluster, leader_view, leaving=name)
+            if target is None:
+                return Wait(
+                    f"{doing}: partition {partition} has no caught-up voter to take over from "
+                    f"{name}"
+                )
+            return TransferLeader(partition, name, target)
+    return None
+
+
+def _short_without(cluster: _ClusterPass, name: str, doing: str) -> Wait | None:
+    """A Wait naming the first partition whose other voters would not hold a ready majority
+    with `name` stopped (`safety.stays_available`); None when every partition would."""
+    ready = cluster.ready_names()
+    for partition, leader_view in cluster.led_partitions():
+        voters = leader_view.voters
+        if name in voters and not stays_available(voters, name, ready):
+            left = len(voters & (ready - {name}))
+            return Wait(
+                f"{doing}: partition {partition} would have {left} of {len(voters)} voters "
+                "ready without it, below a majority"
+            )
+    return None
 
 
 def _successor(cluster: _ClusterPass, leader_view: PartitionView, leaving: str) -> str | None:
