@@ -987,6 +987,8 @@ def test_status_shows_a_failed_restore_plan_and_a_backup_not_picked_up() -> None
     )
     assert "\nBackup b2: requested, not picked up by the operator yet\n" in text
     assert "Backups (" not in text
+    obj["status"]["restore"] = {"url": "s3://b/src", "target": "latest", "state": "planning"}
+    assert "\nRestored from s3://b/src (latest): planning\n" in raftview.render(raftview.view(obj))
     # Neither: no line about them.
     quiet = raftview.render(raftview.view(resource()))
     assert "Restored" not in quiet and "Backup" not in quiet

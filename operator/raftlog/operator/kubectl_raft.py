@@ -177,8 +177,9 @@ def backup_patch(obj: Mapping[str, Any], name: str) -> dict[str, Any]:
 
 
 def _backup(obj: Mapping[str, Any], name: str) -> dict[str, Any] | None:
-    listed = [b for b in (obj.get("status") or {}).get("backups") or [] if b.get("name") == name]
-    return listed[-1] if listed else None
+    # The operator takes a name once: at most one entry has it.
+    listed = (obj.get("status") or {}).get("backups") or []
+    return next((b for b in listed if b.get("name") == name), None)
 
 
 def restored_archive_url(source_url: str, new: str) -> str:
@@ -189,8 +190,9 @@ def restored_archive_url(source_url: str, new: str) -> str:
     return f"s3://{parts.netloc}/{prefix + '-' if prefix else ''}restored-{new}"
 
 
-# What a new cluster does not take from its source: requests about the source's own members.
-NOT_COPIED = ("fencedMembers", "removeMembers", "hibernate", "restore")
+# What a new cluster does not take from its source: requests about the source's own members
+# (its spec.restore, if any, is replaced).
+NOT_COPIED = ("fencedMembers", "removeMembers", "hibernate")
 
 
 def restore_manifest(
