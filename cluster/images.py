@@ -28,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import NamedTuple
 
+from cluster import build as cluster_build
 from cluster import layout
 
 IMAGES = layout.CACHE / "images"
@@ -36,6 +37,9 @@ SPARK_REF = "ghcr.io/raftlog/raftlog-spark:0.1.0"
 PAUSE_REF = "localhost/raftlog/pause:catatonit"
 COREDNS_REF = f"localhost/raftlog/coredns:{layout.COREDNS}"
 LOCAL_PATH_REF = f"localhost/raftlog/local-path-provisioner:{layout.LOCAL_PATH}"
+# SeaweedFS's `weed` (statically linked: CGO_ENABLED=0, see cluster/build.py), the S3 server the
+# `k8s` tests run inside the cluster; tagged with its module version's commit.
+SEAWEEDFS_REF = f"localhost/raftlog/seaweedfs:{layout.SEAWEEDFS.rsplit('-', 1)[-1][:12]}"
 
 # The host's apt sources (/etc/apt/sources.list.d/debian.sources): the only mirror reachable.
 MIRRORS = [
@@ -475,14 +479,22 @@ def build() -> list[Image]:
     return [raftlog_image(), pause_image(), busybox_image()]
 
 
+def seaweedfs_image() -> Image:
+    """SeaweedFS's static `weed` at /weed (built from the Go module proxy unless cached), for an
+    S3 server in the cluster: `weed mini -dir=/tmp/...` or with a volume for its data."""
+    return binary_image(cluster_build.ensure_weed(), SEAWEEDFS_REF, ["/weed"])
+
+
 def ensure_all(bins: dict[str, Path]) -> list[Image]:
-    """Every image the cluster runs: raftlog's, the sandbox's, and the add-ons' (from `bins`)."""
+    """Every image the cluster runs: raftlog's, the sandbox's, the add-ons' (from `bins`) and the
+    tests' S3 server."""
     return [
         *build(),
         binary_image(bins["coredns"].resolve(), COREDNS_REF, ["/coredns"]),
         binary_image(
             bins["local-path-provisioner"].resolve(), LOCAL_PATH_REF, ["/local-path-provisioner"]
         ),
+        seaweedfs_image(),
     ]
 
 
