@@ -111,3 +111,54 @@ async def test_a_backup_by_annotation_then_a_new_cluster_restored_from_it(
                 assert r.first_index > point[0]
         finally:
             await dst.op.close()
+
+
+async def test_a_point_in_time_restore_holds_the_records_stamped_up_to_the_time(
+    tmp_path: Path,
+) -> None:
+    """Records stamped before T, then after it (the producer's timestamps); a cluster restored
+    to T holds every one of the first and none of the second, in every partition."""
+    t_before, t_after = 1_700_000_000_000, 1_700_000_600_000
+    restore_at = t_before + 300_000
+    with S3Server(tmp_path / "s3", buckets=(BUCKET,)) as s3:
+        src = Harness(secret(tmp_path / "c", s3), manifest(s3, "c"))
+        acked: dict[int, list[tuple[int, str, int]]] = {p: [] for p in range(PARTITIONS)}
+        try:
+            await src.until("bootstrap", running(3), 60)
+            async with AsyncClient(src.op.endpoints(), retries=20) as client:
+                for stamp, tag in ((t_before, "early"), (t_after, "late")):
+                    for p in range(PARTITIONS):
+                        for i in range(0, 40, 4):
+                            js = range(i, i + 4)
+                            recs = [
+                                {"key": f"k{j}", "value": f"{tag}-{j}", "timestamp_ms": stamp + j}
+                                for j in js
+                            ]
+                            r = await client.append(p, recs)
+                            acked[p] += [
+                                (r.first_index + k, f"{tag}-{j}", stamp + j)
+                                for k, j in enumerate(js)
+                            ]
+            # A backup archives everything committed (the active segment's records included).
+            annotate(src, BACKUP, "all")
+            st = await src.until("backup all", backup_done("all"), 60)
+            assert next(b for b in st.backups if b.name == "all").state == "done"
+        finally:
+            await src.op.close()
+
+        target = f"time:{restore_at}"
+        dst = Harness(secret(tmp_path / "t", s3), manifest(s3, "t", restore=target))
+        try:
+            st = await dst.until("restored to a time and running", running(3), 90)
+            assert st.restore is not None and st.restore.state == "planned"
+            for p in range(PARTITIONS):
+                got = await read_all(dst, p)
+                early = [(i, v) for i, v, ts in acked[p] if ts <= restore_at]
+                late = [(i, v) for i, v, ts in acked[p] if ts > restore_at]
+                assert early and late
+                assert all(got.get(i) == v for i, v in early), f"partition {p}: early lost"
+                assert not [i for i, _ in late if i in got], f"partition {p}: late restored"
+                planned = next(x.index for x in st.restore.partitions if x.partition == p)
+                assert planned == min(i for i, _ in late) - 1
+        finally:
+            await dst.op.close()
