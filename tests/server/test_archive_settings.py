@@ -3,13 +3,17 @@ manifest (format, contiguity). The archive against a real S3 server: tests/s3/te
 
 from __future__ import annotations
 
+import asyncio
 import json
+import types
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from raftlog.node.core.raft import Role
+from raftlog.node.server import archive
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.archive_manifest import (
     ArchivedSegment,
@@ -176,3 +180,61 @@ def test_keys_sort_by_index() -> None:
     )
     # Other bytes for the same range: another key, so a named object is never replaced.
     assert segment_key("x", 0, 1, 2, "ab" * 32) != segment_key("x", 0, 1, 2, "ac" * 32)
+
+
+# ---------------------------------------------------------------- a store call that never ends
+class Stubborn:
+    """Object store calls that do not end, not even once cancelled (as one obstore GET was once
+    seen not to), until `release`d: the test's loop must be able to close."""
+
+    def __init__(self) -> None:
+        self.released = False
+
+    async def call(self) -> bytes:
+        while not self.released:
+            try:
+                await asyncio.sleep(0.05)
+            except asyncio.CancelledError:
+                continue
+        raise asyncio.CancelledError
+
+    async def put(self, key: str, data: bytes) -> None:
+        await self.call()
+
+    async def get(self, key: str) -> bytes | None:
+        return await self.call()
+
+
+@pytest.mark.asyncio
+async def test_a_store_call_that_never_ends_is_a_timeout_naming_the_key(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(archive, "CALL_S", 0.2)
+    stuck = Stubborn()
+    try:
+        # Bounded by the test too: without the bound, the call would hold it for good.
+        with pytest.raises(TimeoutError, match=r"p0/manifest\.json: no answer from the object"):
+            await asyncio.wait_for(archive._bounded(stuck.call(), "p0/manifest.json"), 30)
+    finally:
+        stuck.released = True
+
+
+@pytest.mark.asyncio
+async def test_closing_the_archiver_never_waits_on_a_stuck_pass(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    class Driver:
+        archive_floor = 1
+        raft = types.SimpleNamespace(role=Role.FOLLOWER)
+
+    node = types.SimpleNamespace(drivers={0: Driver()})
+    monkeypatch.setattr(archive, "CLOSE_S", 0.2)
+    stuck = Stubborn()
+    a = archive.Archiver(node, stuck, "x", 0.05)  # type: ignore[arg-type]
+    a.start()
+    try:
+        await asyncio.sleep(0.1)  # the pass is in the stuck GET
+        await asyncio.wait_for(a.close(), 30)  # without the bound, close would hold it for good
+        assert a._task is not None and not a._task.done()  # left behind, still stuck
+    finally:
+        stuck.released = True
