@@ -207,3 +207,22 @@ def test_a_backup_name_that_cannot_be_one_is_a_problem_not_a_backup(value: str) 
     c = parse({BACKUP: value})
     assert c.backup is None
     assert c.problems and c.problems[0].startswith(BACKUP)
+
+
+def test_a_requested_backup_is_not_taken_again_once_it_left_the_status() -> None:
+    """The annotation stays on the resource; scheduled backups push its entry out of the last
+    BACKUPS_KEPT: the same name is still never taken twice (the archive would refuse it)."""
+    s = spec(archive={**ARCHIVE, "backupIntervalMinutes": 5})
+    st, w = settled(s)
+    asked = parse({BACKUP: "keep"})
+    now = T0
+    plan = run(st, w.observed(), s, now, controls=asked)
+    assert isinstance(plan.action, TakeBackup) and plan.action.name == "keep"
+    st, _ = record_outcome(plan.status, plan.action, Outcome(True, "t", indexes={}), now)
+    for _ in range(BACKUPS_KEPT + 2):
+        now += 5 * 60
+        plan = run(st, w.observed(), s, now, controls=asked)
+        assert isinstance(plan.action, TakeBackup) and plan.action.name != "keep"
+        st, _ = record_outcome(plan.status, plan.action, Outcome(True, "t", indexes={}), now)
+    assert "keep" not in {b.name for b in st.backups}
+    assert st.backup_request == "keep"

@@ -492,3 +492,19 @@ def test_archive_credentials_come_from_a_file_or_the_options(tmp_path: Path) -> 
     assert a is not None
     assert (a.endpoint, a.region, a.access_key_id) == ("http://127.0.0.1:8333", "eu-west-1", "K")
     assert parse(EP, streaming=False).archive is None
+
+
+def test_readers_without_the_archive_options_reach_history_through_the_nodes(
+    spark: SparkSession, cluster: LocalCluster, history
+) -> None:
+    """A reader that asks for indexes below the floor of an archiving cluster, with no archive
+    options of its own (the JVM reader has none), is served by the nodes' tiered reads: every
+    record from index 1, as acknowledged, for `raftlog-jvm` as for `raftlog`."""
+    floor = {p: min(floors(cluster, p).values()) for p in range(PARTITIONS)}
+    assert all(f > 100 for f in floor.values()), floor
+    starting = json.dumps({str(p): 1 for p in range(PARTITIONS)})
+    want = sorted(r for p in range(PARTITIONS) for r in history[p])
+    for fmt in ("raftlog-jvm", "raftlog"):
+        got = rows_of(raftlog_df(spark, cluster, {"startingOffsets": starting}, fmt=fmt))
+        assert plain(got) == want, fmt
+        assert sum(1 for r in got if r[1] < floor[r[0]]) > 200, fmt

@@ -53,8 +53,10 @@ def backups(cluster: _ClusterPass) -> Action | None:
     archive = cluster.spec.archive
     taken = {b.name for b in cluster.status.backups}
     name, scheduled = cluster.controls.backup, False
-    if name is not None and name in taken:
+    if name is not None and (name in taken or name == cluster.status.backup_request):
         name = None
+    if name is not None:
+        cluster.status.backup_request = name
     if name is None and archive is not None and archive.backup_interval_minutes:
         last = max((b.requested_at for b in cluster.status.backups if b.scheduled), default=None)
         if last is None or cluster.now - last >= archive.backup_interval_minutes * 60:

@@ -681,6 +681,11 @@ class RaftClusterStatus(_Status):
     backups: list[BackupStatus] = Field(
         default_factory=list, description="The most recent backups, oldest first."
     )
+    backup_request: str | None = Field(
+        None,
+        description="The raftlog.dev/backup value last acted on: the same value is never "
+        "taken again, even once its entry has left status.backups.",
+    )
     problems: list[str] = Field(
         default_factory=list,
         description="What the operator was asked and cannot act on, and an archive that fails, "

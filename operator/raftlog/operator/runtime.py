@@ -186,9 +186,13 @@ async def act(
                 at = dict(leaders)
 
                 async def flush(p: int) -> int:
+                    if p not in at:
+                        raise RuntimeError(f"partition {p} has no leader to archive it")
                     return await api.archive_flush(p, urls[at[p]])
 
-                backup = await take_backup(store, store.prefix, name, len(leaders), flush)
+                # Every partition of the spec: one without a leader fails the backup (KeyError
+                # in flush) rather than leaving it short.
+                backup = await take_backup(store, store.prefix, name, spec.partitions, flush)
                 return Outcome(True, backup.created_at, indexes=backup.partitions)
             case _:
                 return await api.perform(action, urls)

@@ -45,6 +45,13 @@ class Replica:
     leader: bool
     high_water_mark: int
     floor: int  # the first index this replica still has in its log
+    # The lowest index it serves: below its floor from the cluster's archive (the node's tiered
+    # reads), else its floor.
+    readable_from: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.readable_from:
+            object.__setattr__(self, "readable_from", self.floor)
 
 
 @dataclass
@@ -65,10 +72,19 @@ class PartitionView:
         return min((r.floor for r in self.replicas), default=1)
 
     @property
+    def readable_from(self) -> int:
+        """The lowest index some replica serves (its floor, or lower with tiered reads)."""
+        return min((r.readable_from for r in self.replicas), default=1)
+
+    @property
     def earliest(self) -> int:
-        """The lowest index still readable: the floor, or the archive's first index below it."""
-        first = self.tier.first if self.tier is not None else None
-        return self.floor if first is None else min(self.floor, first)
+        """The lowest index still readable: with this reader's archive (archiveUrl), the floor
+        or that archive's first index below it (what is below the floor is read from there);
+        without, what the nodes serve (their floor, or their own archive's first index)."""
+        if self.tier is not None:
+            first = self.tier.first
+            return self.floor if first is None else min(self.floor, first)
+        return min(self.floor, self.readable_from)
 
     def read_order(self, prefer_followers: bool, rotate: int = 0) -> list[str]:
         """Replicas to read from, best first: followers first when `prefer_followers` (spread
@@ -129,6 +145,7 @@ def survey(nodes: Client, opts: Options, timeout: float | None = None) -> Cluste
                     p.get("role") == "leader",
                     int(p["high_water_mark"]),
                     int(p["compaction_floor"]),
+                    int(p.get("readable_from") or 0),
                 )
             )
     if not views:

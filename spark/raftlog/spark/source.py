@@ -174,20 +174,21 @@ def _data_loss(p: int, start: int, floor: int, where: str) -> DataLoss:
 
 
 def _start_or_skip(opts: Options, view: PartitionView, start: int, where: str) -> int:
-    """`start`, or the earliest index still held when `start` was compacted and
-    `failOnDataLoss=false` (DataLoss otherwise)."""
-    if start >= view.floor:
+    """`start`, or the earliest index the nodes still serve when `start` was compacted (and
+    is not in their archive) and `failOnDataLoss=false` (DataLoss otherwise)."""
+    served = view.readable_from
+    if start >= served:
         return start
     if opts.fail_on_data_loss:
-        raise _data_loss(view.partition, start, view.floor, where)
+        raise _data_loss(view.partition, start, served, where)
     log.warning(
         "raftlog partition %d: skipped records [%d, %d): compacted before they were read "
         "(failOnDataLoss=false)",
         view.partition,
         start,
-        view.floor,
+        served,
     )
-    return view.floor
+    return served
 
 
 def plan_range(

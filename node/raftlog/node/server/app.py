@@ -373,8 +373,12 @@ async def status(request: web.Request) -> web.Response:
                 "snapshot_sends": [s.as_json() for s in node.transport.snapshot_sends_of(p)],
             }
         )
+        floor = driver.storage.compaction_floor()
+        parts[-1]["readable_from"] = floor  # the lowest index a read here is served from
         if node.archiver is not None:
-            parts[-1]["archive"] = node.archiver.partitions[p].as_json(st.high_water_mark)
+            archived = node.archiver.partitions[p]
+            parts[-1]["archive"] = archived.as_json(st.high_water_mark)
+            parts[-1]["readable_from"] = archived.readable_from(floor)
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop or asyncio
     auth = "token" if node.token else "none (insecure_no_auth: peer and admin calls are open)"
     return web.json_response(

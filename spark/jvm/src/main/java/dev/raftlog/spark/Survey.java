@@ -40,7 +40,9 @@ final class Survey {
                     base,
                     "leader".equals(p.path("role").asText()),
                     p.get("high_water_mark").asLong(),
-                    p.get("compaction_floor").asLong()));
+                    // The lowest index it serves: below its floor from the cluster's archive
+                    // (tiered reads); a node without the field serves from its floor.
+                    p.path("readable_from").asLong(p.get("compaction_floor").asLong())));
       }
     }
     if (views.isEmpty()) {
