@@ -116,21 +116,20 @@ class S3ObjectStore:
     async def get(self, key: str) -> bytes | None:
         import obstore
 
-        async def read() -> bytes:
-            result = await obstore.get_async(self._store, key)
-            return bytes(await result.bytes_async())
-
         try:
-            return await _bounded(read(), key)
+            result = await _bounded(obstore.get_async(self._store, key), key)
         except FileNotFoundError:
             return None
+        return bytes(await _bounded(result.bytes_async(), key))
 
 
 async def _bounded(call: Awaitable[T], key: str) -> T:
     """`call`'s result, or TimeoutError after CALL_S: the client's own timeouts and retries end
     a call well before that, but an obstore future was once seen never to complete (see
     `Archiver.close`), and a pass waiting on it forever would end archiving on this node. The
-    call is cancelled and left behind, never awaited again."""
+    call is cancelled and left behind, never awaited again. obstore's calls are futures, awaited
+    as they are (no task around them), so one left pending holds no task for the event loop's
+    shutdown to wait on."""
     task = asyncio.ensure_future(call)
     try:
         done, _ = await asyncio.wait({task}, timeout=CALL_S)
