@@ -269,6 +269,22 @@ def test_backup_then_restore_into_a_new_cluster_and_the_store_down(operator: str
     assert len(indexes) == 20 and min(indexes) > point[0], (indexes, point)
     kube.kubectl("delete", "raft", "r", "-n", ns, "--wait=false")
 
+    # ------------------------------------------------------------- to a chosen index
+    # Point in time by index: partition 0 up to an index below the backup's, exactly.
+    cut = point[0] - 25
+    started = time.monotonic()
+    raft("restore", "r2", "--from", "c", "--to", f"index:0={cut}", "--apply", "-n", ns)
+    kube.until("r2 restored and settled at 3", lambda: settled(status(ns, "r2"), 3), 300)
+    timed(f"kubectl raft restore --to index:0={cut} -> Running with 3 ready", started)
+    st = status(ns, "r2")
+    assert {p["partition"]: p["index"] for p in st["restore"]["partitions"]}[0] == cut
+    for name, url in member_urls(ns, "r2").items():
+        mine = read_all(url, 0)
+        assert max(mine) <= cut, (name, max(mine), cut)
+        held = {i: v for i, v in source.items() if i <= cut}
+        assert {i: mine.get(i) for i in held} == held, f"{name}: not the source's log up to {cut}"
+    kube.kubectl("delete", "raft", "r2", "-n", ns, "--wait=false")
+
     # ------------------------------------------------------------- the store down, then back
     started = time.monotonic()
     scale_s3(ns, 0)

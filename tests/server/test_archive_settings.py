@@ -13,6 +13,7 @@ import pytest
 from pydantic import ValidationError
 
 from raftlog.node.core.raft import Role
+from raftlog.node.core.types import Entry, EntryKind, HardState, Membership
 from raftlog.node.server import archive
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.archive_manifest import (
@@ -25,6 +26,8 @@ from raftlog.node.storage.archive_manifest import (
     segment_key,
     snapshot_key,
 )
+from raftlog.node.storage.archive_objects import object_entries
+from raftlog.node.storage.durable import DurableStorage
 
 SECRET = "s3cr3t-never-shown"
 
@@ -238,3 +241,62 @@ async def test_closing_the_archiver_never_waits_on_a_stuck_pass(
         assert a._task is not None and not a._task.done()  # left behind, still stuck
     finally:
         stuck.released = True
+
+
+# ---------------------------------------------------------------- a flush cuts at the commit index
+class MemoryStore:
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+
+    async def put(self, key: str, data: bytes) -> None:
+        self.objects[key] = data
+
+    async def get(self, key: str) -> bytes | None:
+        return self.objects.get(key)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("commit", [5, 37, 58, 60])
+async def test_a_flush_archives_exactly_up_to_the_commit_index_across_sealed_segments(
+    tmp_path: Path, commit: int
+) -> None:
+    """Segments are sealed by size, not by commit: a sealed segment may reach past the commit
+    index (a leader's uncommitted tail). A flush archives its committed part too, and what
+    follows the commit index never (the periodic pass only takes whole committed segments)."""
+    storage = DurableStorage(
+        str(tmp_path / "p0"), bootstrap=Membership.of(["n1"]), durable=False, segment_bytes=512
+    )
+    entries = [Entry(i, 1, EntryKind.NORMAL, b"x" * 40) for i in range(1, 61)]
+    storage.save(HardState(1, None, commit), entries)
+    assert len(storage.wal.sealed_segments()) >= 3
+    assert any(s.first_index <= commit < s.last_index for s in storage.wal.sealed_segments()) or (
+        commit >= storage.wal.active_segment().first_index
+    )
+
+    class Driver:
+        archive_floor = 1
+        raft = types.SimpleNamespace(role=Role.LEADER, term=1, commit=commit, leader="n1")
+
+        def __init__(self) -> None:
+            self.storage = storage
+
+        async def linearizable_point(self) -> int:
+            return commit
+
+    node = types.SimpleNamespace(drivers={0: Driver()}, id="n1")
+    store = MemoryStore()
+    a = archive.Archiver(node, store, "x", 3600)  # type: ignore[arg-type]
+    periodic = await _archived_after(a, store, flush=False)
+    assert periodic <= commit
+    assert await a.flush(0) == commit
+    m = Manifest.from_json("m", store.objects["x/p0/manifest.json"])
+    assert m.archived_index == commit
+    got = [e.index for s in m.segments for e in object_entries(s.key, store.objects[s.key])]
+    assert got == list(range(1, commit + 1))  # every committed entry once, nothing above
+    storage.close()
+
+
+async def _archived_after(a: archive.Archiver, store: MemoryStore, flush: bool) -> int:
+    await a.pass_once()
+    raw = store.objects.get("x/p0/manifest.json")
+    return Manifest.from_json("m", raw).archived_index if raw else 0

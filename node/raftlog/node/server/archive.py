@@ -56,6 +56,7 @@ log = logging.getLogger("raftlog.archive")
 
 MAX_ERROR_CHARS = 500
 CLOSE_S = 5.0  # at most this long for a cancelled pass to end when the node stops
+POINT_S = 30.0  # for a flush's read point (a quorum's heartbeat answers)
 CALL_S = 90.0  # an object store call's bound, past the client's timeouts and retries
 T = TypeVar("T")
 
@@ -268,9 +269,18 @@ class Archiver:
         st = self.partitions.setdefault(p, PartitionArchive())
         if d.raft.role != Role.LEADER:
             raise NotLeader(d.raft.leader)
+        # A leader elected moments ago may not know the commit index yet (it learns it by
+        # committing an entry of its term): a read point (ReadIndex) covers every record
+        # acknowledged before this call, whoever acknowledged it.
+        point = await asyncio.wait_for(d.linearizable_point(), POINT_S)
         try:
             async with self._lock(p):
                 await self._lead(p, d, st, active=True)
+            if st.archived_index < point:
+                raise RuntimeError(
+                    f"archived up to {st.archived_index}, below the read point {point} (the "
+                    "leadership moved meanwhile?); ask again"
+                )
         except Exception as e:
             self._failed(p, st, e)
             raise
@@ -342,11 +352,18 @@ class Archiver:
         next_index = m.archived_index + 1 if m.segments else d.storage.first_index()
         wal = d.storage.wal
         for seg in [*wal.sealed_segments(), *([wal.active_segment()] if active else [])]:
-            sealed = seg is not wal.active_segment()
-            last = seg.last_index if sealed else min(seg.last_index, commit)
-            if last > commit or last < seg.first_index:
+            # Whole: a sealed segment of committed entries. Otherwise (the active segment, or a
+            # sealed one reaching past the commit index) only a flush takes its committed part,
+            # cut after the record of `last`: the bytes past it may still change.
+            whole = seg is not wal.active_segment() and seg.last_index <= commit
+            if not whole and not active:
+                break
+            last = seg.last_index if whole else min(seg.last_index, commit)
+            if last < seg.first_index:
                 break
             if last < next_index:
+                if not whole:
+                    break
                 continue
             if seg.first_index > next_index:
                 snap = m.latest_snapshot
@@ -357,13 +374,11 @@ class Archiver:
                     )
             start = max(seg.first_index, next_index)
             # What to cut, read now (in the driver's loop, where the WAL changes): the record
-            # of `start` and the term below it.
+            # of `start` and the term below it, and the end of the record of `last`.
             offset = seg.offsets[start - seg.first_index]
             prev_term = seg.terms[start - 1 - seg.first_index] if start > seg.first_index else 0
-            # A sealed segment ends at its last record; the active one's part is cut after the
-            # record of `last` (the bytes past it may still change).
             end = None
-            if not sealed:
+            if not whole:
                 end = seg.offsets[last + 1 - seg.first_index] if last < seg.last_index else seg.end
             try:
                 data = await asyncio.to_thread(
