@@ -12,7 +12,7 @@ from tests.operator.test_reconciler import MEMBERS, NAME, T0, World, running_sta
 
 from raftlog.operator import manifests
 from raftlog.operator.actions import CreateMembers, Outcome, PlanRestore, TakeBackup, Wait
-from raftlog.operator.archive_steps import BACKUPS_KEPT, RESTORE_RETRY_S
+from raftlog.operator.archive_steps import BACKUP_STALLED_S, BACKUPS_KEPT, RESTORE_RETRY_S
 from raftlog.operator.cluster_views import Observed
 from raftlog.operator.controls import BACKUP, NONE, Controls, parse
 from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
@@ -226,3 +226,24 @@ def test_a_requested_backup_is_not_taken_again_once_it_left_the_status() -> None
         st, _ = record_outcome(plan.status, plan.action, Outcome(True, "t", indexes={}), now)
     assert "keep" not in {b.name for b in st.backups}
     assert st.backup_request == "keep"
+
+
+def test_a_backup_left_pending_by_an_operator_that_stopped_is_asked_again() -> None:
+    """The status says pending (saved before the flush) but no outcome came: the operator
+    stopped during it. Once BACKUP_STALLED_S passed, it is asked again, taking a record the
+    first try wrote as its own (`resume`)."""
+    s = spec(archive=ARCHIVE)
+    st, w = settled(s)
+    asked = parse({BACKUP: "b1"})
+    plan = run(st, w.observed(), s, controls=asked)
+    assert isinstance(plan.action, TakeBackup) and not plan.action.resume
+    pending = plan.status  # saved before acting; the outcome never recorded
+    soon = run(pending, w.observed(), s, T0 + BACKUP_STALLED_S / 2, controls=asked)
+    assert not isinstance(soon.action, TakeBackup)
+    later = run(pending, w.observed(), s, T0 + BACKUP_STALLED_S, controls=asked)
+    assert later.action == TakeBackup("b1", ((0, "c-1"), (1, "c-2")), resume=True)
+    assert "BackupResumed" in [e.reason for e in later.events]
+    st2, _ = record_outcome(
+        later.status, later.action, Outcome(True, "t", indexes={0: 5, 1: 6}), T0 + 601
+    )
+    assert [(b.name, b.state) for b in st2.backups] == [("b1", "done")]

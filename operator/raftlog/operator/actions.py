@@ -94,6 +94,8 @@ class TakeBackup:
 
     name: str
     leaders: tuple[tuple[int, str], ...]  # partition -> its leader
+    # Asked again after the operator stopped during it: a record already written is its.
+    resume: bool = False
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,9 @@ if TYPE_CHECKING:
 
 RESTORE_RETRY_S = 30.0  # after a failed plan (the store down, a target not archived yet)
 BACKUPS_KEPT = 20
+# A backup still pending this long was being taken when the operator stopped (a flush of every
+# partition answers within 120 s each).
+BACKUP_STALLED_S = 600.0
 
 
 def restore_plan(cluster: _ClusterPass) -> Action | None:
@@ -51,6 +54,20 @@ def restore_plan(cluster: _ClusterPass) -> Action | None:
 def backups(cluster: _ClusterPass) -> Action | None:
     """A backup asked for by name, or one the schedule is due for (every partition led)."""
     archive = cluster.spec.archive
+    stalled = next(
+        (
+            b
+            for b in cluster.status.backups
+            if b.state == "pending" and cluster.now - b.requested_at >= BACKUP_STALLED_S
+        ),
+        None,
+    )
+    if stalled is not None and archive is not None:
+        # The operator stopped while taking it (its outcome was never recorded): again, and a
+        # record it wrote before stopping is taken as the backup.
+        stalled.requested_at = cluster.now
+        cluster.event("BackupResumed", f"backup {stalled.name}: asked again")
+        return TakeBackup(stalled.name, _leaders(cluster), resume=True)
     taken = {b.name for b in cluster.status.backups}
     name, scheduled = cluster.controls.backup, False
     if name is not None and (name in taken or name == cluster.status.backup_request):
@@ -71,11 +88,14 @@ def backups(cluster: _ClusterPass) -> Action | None:
         backup.message = "spec.archive is not set: there is no archive to back up to"
         cluster.event("BackupFailed", f"backup {name}: {backup.message}", warning=True)
         return None
-    leaders = tuple(
+    cluster.event("BackupStarted", f"backup {name}: archiving every partition's commits")
+    return TakeBackup(name, _leaders(cluster))
+
+
+def _leaders(cluster: _ClusterPass) -> tuple[tuple[int, str], ...]:
+    return tuple(
         (p, view.leader) for p, view in cluster.led_partitions() if view.leader is not None
     )
-    cluster.event("BackupStarted", f"backup {name}: archiving every partition's commits")
-    return TakeBackup(name, leaders)
 
 
 def _indexes(indexes: dict[int, int] | None) -> list[PartitionIndex]:

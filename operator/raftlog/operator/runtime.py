@@ -180,7 +180,7 @@ async def act(
                 target = parse_target(spec.restore.target)
                 plan = await resolve(store, store.prefix, spec.partitions, target)
                 return Outcome(True, target.describe(), indexes=plan)
-            case TakeBackup(name, leaders):
+            case TakeBackup(name, leaders, resume):
                 assert spec.archive is not None
                 store = await runtime.archive_store(spec, spec.archive.url)
                 at = dict(leaders)
@@ -192,7 +192,9 @@ async def act(
 
                 # Every partition of the spec: one without a leader fails the backup (KeyError
                 # in flush) rather than leaving it short.
-                backup = await take_backup(store, store.prefix, name, spec.partitions, flush)
+                backup = await take_backup(
+                    store, store.prefix, name, spec.partitions, flush, adopt=resume
+                )
                 return Outcome(True, backup.created_at, indexes=backup.partitions)
             case _:
                 return await api.perform(action, urls)

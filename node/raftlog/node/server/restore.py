@@ -51,7 +51,7 @@ from raftlog.node.storage.archive_manifest import (
 )
 from raftlog.node.storage.archive_objects import check_object, object_entries
 from raftlog.node.storage.durable import DurableStorage
-from raftlog.node.storage.snapshots import decode_snapshot
+from raftlog.node.storage.snapshots import SnapshotStore, decode_snapshot
 
 log = logging.getLogger("raftlog.restore")
 
@@ -116,14 +116,19 @@ async def take_backup(
     name: str,
     partitions: int,
     flush: Callable[[int], Awaitable[int]],
+    adopt: bool = False,
 ) -> Backup:
     """A backup named `name`: each partition's leader archives what it has committed
     (`flush(p)` -> its archived index, through the admin API), then the point is recorded. A
     record acknowledged before the call is in the backup; one acknowledged after it is not,
-    unless it committed before its partition's flush."""
+    unless it committed before its partition's flush. `adopt`: a record of that name already
+    written (by an earlier try of the same backup) is the backup."""
     check_backup_name(name)
     key = backup_key(prefix, name)
-    if await store.get(key) is not None:
+    raw = await store.get(key)
+    if raw is not None and adopt:  # an earlier try of this very backup got as far as its record
+        return Backup.from_json(key, raw)
+    if raw is not None:
         raise RestoreError(f"backup {name!r} exists already ({key}); give another name")
     indexes = {p: await flush(p) for p in range(partitions)}
     backup = Backup(name, now_iso(), indexes)
@@ -184,7 +189,7 @@ async def resolve(
                 want = target.index
         else:
             assert target.time_ms is not None
-            want = await _last_before(store, m, target.time_ms) if m is not None else 0
+            want = await _last_before(store, m, target.time_ms, p) if m is not None else 0
         if want > archived:
             raise RestoreError(
                 f"partition {p}: index {want} is not archived (the archive reaches {archived})"
@@ -196,16 +201,32 @@ async def resolve(
     return out
 
 
-async def _last_before(store: ObjectStore, m: Manifest, time_ms: int) -> int:
+async def _last_before(store: ObjectStore, m: Manifest, time_ms: int, p: int) -> int:
     """The index before the first archived record stamped after `time_ms` (the whole archive
     when none is): a restore to a time is a prefix of the log, cut at the first record after
-    it, since producers' clocks need not rise with the index."""
-    last = 0
-    for seg in _reachable(m):
+    it, since producers' clocks need not rise with the index. Refused when no archived record
+    carries a time (a cut could not be placed), and when the cut falls below the first archived
+    entry (what is below it is only in a snapshot, whose records' times are unknown)."""
+    last, stamped = 0, False
+    segments = _reachable(m)
+    for seg in segments:
         for e in object_entries(seg.key, await _fetch(store, seg)):
-            if e.kind == EntryKind.NORMAL and _stamp(e) > time_ms:
+            stamp = _stamp(e) if e.kind == EntryKind.NORMAL else 0
+            stamped = stamped or stamp > 0
+            if stamp > time_ms:
+                if e.index == segments[0].first_index and e.index > 1:
+                    raise RestoreError(
+                        f"partition {p}: the first archived record (index {e.index}) is stamped "
+                        "after the time; the records below it are only in a snapshot, whose "
+                        "times are unknown"
+                    )
                 return e.index - 1
             last = e.index
+    if not stamped and last:
+        raise RestoreError(
+            f"partition {p}: no archived record carries a timestamp (timestamp_ms), so no "
+            "time can place a cut; restore to an index or a backup"
+        )
     return min(last, m.archived_index)
 
 
@@ -279,7 +300,7 @@ async def restore_partition(
     if index == 0:
         storage = DurableStorage(scratch, bootstrap=membership)
         storage.close()
-        os.rename(scratch, path)
+        _into_place(scratch, path)
         return Restored(p, 0, 0, 1, 0, time.monotonic() - started)
     m = await read_manifest(store, prefix, p)
     if m is None:
@@ -316,12 +337,34 @@ async def restore_partition(
                 f"partition {p}: {written} entries read from the archive for {first}..{index}"
             )
         storage.create_snapshot(SnapshotMeta(index, term, membership), table.snapshot())
+        # The new voters as an entry too, right after the restored log, the same on every
+        # member: a member that joins later replays the source's membership entries below the
+        # index, then this one, rather than keeping the source's members until the next change.
+        # Not committed here; the first leader commits it with its first entry.
+        config = Entry(index + 1, term, EntryKind.CONFIG, membership.encode())
+        storage.save(HardState(term, None, index), [config])
     finally:
         storage.close()
+    _into_place(scratch, path)
+    return Restored(p, index, term, first, written, time.monotonic() - started)
+
+
+def _into_place(scratch: str, path: str) -> None:
+    """The finished partition renamed into place, durably (its files, then the rename)."""
     _fsync_dir(scratch)
     os.rename(scratch, path)
     _fsync_dir(os.path.dirname(path) or ".")
-    return Restored(p, index, term, first, written, time.monotonic() - started)
+
+
+def _holds(path: str) -> bool:
+    """Whether `path` is a partition this member holds: a snapshot or a log in it."""
+    if not os.path.isdir(path):
+        return False
+    snap = os.path.join(path, "snap")
+    if os.path.isdir(snap) and SnapshotStore.peek(snap) is not None:
+        return True
+    wal = os.path.join(path, "wal")
+    return os.path.isdir(wal) and any(name.endswith(".wal") for name in os.listdir(wal))
 
 
 def _fsync_dir(path: str) -> None:
@@ -343,8 +386,11 @@ async def restore_missing(settings: NodeSettings) -> list[Restored]:
     done = []
     for p, index in sorted(settings.restore_indexes.items()):
         path = os.path.join(settings.data_dir, f"p{p}")
-        if os.path.isdir(path):
+        if _holds(path):
             continue
+        if os.path.isdir(path):  # nothing in it (a crash before its first write): restored
+            log.warning("p%d: %s holds no snapshot and no log; restoring into it", p, path)
+            shutil.rmtree(path)
         os.makedirs(settings.data_dir, exist_ok=True)
         r = await restore_partition(store, store.prefix, p, index, path, settings.peers)
         log.warning(
