@@ -230,11 +230,15 @@ def test_a_stream_replays_the_batch_it_died_in_and_lands_each_row_once(
 ):
     """The query's Python workers are killed while its second micro-batch is being written
     (this Spark does not retry tasks: the query dies); started again from its checkpoint, it
-    replays that micro-batch (the same batch id: the same producer ids), then the rest."""
+    replays that micro-batch (the same batch id: the same producer ids), then the rest.
+    3,000 rows a micro-batch: the kill must land while the batch is still being written, and
+    counting what is written takes a while on a loaded machine (with 1,000, a CI run once saw
+    the batch finish first, and the query lived)."""
+    rows_per_batch = 3000
     source, checkpoint = tmp_path / "in", tmp_path / "checkpoint"
     source.mkdir()
-    for n in range(3):  # three files: three micro-batches of 1,000 rows
-        rows = [{"key": f"s{n}-{i}", "value": f"streamed-{n}-{i}"} for i in range(1000)]
+    for n in range(3):  # three files: three micro-batches
+        rows = [{"key": f"s{n}-{i}", "value": f"streamed-{n}-{i}"} for i in range(rows_per_batch)]
         (source / f"part-{n}.json").write_text("\n".join(json.dumps(r) for r in rows))
 
     def start() -> Any:
@@ -253,12 +257,14 @@ def test_a_stream_replays_the_batch_it_died_in_and_lands_each_row_once(
         )
 
     query = start()
-    killed_at = kill_workers_midway(cluster, os.getpid(), "streamed-1-", 100, 1000)
+    killed_at = kill_workers_midway(cluster, os.getpid(), "streamed-1-", 100, rows_per_batch)
     with pytest.raises(StreamingQueryException):  # its workers died
         query.awaitTermination(120)
     start().awaitTermination(300)  # from the checkpoint: micro-batch 1 again, then 2
     got = collections.Counter(
         r["value"] for rs in written(cluster, "streamed-").values() for r in rs
     )
-    expected = collections.Counter(f"streamed-{n}-{i}" for n in range(3) for i in range(1000))
+    expected = collections.Counter(
+        f"streamed-{n}-{i}" for n in range(3) for i in range(rows_per_batch)
+    )
     assert got == expected, (killed_at, sorted(v for v, c in got.items() if c > 1)[:5])
