@@ -86,6 +86,12 @@ def backup(
     )
 
 
+def plan(s3: S3Server, creds: Path, url: str, target: str) -> tuple[int, str, str]:
+    """`raftctl restore plan --json` of two partitions to `target` from the archive at `url`."""
+    args = ["restore", "plan", "--partitions", "2", "--to", target, "--json"]
+    return run_raftctl([*args, *store_args(s3, creds, url)])
+
+
 def append(client: Client, p: int, tag: str, n: int, t0: int) -> list[tuple[int, str]]:
     """`n` records to partition `p` in batches, stamped t0 + i s: their (index, value)."""
     out = []
@@ -120,12 +126,12 @@ def source_env(s3: S3Server, creds: Path, prefix: str) -> dict[str, str]:
 
 
 def restored(
-    tmp: Path, s3: S3Server, creds: Path, source: str, plan: dict[str, int], partitions: int
+    tmp: Path, s3: S3Server, creds: Path, source: str, indexes: dict[str, int], partitions: int
 ) -> LocalCluster:
     env = {
         **store_env(s3, creds),
         "RAFTLOG_RESTORE_URL": f"s3://{BUCKET}/{source}",
-        "RAFTLOG_RESTORE_INDEXES": json.dumps(plan),
+        "RAFTLOG_RESTORE_INDEXES": json.dumps(indexes),
         "RAFTLOG_ARCHIVE_URL": f"s3://{BUCKET}/{tmp.name}",  # its own history from here on
     }
     return LocalCluster(tmp, replicas=3, partitions=partitions, durable=False, env=env)
@@ -156,23 +162,12 @@ def test_backup_then_restore_to_the_backup_an_index_and_a_time(
             assert code == 0, err
 
     # The plan for the backup names the backup's indexes; the source is gone by now.
-    code, out, err = run_raftctl(
-        [
-            "restore",
-            "plan",
-            "--partitions",
-            "2",
-            "--to",
-            "backup:nightly",
-            "--json",
-            *store_args(s3, creds, url),
-        ]
-    )
+    code, out, err = plan(s3, creds, url, "backup:nightly")
     assert code == 0, err
-    plan = json.loads(out)["restore_indexes"]
-    assert {int(p): i for p, i in plan.items()} == point
+    indexes = json.loads(out)["restore_indexes"]
+    assert {int(p): i for p, i in indexes.items()} == point
 
-    with restored(tmp_path / "r1", s3, creds, "src", plan, 2) as r1:
+    with restored(tmp_path / "r1", s3, creds, "src", indexes, 2) as r1:
         r1.wait_ready()
         with Client(r1.endpoints, retries=20) as c:
             for p in range(2):
@@ -192,18 +187,7 @@ def test_backup_then_restore_to_the_backup_an_index_and_a_time(
                     assert {i: v for i, v in before[0]}.items() <= read_all(one, 0).items()
 
     # To a time: the first hour's records (stamped T0..T0+59 s), none of the later ones.
-    code, out, err = run_raftctl(
-        [
-            "restore",
-            "plan",
-            "--partitions",
-            "2",
-            "--to",
-            f"time:{T0 + 30500}",
-            "--json",
-            *store_args(s3, creds, url),
-        ]
-    )
+    code, out, err = plan(s3, creds, url, f"time:{T0 + 30500}")
     assert code == 0, err
     plan_t = {int(p): i for p, i in json.loads(out)["restore_indexes"].items()}
     for p in range(2):
@@ -218,26 +202,13 @@ def test_backup_then_restore_to_the_backup_an_index_and_a_time(
                 assert not values & {v for _, v in before[p][31:] + after[p]}
 
     # Latest: every record, the later ones included.
-    code, out, err = run_raftctl(
-        ["restore", "plan", "--partitions", "2", "--json", *store_args(s3, creds, url)]
-    )
+    code, out, err = plan(s3, creds, url, "latest")
     assert code == 0, err
     plan_l = {int(p): i for p, i in json.loads(out)["restore_indexes"].items()}
     assert all(plan_l[p] >= after[p][-1][0] for p in range(2)), (plan_l, after)
 
     # To an index of each partition: exactly that.
-    code, out, err = run_raftctl(
-        [
-            "restore",
-            "plan",
-            "--partitions",
-            "2",
-            "--to",
-            "index:0=40,1=45",
-            "--json",
-            *store_args(s3, creds, url),
-        ]
-    )
+    code, out, err = plan(s3, creds, url, "index:0=40,1=45")
     assert code == 0, err
     assert json.loads(out)["restore_indexes"] == {"0": 40, "1": 45}
 
@@ -271,8 +242,8 @@ def test_a_restore_carries_the_new_clusters_voters_not_the_sources(
             acked += append(c, 0, "m2", 30, T0)
             code, out, err = backup(src, s3, creds, f"s3://{BUCKET}/m", "b1")
             assert code == 0, err
-            plan = json.loads(out)["partitions"]
-    with restored(tmp_path / "rm", s3, creds, "m", plan, 1) as r:
+            indexes = json.loads(out)["partitions"]
+    with restored(tmp_path / "rm", s3, creds, "m", indexes, 1) as r:
         r.wait_ready()
         with Client(r.endpoints, retries=30) as c:
             got = read_all(c, 0)
