@@ -276,3 +276,68 @@ def test_a_torn_frames_record_is_a_torn_tail_even_with_a_whole_wal_record_inside
     path.write_bytes(whole + cut)
     records, why = jr._records(str(path), is_last=True)
     assert len(records) == 1 and why is not None and "cut short" in why
+
+
+# ----------------------------------------------------------------------------- write-behind
+def on_file(root: Path, p: int) -> int:
+    """The last entry index a partition's WAL files hold (what a kill would leave)."""
+    return analyze_wal(str(root / f"p{p}" / "wal")).segments[-1].last_index
+
+
+def test_write_behind_holds_the_records_until_a_read_needs_them_and_a_kill_loses_none(tmp_path):
+    root, killed = tmp_path / "node", tmp_path / "killed"
+    j, storages = open_node(root, n=1)
+    s = storages[0]
+    s.write(HardState(1, None, 0), ents(1, 20, 1))
+    s.write(HardState(1, None, 20), [])
+    j.sync()  # durable in the journal; the WAL file has not been written
+    assert on_file(root, 0) == 0
+    shutil.copytree(root, killed)  # a SIGKILL now: the page cache is what the disk reads
+    raws = s.read_raw(1, 21, 1 << 20)  # a bulk read (by file) writes them first
+    assert sum(len(r.offsets) for r in raws) == 20 and on_file(root, 0) == 20
+    close_node(j, storages)
+    j, storages = open_node(killed, n=1)
+    s = storages[0]
+    assert s.last_index() == 20 and s.commit_index() == 20
+    assert s.entries(1, 21) == ents(1, 20, 1)
+    assert any("replayed" in r for r in s.recovery)
+    close_node(j, storages)
+
+
+def test_write_behind_writes_once_it_holds_enough_and_before_a_roll(tmp_path):
+    j = Journal(str(tmp_path / "journal"))
+    s = DurableStorage(
+        str(tmp_path / "p0"), bootstrap=ABC, journal=j.partition(0), segment_bytes=256 * 1024
+    )
+    j.start({0: s.wal})
+    held = s.wal.write_behind
+    assert held > 0
+    index = 1
+    while on_file(tmp_path, 0) == 0:  # 1 KiB entries: written once `held` bytes wait
+        s.write(None, ents(index, index, 1, size=1024))
+        index += 1
+        assert index * 1024 < 2 * held
+    while s.wal.segment_count() == 1:
+        s.write(None, ents(index, index, 1, size=1024))
+        index += 1
+    sealed = s.wal.sealed_segments()[0]
+    assert analyze_wal(str(tmp_path / "p0" / "wal")).segments[0].last_index == sealed.last_index
+    s.close()
+    j.close()
+
+
+def test_a_checkpoint_writes_what_write_behind_holds_before_the_journal_goes(tmp_path):
+    root, killed = tmp_path / "node", tmp_path / "killed"
+    j, storages = open_node(root, n=1)
+    storages[0].write(HardState(1, None, 5), ents(1, 9, 1))
+
+    async def durable() -> None:
+        j.sync()
+
+    asyncio.run(j.checkpoint(lambda: {p: s.wal for p, s in storages.items()}, durable))
+    shutil.copytree(root, killed)  # killed right after: the journal before it is deleted
+    close_node(j, storages)
+    assert read_journal(str(killed / "journal")).ops == {}
+    j, storages = open_node(killed, n=1)
+    assert storages[0].entries(1, 10) == ents(1, 9, 1) and storages[0].commit_index() == 5
+    close_node(j, storages)

@@ -375,6 +375,7 @@ class Archiver:
             start = max(seg.first_index, next_index)
             # What to cut, read now (in the driver's loop, where the WAL changes): the record
             # of `start` and the term below it, and the end of the record of `last`.
+            wal.flush()  # records write-behind holds: the file is read by path below
             offset = seg.offsets[start - seg.first_index]
             prev_term = seg.terms[start - 1 - seg.first_index] if start > seg.first_index else 0
             end = None

@@ -32,6 +32,8 @@ from raftlog.node.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
 
 log = logging.getLogger("raftlog.storage")
 _NO_SNAPSHOT = SnapshotMeta(0, 0, Membership())  # a member not yet part of any configuration
+# Bytes a partition's WAL holds before writing them, with the journal (`Wal.write_behind`).
+WRITE_BEHIND_BYTES = 32 * 1024
 
 
 class DurableStorage:
@@ -105,6 +107,7 @@ class DurableStorage:
             raise
         if journal is not None:
             self.wal.on_write = journal.add_frames
+            self.wal.write_behind = WRITE_BEHIND_BYTES
 
     def _replay(self, journal: PartitionJournal) -> None:
         ops = journal.pending

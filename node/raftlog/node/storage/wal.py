@@ -16,6 +16,7 @@ and compaction change files in place and are durable before they return.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import functools
 import logging
 import os
@@ -109,6 +110,13 @@ class Wal:
         # journal's fsync makes them durable; this WAL is synced at checkpoints.
         self.on_write: Callable[[bytes | bytearray], None] | None = None
         self._checkpoint_gen = 0
+        # Write-behind (with the journal only: it holds the records until this file does): the
+        # active segment's newest records wait here, up to `write_behind` bytes, so a partition
+        # costs one write syscall per that many bytes, not one per append and commit record
+        # (at 16 partitions one per partition per pass: bench/partitions.py, bench/RESULTS.md).
+        # Whatever reads or changes the file writes them first (`flush`).
+        self.write_behind = 0
+        self._pending = bytearray()
 
     # ================================================================== open and recover
     @classmethod
@@ -230,6 +238,9 @@ class Wal:
         self._spare = Spare(self.path, self.prealloc, self.ops, self.durable)
 
     def close(self) -> None:
+        if self._pending and self.failed is None:
+            with contextlib.suppress(StorageFailed):  # logged; the journal holds the records
+                self.flush()
         if self._spare is not None:
             self._spare.discard(self.path)
             self._spare = None
@@ -283,6 +294,7 @@ class Wal:
         tail_first = self._tail_first
         if self._tail and tail_first <= lo and hi <= tail_first + len(self._tail):
             return self._tail[lo - tail_first : hi - tail_first]
+        self.flush()
         out: list[Entry] = []
         i = bisect.bisect_right(self._firsts, lo) - 1
         while lo < hi:
@@ -312,6 +324,7 @@ class Wal:
             raise Compacted(f"index {lo} is below the compaction floor {self.first_index()}")
         if hi > self.last_index() + 1:
             raise Unavailable(f"index {hi - 1} is beyond the last index {self.last_index()}")
+        self.flush()
         out: list[fmt.RawRange] = []
         i = bisect.bisect_right(self._firsts, lo) - 1
         budget = max_bytes
@@ -343,6 +356,25 @@ class Wal:
             self.failed = StorageFailed(path, op, e)
             log.error("%s", self.failed)
             raise self.failed from e
+
+    def flush(self) -> None:
+        """Write the records write-behind holds to the active segment's file: before anything
+        reads the file (by path too: call it in the owner's loop first) or changes it."""
+        if self._pending:
+            buf, self._pending = self._pending, bytearray()
+            seg = self._segments[-1]
+            self._io("write", seg.path, functools.partial(self.ops.write, seg.fd, buf))
+
+    def _write(self, seg: Segment, buf: bytes | bytearray) -> None:
+        """Write `buf` at the active segment's end, or hold it (write-behind)."""
+        if self.write_behind:
+            self._pending += buf
+            if len(self._pending) >= self.write_behind:
+                self.flush()
+        else:
+            self._io("write", seg.path, functools.partial(self.ops.write, seg.fd, buf))
+        if self.on_write is not None:
+            self.on_write(buf)
 
     def _check_writable(self) -> None:
         if self.failed is not None:
@@ -387,9 +419,7 @@ class Wal:
                 if e.kind == EntryKind.CONFIG:
                     configs.append(e.index)
                 i += 1
-            self._io("write", seg.path, functools.partial(self.ops.write, seg.fd, buf))
-            if self.on_write is not None:
-                self.on_write(buf)
+            self._write(seg, buf)
             seg.offsets.extend(offsets)
             seg.terms.extend(terms)
             seg.end += len(buf)
@@ -424,9 +454,7 @@ class Wal:
         self._check_writable()
         seg = self._segments[-1]
         rec = fmt.encode_commit(commit)
-        self._io("write", seg.path, lambda: self.ops.write(seg.fd, rec))
-        if self.on_write is not None:
-            self.on_write(rec)
+        self._write(seg, rec)
         seg.end += len(rec)
         self.commit = commit
         self._written_gen += 1
@@ -436,7 +464,8 @@ class Wal:
 
         Safe to call from a worker thread while the owner keeps appending (group commit): a
         write that lands while the fsync runs is left for the next sync. Not concurrent with
-        truncation, compaction or reset, which only the owner performs between syncs.
+        truncation, compaction or reset, which only the owner performs between syncs. Never
+        with write-behind on (the journal's sync makes records durable then).
         """
         target = self._written_gen
         if target == self._synced_gen:
@@ -450,6 +479,7 @@ class Wal:
     def sync_active(self) -> None:
         """fdatasync the active segment whatever this WAL wrote (a journal checkpoint at
         start: a crashed process's writes read back from the page cache, not yet durable)."""
+        self.flush()
         seg = self._segments[-1]
         if self.durable:
             self._io("fdatasync", seg.path, lambda: self.ops.fdatasync(seg.fd))
@@ -459,6 +489,7 @@ class Wal:
         """A descriptor of the active segment for a checkpoint to fdatasync in its thread
         (the caller closes it), or None when nothing was written since the last checkpoint.
         Older segments were synced when sealed."""
+        self.flush()
         if self._written_gen == self._checkpoint_gen:
             return None
         self._checkpoint_gen = self._written_gen
@@ -466,6 +497,7 @@ class Wal:
 
     def _roll(self) -> None:
         """Seal the active segment (durably) and start the next one."""
+        self.flush()
         old = self._segments[-1]
         # A sealed segment ends at its last record: space allocated past it (only when
         # `segment_bytes` was lowered since) would read as damage once it is not the last.
@@ -489,6 +521,7 @@ class Wal:
                 f"truncation at {index} is outside the log [{self.first_index()}, "
                 f"{self.last_index()}]"
             )
+        self.flush()
         # Newest first, so that a crash part-way leaves a prefix of the old log.
         removed = False
         while len(self._segments) > 1 and self._segments[-1].first_index > index:
@@ -560,6 +593,7 @@ class Wal:
         crash in between is finished by the next open.
         """
         self._check_writable()
+        self.flush()
         old = self._segments
         new = self._new_segment(old[-1].seq + 1, (index + 1, term, fmt.FLAG_RESET))
         # The new log is the log from here on, even if removing the old files fails below
