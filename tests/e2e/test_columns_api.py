@@ -158,6 +158,9 @@ def test_a_record_damaged_on_disk_is_never_served(tmp_path):
         body = append(c, [{"value": f"v{i}"} for i in range(10)])
         damaged = append(c, [{"value": "needle-0123456789"}])["first_index"]
         append(c, [{"value": f"w{i}"} for i in range(10)])
+        # A read of them first: the WAL holds its newest records until something reads the file
+        # (write-behind, storage/wal.py), and the flip below must land on a record on file.
+        assert get_raw(c, f"/v1/partitions/0/columns?from={body['first_index']}")[0] == 200
         segments = list((c.nodes["n1"].data_dir).rglob("*.wal"))
         hits = [(p, p.read_bytes().find(b"needle-0123456789")) for p in segments]
         hits = [(p, at) for p, at in hits if at >= 0]

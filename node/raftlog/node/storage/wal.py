@@ -266,8 +266,8 @@ class Wal:
         return self._segments[:-1]
 
     def active_segment(self) -> Segment:
-        """The segment being written. Its records up to the commit index are on file (each
-        append is written before it can commit) and never change; those above may be
+        """The segment being written. Its records up to the commit index are on file once
+        `flush` ran (write-behind may hold the newest) and never change; those above may be
         truncated. Read only, in the owner's loop."""
         return self._segments[-1]
 
