@@ -32,7 +32,10 @@ def ctl(cluster: LocalCluster, capsys, *args: str) -> tuple[int, str, str]:
 def test_append_read_status_and_json(cluster, capsys):
     code, out, _ = ctl(cluster, capsys, "append", "--key", "user", "one", "two")
     assert code == 0 and "indexes" in out
-    code, out, _ = ctl(cluster, capsys, "read")
+    last = out.split("indexes ")[1].split("..")[1].split(",")[0]
+    # Read-your-writes: without it the read may land on a follower that has not heard of the
+    # commit yet (CI saw "(no records)" there).
+    code, out, _ = ctl(cluster, capsys, "read", "--min-index", last)
     assert code == 0 and "user\tone" in out and "user\ttwo" in out
     code, out, _ = ctl(cluster, capsys, "status")
     assert code == 0

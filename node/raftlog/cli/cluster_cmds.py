@@ -153,7 +153,7 @@ def _line(rec: dict[str, Any]) -> str:
 
 async def _read(args: argparse.Namespace) -> int:
     async with _client(args) as c:
-        page = await c.read(args.partition, args.start, args.limit)
+        page = await c.read(args.partition, args.start, args.limit, min_index=args.min_index)
     _out(args, page, "\n".join(_line(r) for r in page["records"]) or "(no records)")
     return 0
 
@@ -323,6 +323,13 @@ def add_parsers(sub: Any) -> None:
     p = _command(sub, "read", "read committed records", _read)
     p.add_argument("--from", dest="start", type=int, default=1)
     p.add_argument("--limit", type=int, default=100)
+    p.add_argument(
+        "--min-index",
+        type=int,
+        default=0,
+        help="read your writes: only from a replica that has committed this index (an append's "
+        "last index); a follower may trail the leader by a few milliseconds otherwise",
+    )
 
     p = _command(
         sub,
