@@ -4,6 +4,7 @@ damage, snapshot installs, and `raftctl wal check` reading it."""
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import shutil
 import struct
@@ -11,12 +12,13 @@ from pathlib import Path
 
 import pytest
 from tests.storage.helpers import ents
+from tests.storage.test_durable import FailingDisk
 
 from raftlog.cli.main import main
 from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.durable import DurableStorage
-from raftlog.node.storage.errors import WalCorruption
+from raftlog.node.storage.errors import StorageFailed, WalCorruption
 from raftlog.node.storage.journal import (
     Journal,
     Reset,
@@ -340,4 +342,26 @@ def test_a_checkpoint_writes_what_write_behind_holds_before_the_journal_goes(tmp
     assert read_journal(str(killed / "journal")).ops == {}
     j, storages = open_node(killed, n=1)
     assert storages[0].entries(1, 10) == ents(1, 9, 1) and storages[0].commit_index() == 5
+    close_node(j, storages)
+
+
+def test_a_failed_write_behind_stops_the_partition_and_loses_nothing_the_journal_holds(tmp_path):
+    disk = FailingDisk("write", errno.EIO, after=10**9)  # the WAL's disk; the journal's is fine
+    j = Journal(str(tmp_path / "journal"))
+    s = DurableStorage(str(tmp_path / "p0"), bootstrap=ABC, journal=j.partition(0), ops=disk)
+    j.start({0: s.wal})
+    s.write(HardState(1, None, 0), ents(1, 30, 1))
+    s.write(HardState(1, None, 30), [])
+    j.sync()  # acknowledged: durable in the journal, held for the WAL file
+    disk.after = 0
+    with pytest.raises(StorageFailed) as info:
+        s.read_raw(1, 31, 1 << 20)  # the read writes what is held: the disk fails (torn)
+    assert info.value.errno == errno.EIO and s.failed is info.value
+    with pytest.raises(StorageFailed):
+        s.write(None, ents(31, 31, 1))
+    s.close()
+    j.close()
+    j, storages = open_node(tmp_path, n=1)  # a healthy disk again: the journal fills the WAL
+    s = storages[0]
+    assert s.entries(1, 31) == ents(1, 30, 1) and s.commit_index() == 30
     close_node(j, storages)
