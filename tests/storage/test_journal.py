@@ -9,6 +9,7 @@ import os
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from tests.storage.helpers import ents
@@ -75,10 +76,15 @@ def test_a_replayed_reset_discards_what_came_before_it(tmp_path):
 
 
 # ----------------------------------------------------------------------------- a node's disk
-def open_node(root: Path, n: int = 2, **kw) -> tuple[Journal, dict[int, DurableStorage]]:
+def open_node(
+    root: Path, n: int = 2, storage: dict[str, Any] | None = None, **kw
+) -> tuple[Journal, dict[int, DurableStorage]]:
+    """A node's journal and `n` partitions' storage (`storage`: more of their arguments)."""
     j = Journal(str(root / "journal"), **kw)
     storages = {
-        p: DurableStorage(str(root / f"p{p}"), bootstrap=ABC, journal=j.partition(p))
+        p: DurableStorage(
+            str(root / f"p{p}"), bootstrap=ABC, journal=j.partition(p), **(storage or {})
+        )
         for p in range(n)
     }
     j.start({p: s.wal for p, s in storages.items()})
@@ -307,11 +313,8 @@ def test_write_behind_holds_the_records_until_a_read_needs_them_and_a_kill_loses
 
 
 def test_write_behind_writes_once_it_holds_enough_and_before_a_roll(tmp_path):
-    j = Journal(str(tmp_path / "journal"))
-    s = DurableStorage(
-        str(tmp_path / "p0"), bootstrap=ABC, journal=j.partition(0), segment_bytes=256 * 1024
-    )
-    j.start({0: s.wal})
+    j, storages = open_node(tmp_path, n=1, storage={"segment_bytes": 256 * 1024})
+    s = storages[0]
     held = s.wal.write_behind
     assert held > 0
     index = 1
@@ -324,8 +327,7 @@ def test_write_behind_writes_once_it_holds_enough_and_before_a_roll(tmp_path):
         index += 1
     sealed = s.wal.sealed_segments()[0]
     assert analyze_wal(str(tmp_path / "p0" / "wal")).segments[0].last_index == sealed.last_index
-    s.close()
-    j.close()
+    close_node(j, storages)
 
 
 def test_a_checkpoint_writes_what_write_behind_holds_before_the_journal_goes(tmp_path):
@@ -347,9 +349,8 @@ def test_a_checkpoint_writes_what_write_behind_holds_before_the_journal_goes(tmp
 
 def test_a_failed_write_behind_stops_the_partition_and_loses_nothing_the_journal_holds(tmp_path):
     disk = FailingDisk("write", errno.EIO, after=10**9)  # the WAL's disk; the journal's is fine
-    j = Journal(str(tmp_path / "journal"))
-    s = DurableStorage(str(tmp_path / "p0"), bootstrap=ABC, journal=j.partition(0), ops=disk)
-    j.start({0: s.wal})
+    j, storages = open_node(tmp_path, n=1, storage={"ops": disk})
+    s = storages[0]
     s.write(HardState(1, None, 0), ents(1, 30, 1))
     s.write(HardState(1, None, 30), [])
     j.sync()  # acknowledged: durable in the journal, held for the WAL file
@@ -359,8 +360,7 @@ def test_a_failed_write_behind_stops_the_partition_and_loses_nothing_the_journal
     assert info.value.errno == errno.EIO and s.failed is info.value
     with pytest.raises(StorageFailed):
         s.write(None, ents(31, 31, 1))
-    s.close()
-    j.close()
+    close_node(j, storages)
     j, storages = open_node(tmp_path, n=1)  # a healthy disk again: the journal fills the WAL
     s = storages[0]
     assert s.entries(1, 31) == ents(1, 30, 1) and s.commit_index() == 30
