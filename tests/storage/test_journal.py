@@ -20,6 +20,7 @@ from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import StorageFailed, WalCorruption
+from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.journal import (
     Journal,
     Reset,
@@ -364,4 +365,40 @@ def test_a_failed_write_behind_stops_the_partition_and_loses_nothing_the_journal
     j, storages = open_node(tmp_path, n=1)  # a healthy disk again: the journal fills the WAL
     s = storages[0]
     assert s.entries(1, 31) == ents(1, 30, 1) and s.commit_index() == 30
+    close_node(j, storages)
+
+
+class CountingDisk(FileOps):
+    """Counts the bytes written through it."""
+
+    def __init__(self) -> None:
+        self.written = 0
+
+    def write(self, fd: int, data: bytes | bytearray | memoryview) -> None:
+        self.written += len(data)
+        super().write(fd, data)
+
+
+def test_a_snapshot_install_drops_what_write_behind_holds_for_the_log_it_replaces(tmp_path):
+    disk = CountingDisk()
+    j, storages = open_node(tmp_path, n=1, storage={"ops": disk})
+    s = storages[0]
+    s.write(HardState(1, None, 0), ents(1, 40, 1, size=200))  # ~8 KiB held, below the mark
+    j.sync()
+    before = disk.written
+    s.install_snapshot(SnapshotMeta(50, 2, ABC), b"")
+    assert disk.written - before < 1024, "the replaced log's records were written"
+    s.write(None, ents(51, 54, 2))
+    j.sync()
+    close_node(j, storages)
+    j, storages = open_node(tmp_path, n=1)
+    assert storages[0].first_index() == 51 and storages[0].last_index() == 54
+    close_node(j, storages)
+
+
+def test_a_wal_with_write_behind_refuses_its_own_sync(tmp_path):
+    """Its held records are not in the file, and a sync runs off the owner's loop."""
+    j, storages = open_node(tmp_path, n=1)
+    with pytest.raises(RuntimeError, match="write-behind"):
+        storages[0].wal.sync()
     close_node(j, storages)

@@ -467,6 +467,9 @@ class Wal:
         truncation, compaction or reset, which only the owner performs between syncs. Never
         with write-behind on (the journal's sync makes records durable then).
         """
+        if self.write_behind:
+            # The held records are not in the file, and this runs off the owner's loop.
+            raise RuntimeError("Wal.sync with write-behind on: sync the journal instead")
         target = self._written_gen
         if target == self._synced_gen:
             self._check_writable()
@@ -593,7 +596,7 @@ class Wal:
         crash in between is finished by the next open.
         """
         self._check_writable()
-        self.flush()
+        self._pending = bytearray()  # records of the segments deleted below (journal: RESET)
         old = self._segments
         new = self._new_segment(old[-1].seq + 1, (index + 1, term, fmt.FLAG_RESET))
         # The new log is the log from here on, even if removing the old files fails below
