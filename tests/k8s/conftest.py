@@ -1,7 +1,8 @@
 """Fixtures of the `k8s` suite: the running cluster of `make cluster`, and a namespace per test.
 
 The cluster is one node of this machine's 2 cores: a test's namespace is gone, with its pods and
-their CPU requests, before the next test starts. A failed test prints what its namespace held.
+their CPU requests, before the next test starts. A failed test prints what its namespace held
+before its fixtures tear it down.
 """
 
 from __future__ import annotations
@@ -21,22 +22,53 @@ from tests.k8s import kube
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 
+# The longest tests (minutes each) start first: `make test` runs the suite on two workers, and
+# one of these started last would run on alone at the end.
+LONGEST_FIRST = (
+    "test_day2_controls_under_load_lose_no_acknowledged_record",
+    "test_the_archive_job_on_kubernetes_lands_every_record_once_across_lost_pods",
+    "test_create_scale_heal_snapshot_scale_down_under_load_and_delete",
+    "test_backup_then_restore_into_a_new_cluster_and_the_store_down",
+    "test_quickstart_apply_get_scale_up_and_down",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/k8s/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.k8s)
 
+    def rank(item: pytest.Item) -> int:
+        name = getattr(item, "originalname", item.name)
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: the rest keep their order
+
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
-    item.stash.setdefault(FAILED, False)
-    if report.when == "call" and report.failed:
-        item.stash[FAILED] = True
+    ns = getattr(item, "funcargs", {}).get("namespace")
+    if report.when == "call" and report.failed and isinstance(ns, str):
+        # Now, before the fixtures' teardown deletes the RaftClusters and their pods.
+        _dump(ns)
     return report
 
 
-FAILED = pytest.StashKey[bool]()
+def _dump(ns: str) -> None:
+    """What the namespace held when the test failed: objects, events, the operator's log, the
+    RaftClusters' status, and each member's own view (`/v1/status` through the API server)."""
+    print(f"\n--- what {ns} held when the test failed ---", file=sys.stderr)
+    for args in (["get", "raft,pods,pvc,svc,pdb", "-o", "wide"],
+                 ["get", "events", "--sort-by=.lastTimestamp"],
+                 ["logs", "deploy/raftlog-operator", "--tail=60"],
+                 ["get", "raft", "-o", "jsonpath={.items[*].status}"]):  # fmt: skip
+        print(kube.run(["kubectl", "-n", ns, *args]).stdout, file=sys.stderr)
+    for pod in kube.items("pods", ns, "app.kubernetes.io/name=raftlog"):
+        name = pod["metadata"]["name"]
+        raw = f"/api/v1/namespaces/{ns}/pods/{name}:7001/proxy/v1/status"
+        got = kube.run(["kubectl", "get", "--raw", raw])
+        print(f"{name} /v1/status: {(got.stdout or got.stderr).strip()[:4000]}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")
@@ -82,17 +114,11 @@ def other_namespace(cluster: None) -> Iterator[str]:
 
 
 @pytest.fixture
-def namespace(cluster: None, request: pytest.FixtureRequest) -> Iterator[str]:
+def namespace(cluster: None) -> Iterator[str]:
     ns = _namespace()
     try:
         yield ns
     finally:
-        if request.node.stash.get(FAILED, False):
-            print(f"\n--- what {ns} held when the test failed ---", file=sys.stderr)
-            for args in (["get", "raft,pods,pvc,svc,pdb", "-o", "wide"],
-                         ["get", "events", "--sort-by=.lastTimestamp"],
-                         ["logs", "deploy/raftlog-operator", "--tail=60"]):  # fmt: skip
-                print(kube.run(["kubectl", "-n", ns, *args]).stdout, file=sys.stderr)
         _delete(ns)
 
 

@@ -57,6 +57,15 @@ def uids(ns: str) -> dict[str, str]:
     return {n: p["metadata"]["uid"] for n, p in pods(ns, NAME).items()}
 
 
+def rolled(ns: str, asked: str) -> bool:
+    """Every member restarted for `asked` and ready; otherwise fails with the operator's last
+    step (what it waits for), which `kube.until` reports on a timeout."""
+    st = status(ns, NAME)
+    if st.get("restartedAt") == asked and settled(st, 3):
+        return True
+    raise AssertionError(f"phase {st.get('phase')}, last action {st.get('lastAction')!r}")
+
+
 def timed(what: str, started: float) -> float:
     took = time.monotonic() - started
     kube.say(f"day-2 {what}: {took:.1f} s")
@@ -145,9 +154,7 @@ def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> 
     asked = "2026-11-25T16:00:00Z"
     started = time.monotonic()
     annotate(ns, RESTART, asked)
-    kube.until("every member restarted",
-               lambda: status(ns, NAME).get("restartedAt") == asked
-               and settled(status(ns, NAME), 3), 300)  # fmt: skip
+    kube.until("every member restarted", lambda: rolled(ns, asked), 300)
     timed("restart of 3 members (quorum-safe, leaders last)", started)
     after = uids(ns)
     assert all(after[n] != before[n] for n in before), (before, after)
