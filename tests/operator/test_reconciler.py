@@ -74,6 +74,8 @@ class World:
         self.floor = 1
         self.peers_known = True
         self.silent: set[str] = set()  # running, but not answering
+        self.leaderless: set[tuple[str, int]] = set()  # (member, partition): no leader known
+        self.extra: dict[str, int] = {}  # member -> more partitions it holds (a raise)
 
     def follower(self, p: int, f: FollowerView) -> None:
         self.followers[p][f.name] = f
@@ -84,7 +86,14 @@ class World:
             node = None
             if pod == "running" and name not in self.silent:
                 parts = {}
-                for p in self.voters:
+                for p in [*self.voters, *range(len(self.voters), self.extra.get(name, 0))]:
+                    if p not in self.voters:  # a raised partition: not elected yet
+                        parts[p] = PartitionView(
+                            partition=p, role="pre_candidate", member="voter", term=0,
+                            leader=None, high_water_mark=0, compaction_floor=1,
+                            voters=frozenset(self.pods), learners=frozenset(),
+                        )  # fmt: skip
+                        continue
                     leading = self.leader[p] == name
                     fol = {}
                     if leading:
@@ -95,7 +104,8 @@ class World:
                         }
                     parts[p] = PartitionView(
                         partition=p, role="leader" if leading else "follower", member="voter",
-                        term=3, leader=self.leader[p], high_water_mark=100,
+                        term=3, leader=None if (name, p) in self.leaderless else self.leader[p],
+                        high_water_mark=100,
                         compaction_floor=self.floor, voters=frozenset(self.voters[p]),
                         learners=frozenset(self.learners[p]), followers=fol,
                     )  # fmt: skip
@@ -494,6 +504,33 @@ def test_a_restart_waits_while_a_follower_is_behind_or_a_member_unready():
     w.silent.add("c-2")
     plan = step(running_status(MEMBERS), w, s)
     assert isinstance(plan.action, Wait) and "c-2 to be ready" in plan.action.reason
+
+
+def test_a_member_that_knows_no_leader_of_a_partition_is_not_ready_and_the_roll_waits():
+    """As its pod's /readyz says: answering is not enough (a restarted member that has not
+    heard from one partition's leader yet); readyReplicas and the roll go by it."""
+    s = spec(image="raftlog:new")
+    w = World(MEMBERS)
+    w.hashes = {"c-0": config_hash(spec()), "c-1": config_hash(spec()), "c-2": config_hash(s)}
+    w.leaderless.add(("c-2", 1))
+    plan = step(running_status(MEMBERS), w, s)
+    assert isinstance(plan.action, Wait) and "c-2 to be ready" in plan.action.reason
+    assert [m.ready for m in plan.status.members] == [True, True, False]
+    assert plan.status.ready_replicas == 2
+    w.leaderless.clear()
+    plan = step(plan.status, w, s)
+    assert plan.action == RestartMember("c-1")
+    assert plan.status.ready_replicas == 3
+
+
+def test_during_a_raise_the_partitions_not_every_member_holds_leave_readiness_alone():
+    s = spec(partitions=3)
+    w = World(MEMBERS)
+    w.hashes = {"c-0": config_hash(spec()), "c-1": config_hash(spec()), "c-2": config_hash(s)}
+    w.extra["c-2"] = 3  # restarted with 3: its partition 2 waits for the others to elect
+    plan = step(running_status(MEMBERS), w, s)
+    assert plan.status.ready_replicas == 3
+    assert plan.action == RestartMember("c-1")
 
 
 def test_scaling_alone_restarts_nobody():

@@ -546,7 +546,11 @@ class MemberStatus(_Status):
         "(created, being added as a learner); removing (being taken out of the cluster)."
     )
     bootstrap: bool = Field(False, description="One of the initial voters.")
-    ready: bool = False
+    ready: bool = Field(
+        False,
+        description="Its node runs, answers, and knows a leader of every partition (what its "
+        "pod's readiness probe says).",
+    )
     partitions: list[MemberPartition] = Field(default_factory=list)
     promotion: Promotion | None = None
     fenced: bool = Field(False, description="Listed in spec.fencedMembers and stopped.")

@@ -149,8 +149,19 @@ class _ClusterPass:
         self.events.append(Event("Warning" if warning else "Normal", reason, message))
 
     def ready(self, name: str) -> bool:
+        """Running, answering, and knowing a leader of every partition served: what the pod's
+        readiness probe (`/readyz`) says, so status.readyReplicas and a member's `ready` agree
+        with `kubectl get pods`. A member just restarted that has not heard from the leader of
+        one partition is not ready yet; during a raise, the partitions not every member holds
+        yet are left out (they elect once all do: `Observed.partitions_served`)."""
         seen = self.observed.members.get(name)
-        return seen is not None and seen.pod == "running" and seen.node is not None
+        if seen is None or seen.pod != "running" or seen.node is None:
+            return False
+        parts = seen.node.partitions
+        return all(
+            (view := parts.get(p)) is not None and view.leader is not None
+            for p in range(self.observed.partitions_served(self.spec.partitions))
+        )
 
     def running(self, name: str) -> bool:
         seen = self.observed.members.get(name)
