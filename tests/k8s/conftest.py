@@ -57,7 +57,8 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 
 def _dump(ns: str) -> None:
     """What the namespace held when the test failed: objects, events, the operator's log, the
-    RaftClusters' status, and each member's own view (`/v1/status` through the API server)."""
+    RaftClusters' status, and each member's own view (`/v1/status` through the API server) and
+    the end of its log."""
     print(f"\n--- what {ns} held when the test failed ---", file=sys.stderr)
     for args in (["get", "raft,pods,pvc,svc,pdb", "-o", "wide"],
                  ["get", "events", "--sort-by=.lastTimestamp"],
@@ -68,7 +69,9 @@ def _dump(ns: str) -> None:
         name = pod["metadata"]["name"]
         raw = f"/api/v1/namespaces/{ns}/pods/{name}:7001/proxy/v1/status"
         got = kube.run(["kubectl", "get", "--raw", raw])
-        print(f"{name} /v1/status: {(got.stdout or got.stderr).strip()[:4000]}", file=sys.stderr)
+        print(f"{name} /v1/status: {(got.stdout or got.stderr).strip()[:6000]}", file=sys.stderr)
+        tail = kube.run(["kubectl", "-n", ns, "logs", name, "--tail=25"])
+        print(f"{name} log:\n{(tail.stdout or tail.stderr).rstrip()}", file=sys.stderr)
 
 
 @pytest.fixture(scope="session")
