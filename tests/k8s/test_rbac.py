@@ -97,7 +97,10 @@ def settled(ns: str, n: int) -> bool:
     return len(members) == n and all(m["role"] == "voter" and m["ready"] for m in members)
 
 
-@pytest.mark.parametrize("mode", ["namespaced", "cluster"])
+# Cluster-wide, the operator would also act on the RaftClusters of the tests beside it.
+@pytest.mark.parametrize(
+    "mode", ["namespaced", pytest.param("cluster", marks=pytest.mark.cluster_wide)]
+)
 def test_every_call_is_allowed_and_every_grant_is_used(
     namespace: str, other_namespace: str, mode: str
 ) -> None:
