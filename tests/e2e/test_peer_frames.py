@@ -16,7 +16,7 @@ from tests.e2e.raw_frame_stream import open_frame_stream
 from raftlog.harness.local import LocalCluster
 from raftlog.node.core.messages import HeartbeatRequest
 from raftlog.node.transport.codec import encode_frame
-from raftlog.node.transport.frames import frame
+from raftlog.node.transport.frames import frame, handshake
 
 pytestmark = [pytest.mark.e2e]
 
@@ -71,6 +71,24 @@ def test_the_handshake_wants_the_token(node):
         assert status == 101
         assert b"upgrade: raftlog-frames/1" in head.lower()
     assert counted(node, "n1", 101) == accepted + 1
+
+
+def test_a_stream_meant_for_another_node_is_refused_naming_both(node):
+    """An old address of a restarted peer may be another member's pod now: the sender says
+    which node it means, and this one refuses (421) rather than take messages for another."""
+    port = node.nodes["n1"].port
+    refused = counted(node, "n1", 421)
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+        s.sendall(handshake("127.0.0.1", port, TOKEN, "n7"))
+        answer = b""
+        while piece := s.recv(4096):  # the answer, then the node closes
+            answer += piece
+    assert answer.startswith(b"HTTP/1.1 421 "), answer
+    assert b"this is node n1, not n7" in answer, answer
+    assert counted(node, "n1", 421) == refused + 1
+    s, status, head = open_frame_stream("127.0.0.1", port, TOKEN, "n1")
+    with s:
+        assert status == 101, head
 
 
 @pytest.mark.parametrize(

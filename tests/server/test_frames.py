@@ -23,8 +23,9 @@ def head_of(request: bytes) -> bytes:
 
 
 def test_the_sender_handshake_is_what_the_receiver_accepts():
-    assert parse_upgrade(head_of(handshake("127.0.0.1", 7001, "tok"))) == b"Bearer tok"
-    assert parse_upgrade(head_of(handshake("127.0.0.1", 7001, None))) == b""
+    assert parse_upgrade(head_of(handshake("127.0.0.1", 7001, "tok"))) == (b"Bearer tok", None)
+    assert parse_upgrade(head_of(handshake("127.0.0.1", 7001, None))) == (b"", None)
+    assert parse_upgrade(head_of(handshake("h", 7001, "t", "n2"))) == (b"Bearer t", b"n2")
 
 
 GOOD = [
@@ -51,7 +52,7 @@ GOOD = [
     ],
 )
 def test_any_other_head_is_left_to_aiohttp(lines):
-    assert parse_upgrade(b"\r\n".join(GOOD)) == b""
+    assert parse_upgrade(b"\r\n".join(GOOD)) == (b"", None)
     assert parse_upgrade(b"\r\n".join(lines)) is None
 
 

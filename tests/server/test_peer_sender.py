@@ -137,3 +137,63 @@ def test_a_refused_handshake_is_retried_with_back_off_and_logged_once(caplog):
 @pytest.mark.parametrize(("host", "expected"), [("10.0.0.1", b"10.0.0.1:7"), ("::1", b"[::1]:7")])
 def test_the_handshake_names_the_host_as_http_does(host, expected):
     assert b"\r\nHost: " + expected + b"\r\n" in frames.handshake(host, 7, None)
+
+
+MISDIRECTED = b"HTTP/1.1 421 Misdirected Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+
+
+async def routes_server(
+    host: str, port: int, answer: bytes | None, heads: list[bytes]
+) -> asyncio.Server:
+    """At host:port: answer every handshake with `answer` (None: hold the connection and
+    never answer), keeping the heads seen."""
+
+    async def handle(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        heads.append(await r.readuntil(b"\r\n\r\n"))
+        if answer is None:
+            await r.read()
+        else:
+            w.write(answer)
+            await w.drain()
+            if answer == frames.SWITCHED:
+                await r.read()
+        w.close()
+
+    return await asyncio.start_server(handle, host, port)
+
+
+@pytest.mark.parametrize(
+    "stale",
+    [MISDIRECTED, None],
+    ids=["another node at the name's address (421)", "the name's address silent"],
+)
+def test_the_address_the_peer_connected_from_is_tried_beside_its_name(stale):
+    """A restarted peer's name may still give its old address (a DNS cache), now another pod's
+    (which refuses a stream meant for another node) or nobody's: the link is made at the
+    address the peer last connected from, at once, not after the connect timeout."""
+    by_name: list[bytes] = []
+    by_seen: list[bytes] = []
+
+    async def go() -> float:
+        name = await routes_server("127.0.0.1", 0, stale, by_name)
+        port = name.sockets[0].getsockname()[1]
+        seen = await routes_server("127.0.0.2", port, frames.SWITCHED, by_seen)
+        sender = PeerSender("p", f"http://127.0.0.1:{port}", None)
+        sender.seen_at = "127.0.0.2"
+        task = asyncio.create_task(sender.run())
+        started = time.monotonic()
+        sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
+        while sender.link is None:
+            assert time.monotonic() - started < 10, "never linked"
+            await asyncio.sleep(0.01)
+        took = time.monotonic() - started
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        name.close()
+        seen.close()
+        return took
+
+    took = asyncio.run(go())
+    assert took < 2.0, took  # CONNECT_TIMEOUT is 5 s
+    assert by_seen and all(b"\r\nRaftlog-Node: p\r\n" in h for h in by_name + by_seen)
+    assert b"\r\nHost: 127.0.0.1:" in by_seen[0]  # the name's host, at the seen address

@@ -303,9 +303,9 @@ class ListenerProtocol(asyncio.Protocol):
             head = bytes(self.buf[:end])
             parsed = parse_head(head) if self.appends else None
             if parsed is None and self.frames:
-                auth = frames.parse_upgrade(head)
-                if auth is not None:
-                    self._upgrade(auth, end + 4)
+                upgrade = frames.parse_upgrade(head)
+                if upgrade is not None:
+                    self._upgrade(upgrade, end + 4)
                     return
             if parsed is None or parsed[1] > self.max_body:
                 self._hand_over()
@@ -364,18 +364,26 @@ class ListenerProtocol(asyncio.Protocol):
         self._next()
         self._flow()
 
-    def _upgrade(self, auth: bytes, start: int) -> None:
+    def _upgrade(self, upgrade: frames.Upgrade, start: int) -> None:
         """Accept a peer's frame stream whose handshake head ends at `start`: the connection
-        passes to a `FrameReceiver` with the bytes after the head (401 without the token)."""
+        passes to a `FrameReceiver` with the bytes after the head (401 without the token; 421
+        when it is meant for another node, which an address now this pod's once was)."""
         transport = self.transport
         assert transport is not None and not self.busy
         started = time.perf_counter()
         token = self.node.token
-        if token and not hmac.compare_digest(auth, f"Bearer {token}".encode()):
+        kind = b"application/json; charset=utf-8"
+        if token and not hmac.compare_digest(upgrade.auth, f"Bearer {token}".encode()):
             body = b'{"error": "unauthorized", "reason": "a valid bearer token is required"}'
             took = time.perf_counter() - started
-            kind = b"application/json; charset=utf-8"
             self._respond(401, body, kind, True, took, (frames.PATH, "GET"))
+            return
+        me = self.node.id.encode()
+        if upgrade.node is not None and upgrade.node != me:
+            reason = f"this is node {self.node.id}, not {upgrade.node.decode(errors='replace')}"
+            body = json.dumps({"error": "misdirected", "reason": reason}).encode()
+            took = time.perf_counter() - started
+            self._respond(421, body, kind, True, took, (frames.PATH, "GET"))
             return
         self.node.metrics.request_latency(frames.PATH, "GET", 101).observe(
             time.perf_counter() - started

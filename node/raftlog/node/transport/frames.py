@@ -6,10 +6,12 @@ same token and TLS as every peer call:
     GET /peer/v1/frames HTTP/1.1
     Host: <host:port>
     Authorization: Bearer <token>        (when the cluster has a token)
+    Raftlog-Node: <the node meant>       (the peer's name)
     Connection: Upgrade
     Upgrade: raftlog-frames/1
 
-The peer answers `101 Switching Protocols` (or 401, and closes), then reads frames: a 4-byte
+The peer answers `101 Switching Protocols` (or 401 without the token, 421 when it is another
+node than the one meant: a stale address now another pod's; and closes), then reads frames: a 4-byte
 big-endian length, then that many bytes of `codec` MessagePack. Nothing is sent back. Unlike a
 WebSocket there is no masking and no per-message header to build, and both ends handle a frame
 in the protocol callback that carries its bytes: no task wakes on either side to move it.
@@ -22,7 +24,7 @@ import contextlib
 import re
 import socket
 from collections.abc import Callable
-from typing import cast
+from typing import NamedTuple, cast
 
 PATH = "/peer/v1/frames"
 UPGRADE = b"raftlog-frames/1"
@@ -35,19 +37,28 @@ _REQUEST_LINE = b"GET " + PATH.encode() + b" HTTP/1.1"
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: .*)?")
 
 
-def handshake(host: str, port: int, token: str | None) -> bytes:
+def handshake(host: str, port: int, token: str | None, node: str | None = None) -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    meant = f"Raftlog-Node: {node}\r\n" if node else ""
     if ":" in host:
         host = f"[{host}]"  # an IPv6 address
     return (
-        f"GET {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
+        f"GET {PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}{meant}"
         "Connection: Upgrade\r\nUpgrade: raftlog-frames/1\r\n\r\n"
     ).encode()
 
 
-def parse_upgrade(head: bytes) -> bytes | None:
-    """The `Authorization` value (b"" when absent) of a frame stream's handshake head; None for
-    any other head, which is aiohttp's to answer (another route, or this path's 404)."""
+class Upgrade(NamedTuple):
+    """A frame stream's handshake: its `Authorization` value (b"" when absent) and the node it
+    is meant for (None when the sender did not say)."""
+
+    auth: bytes
+    node: bytes | None
+
+
+def parse_upgrade(head: bytes) -> Upgrade | None:
+    """A frame stream's handshake head; None for any other head, which is aiohttp's to answer
+    (another route, or this path's 404)."""
     lines = head.split(b"\r\n")
     if lines[0] != _REQUEST_LINE:
         return None
@@ -67,7 +78,7 @@ def parse_upgrade(head: bytes) -> bytes | None:
         or b"transfer-encoding" in fields
     ):
         return None
-    return fields.get(b"authorization", b"")
+    return Upgrade(fields.get(b"authorization", b""), fields.get(b"raftlog-node"))
 
 
 def parse_status(head: bytes) -> int | None:

@@ -28,9 +28,11 @@ import logging
 import ssl
 import time
 import urllib.parse
+from asyncio import FIRST_COMPLETED
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 
@@ -47,6 +49,7 @@ BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 SEND_TIMEOUT = 5.0
 FRAME_BUDGET = 4 * 1024 * 1024  # half of a node's default max_request_bytes
 CONNECT_TIMEOUT = 5.0  # TCP, TLS and the frame stream's handshake
+SECOND_ROUTE_AFTER = 0.25  # a peer's other address is tried this long after the first
 
 
 def auth_headers(token: str | None) -> dict[str, str]:
@@ -197,23 +200,26 @@ class PeerSender:
             link.abort()
 
     async def _open_link(self) -> frames.Link:
-        """The frame stream, at the peer's URL; failing that, at the address the peer last
-        connected to this node from (`seen_at`), for the same name: a restarted pod is at a new
-        address that the cluster's DNS may deny for up to its negative-cache time (CoreDNS's
-        default `cache 30`: measured 30 s) while the pod itself already talks to us."""
+        """The frame stream, at the peer's URL and at the address the peer last connected to
+        this node from (`seen_at`), for the same name, whichever answers first (the second
+        tried SECOND_ROUTE_AFTER after the first). A restarted pod is at a new address that the
+        cluster's DNS may deny, or answer with the old one, for up to its cache time (kubeadm's
+        CoreDNS: `ttl 30`, `cache 30`), while the pod itself already talks to us; and the seen
+        address may be an old one, of a pod since restarted. A route that reaches another node
+        (an old address now another pod's) is refused by it (421) and counts as failed."""
         u = urllib.parse.urlsplit(self.url)
         host, tls = u.hostname or "localhost", u.scheme == "https"
         port = u.port or (443 if tls else 80)
-        try:
+        seen = self.seen_at
+        if seen is None or seen == host:
             return await self._connect(host, port, host, tls)
-        except (OSError, TimeoutError):
-            seen = self.seen_at
-            if seen is None or seen == host:
-                raise
-            return await self._connect(seen, port, host, tls)
+        return await first_link(
+            [self._connect(seen, port, host, tls), self._connect(host, port, host, tls)],
+            SECOND_ROUTE_AFTER,
+        )
 
     async def _connect(self, address: str, port: int, host: str, tls: bool) -> frames.Link:
-        link = frames.Link(frames.handshake(host, port, self.token), self.ready.set)
+        link = frames.Link(frames.handshake(host, port, self.token, self.name), self.ready.set)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
@@ -231,7 +237,49 @@ class PeerSender:
         if status == 101:
             return link
         link.abort()
+        if status == 421:
+            raise Misdirected(f"{address} is another node than {self.name} now")
         raise RuntimeError(f"HTTP {status} to the frame stream's handshake ({frames.PATH})")
+
+
+class Misdirected(ConnectionError):
+    """The address reached another node than the one meant (421 to the handshake)."""
+
+
+async def first_link(
+    attempts: list[Coroutine[Any, Any, frames.Link]], stagger: float
+) -> frames.Link:
+    """The first of `attempts` to succeed, each started `stagger` after the one before, or at
+    once when nothing else is under way; the others are cancelled (a link one of them made
+    meanwhile is aborted). Raises the first error when all fail."""
+    waiting = list(attempts)
+    pending: set[asyncio.Task[frames.Link]] = set()
+    errors: list[BaseException] = []
+    try:
+        while True:
+            if waiting and not pending:
+                pending.add(asyncio.ensure_future(waiting.pop(0)))
+            done, pending = await asyncio.wait(
+                pending, timeout=stagger if waiting else None, return_when=FIRST_COMPLETED
+            )
+            links = [t.result() for t in done if t.exception() is None]
+            errors += [e for t in done if (e := t.exception()) is not None]
+            if links:
+                for extra in links[1:]:
+                    extra.abort()
+                return links[0]
+            if not pending and not waiting:
+                raise errors[0]
+            if not done and waiting:  # the first is slow: try the next beside it
+                pending.add(asyncio.ensure_future(waiting.pop(0)))
+    finally:
+        for coro in waiting:
+            coro.close()
+        for task in pending:
+            task.cancel()
+        for late in await asyncio.gather(*pending, return_exceptions=True):
+            if isinstance(late, frames.Link):
+                late.abort()
 
 
 @dataclass(frozen=True)
