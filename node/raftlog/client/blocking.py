@@ -131,6 +131,7 @@ class Client:
     status = _blocking(Calls.status)
     peers = _blocking(Calls.peers)
     set_peers = _blocking(Calls.set_peers)
+    set_peer_addresses = _blocking(Calls.set_peer_addresses)
     holds = _blocking(Calls.holds)
     set_hold = _blocking(Calls.set_hold)
     delete_hold = _blocking(Calls.delete_hold)

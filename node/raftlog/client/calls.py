@@ -363,6 +363,14 @@ class Calls:
         request = Request("POST", "/v1/admin/peers", dict(peers))
         return dict((yield from once(endpoint, request)).json().get("peers", {}))
 
+    def set_peer_addresses(
+        self, endpoint: str, addresses: Mapping[str, str]
+    ) -> Plan[dict[str, str]]:
+        """Tell the node where these peers' pods are (IP addresses, tried beside their names);
+        every address it holds after."""
+        request = Request("POST", "/v1/admin/peer-addresses", dict(addresses))
+        return dict((yield from once(endpoint, request)).json().get("addresses", {}))
+
     def holds(self, endpoint: str, partition: int) -> Plan[dict[str, Any]]:
         """The node's retention holds on the partition, and its compaction floor."""
         path = f"/v1/admin/partitions/{partition}/holds"

@@ -112,6 +112,7 @@ class AsyncClient(SessionHolder):
     status = _awaitable(Calls.status)
     peers = _awaitable(Calls.peers)
     set_peers = _awaitable(Calls.set_peers)
+    set_peer_addresses = _awaitable(Calls.set_peer_addresses)
     holds = _awaitable(Calls.holds)
     set_hold = _awaitable(Calls.set_hold)
     delete_hold = _awaitable(Calls.delete_hold)

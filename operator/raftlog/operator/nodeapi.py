@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import tempfile
+import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +26,8 @@ from raftlog.operator.actions import (
     TransferLeader,
 )
 from raftlog.operator.cluster_views import NodeView, parse_node_status
+
+log = logging.getLogger("raftlog.operator")
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ class NodeApi:
         )
         # A snapshot install answers when the whole snapshot is streamed.
         self.install_timeout_s = install_timeout_s
+        # What each node was last told of its peers' addresses, with its own address then.
+        self._told: dict[str, tuple[str, dict[str, str]]] = {}
 
     async def close(self) -> None:
         await self.client.close()
@@ -147,6 +153,38 @@ class NodeApi:
         archived (a backup's point for it). Raises ClientError with the node's reason."""
         reply = await self.client.archive_flush(partition, endpoint=url, timeout_s=120.0)
         return int(reply["archived_index"])
+
+    async def tell_addresses(
+        self,
+        urls: dict[str, str],
+        addresses: dict[str, str],
+        views: dict[str, NodeView | None],
+    ) -> None:
+        """Tell each answering node where the other members' pods are (the API server's pod
+        addresses), once per change: a peer's name may resolve to its old pod for a while
+        after a restart (see `KnownAddresses`), and two members restarted within that while
+        reach each other by these (the node's `/v1/admin/peer-addresses`). Best effort: a node
+        not told now is told on the next pass. Addresses that are a URL's own host (local
+        processes) are left out; a restarted node has a new address, so it is told again."""
+        for name, view in views.items():
+            mine = addresses.get(name)
+            if view is None or mine is None:
+                continue
+            wanted = {
+                peer: address
+                for peer, address in sorted(addresses.items())
+                if peer != name
+                and peer in view.peers
+                and address != urllib.parse.urlsplit(view.peers[peer]).hostname
+            }
+            if not wanted or self._told.get(name) == (mine, wanted):
+                continue
+            try:
+                await self.client.set_peer_addresses(urls[name], wanted)
+            except ClientError as e:
+                log.info("telling %s its peers' addresses failed: %s", name, e)
+                continue
+            self._told[name] = (mine, wanted)
 
     async def perform(self, action: Action, urls: dict[str, str]) -> Outcome:
         """Carry out an action that is a call to a node; the reply's reason on refusal."""

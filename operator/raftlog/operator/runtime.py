@@ -107,6 +107,8 @@ async def observe(
         if info.address and (host := urllib.parse.urlsplit(info.url).hostname)
     }
     views = await api.views(running)
+    addresses = {name: info.address for name, info in pods.items() if info.address}
+    await api.tell_addresses(running, addresses, views)
     members = {
         name: MemberObserved(
             name,

@@ -9,6 +9,7 @@ refused with the reason, as 409).
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 from typing import Any, cast
 
 from aiohttp import web
@@ -233,6 +234,26 @@ async def peers(request: web.Request) -> web.Response:
     return web.json_response({"peers": dict(sorted(node.transport.peers.items()))})
 
 
+async def peer_addresses(request: web.Request) -> web.Response:
+    """Where peers' pods are (their operator reads it from the API server): tried beside their
+    names, which the cluster's DNS may answer with an old address for a while after a restart.
+    Two members restarted within that while could otherwise not reach each other by name, nor
+    have connected to each other first (`PeerSender._open_link`)."""
+    node = node_of(request)
+    if request.method == "POST":
+        body = await _json(request)
+        for name, address in body.items():
+            if name not in node.transport.peers or name == node.id:
+                raise bad(name, "is not a peer of this node")
+            try:
+                ipaddress.ip_address(address if isinstance(address, str) else "")
+            except ValueError:
+                raise bad(name, "must be an IP address") from None
+        for name, address in body.items():
+            node.transport.seen(name, address)
+    return web.json_response({"addresses": dict(sorted(node.transport.addresses.items()))})
+
+
 def add_routes(app: web.Application) -> None:
     base = "/v1/admin/partitions/{partition}"
     app.router.add_post(f"{base}/members", members)
@@ -243,6 +264,8 @@ def add_routes(app: web.Application) -> None:
     app.router.add_get(f"{base}/followers/{{follower}}/lag", lag)
     app.router.add_get("/v1/admin/peers", peers)
     app.router.add_post("/v1/admin/peers", peers)
+    app.router.add_get("/v1/admin/peer-addresses", peer_addresses)
+    app.router.add_post("/v1/admin/peer-addresses", peer_addresses)
 
 
 def add_hold_routes(app: web.Application) -> None:

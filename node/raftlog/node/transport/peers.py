@@ -312,6 +312,7 @@ class Transport:
         self.token = token
         self.session: aiohttp.ClientSession | None = None
         self.senders: dict[str, PeerSender] = {}
+        self.addresses: dict[str, str] = {}  # where each peer was last seen (`seen`)
         self.snapshot_chunk_bytes = DEFAULT_CHUNK_BYTES
         # The snapshot streams under way, by (partition, target); each leaves when it ends.
         self.snapshot_sends: dict[tuple[int, str], SnapshotSend] = {}
@@ -351,6 +352,7 @@ class Transport:
 
     def _add(self, name: str, url: str) -> PeerSender:
         sender = PeerSender(name, url, self.token, self.ssl_context, self.frame_budget)
+        sender.seen_at = self.addresses.get(name)
         sender.task = asyncio.get_running_loop().create_task(sender.run())
         self.senders[name] = sender
         return sender
@@ -363,7 +365,9 @@ class Transport:
             await self.session.close()
 
     def seen(self, name: str, address: str) -> None:
-        """`name` (an authenticated peer) connected to this node from `address`."""
+        """`name` is at `address`: it connected to this node from there (an authenticated
+        peer), or its operator says its pod is there. Tried beside its name (`_open_link`)."""
+        self.addresses[name] = address
         sender = self.senders.get(name)
         if sender is not None:
             sender.seen_at = address
