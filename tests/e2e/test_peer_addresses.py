@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import re
 import time
-import urllib.request
 from dataclasses import dataclass
 
 import pytest
+from tests.e2e.node_metrics import requests_counted
 
 from raftlog.harness.local import LocalCluster
 from raftlog.operator.cluster_views import NodeView
@@ -36,14 +35,7 @@ def post(c: LocalCluster, name: str, body: dict[str, str]) -> tuple[int, dict[st
 
 
 def posts_counted(c: LocalCluster, name: str) -> float:
-    with urllib.request.urlopen(c.nodes[name].url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    m = re.search(
-        r'raftlog_request_seconds_count\{method="POST",route="/v1/admin/peer-addresses",'
-        r'status="200"\} (\S+)',
-        text,
-    )
-    return float(m.group(1)) if m else 0.0
+    return requests_counted(c, name, "POST", "/v1/admin/peer-addresses", 200)
 
 
 def serving(c: LocalCluster, name: str) -> None:

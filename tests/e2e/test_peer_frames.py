@@ -4,13 +4,12 @@ logged, a bad frame closes the stream and changes nothing, and large records sti
 
 from __future__ import annotations
 
-import re
 import socket
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+from tests.e2e.node_metrics import requests_counted
 from tests.e2e.raw_frame_stream import open_frame_stream
 
 from raftlog.harness.local import LocalCluster
@@ -42,14 +41,7 @@ def closed_by_peer(s: socket.socket) -> bool:
 
 
 def counted(c: LocalCluster, name: str, status: int) -> float:
-    with urllib.request.urlopen(c.nodes[name].url + "/metrics", timeout=5) as r:
-        text = r.read().decode()
-    m = re.search(
-        r'raftlog_request_seconds_count\{method="GET",route="/peer/v1/frames",'
-        rf'status="{status}"\}} (\S+)',
-        text,
-    )
-    return float(m.group(1)) if m else 0.0
+    return requests_counted(c, name, "GET", "/peer/v1/frames", status)
 
 
 def last_index(c: LocalCluster) -> int:
