@@ -62,6 +62,12 @@ def test_members_unreachable_by_name_elect_once_told_their_addresses(tmp_path):
         )
         assert post(c, "n1", {"n7": "127.0.0.1"})[0] == 400
         assert post(c, "n1", {"n1": "127.0.0.1"})[0] == 400  # itself
+        for odd in ("0.0.0.0", "::", "fe80::1%eth0"):
+            assert post(c, "n1", {"n2": odd})[0] == 400, odd
+        status, body = c.request(
+            "n1", "POST", "/v1/admin/peers", json.dumps({"n2\r\nX: y": "http://a:1"}).encode()
+        )
+        assert status == 400 and "control characters" in body["reason"], body
         assert post(c, "n1", {"n2": "127.0.0.1"}) == (200, {"addresses": {"n2": "127.0.0.1"}})
         assert post(c, "n2", {"n1": "127.0.0.1"})[0] == 200
         c.wait_ready(timeout=30)
@@ -88,7 +94,7 @@ def test_the_operator_tells_each_node_once_per_change(tmp_path):
             finally:
                 await api.close()
 
-        told: dict[str, tuple[str, dict[str, str]]] = {}
+        told: dict[str, tuple[str, float | None, dict[str, str]]] = {}
         serving(c, "n1")
         asyncio.run(tell({"n1": "127.0.0.1", "n2": "127.0.0.1"}))
         assert posts_counted(c, "n1") == 1.0
@@ -102,3 +108,9 @@ def test_the_operator_tells_each_node_once_per_change(tmp_path):
         assert posts_counted(c, "n1") == before + 1
         asyncio.run(tell({"n1": "127.0.0.3", "n2": f"{NOBODY}"}))  # the URL's own host
         assert posts_counted(c, "n1") == before + 1
+        # A new process in the same pod (a container restart keeps the address) forgot them.
+        views["n1"] = NodeView("n1", {}, views["n1"].peers, started_at=1.0)  # type: ignore[union-attr]
+        asyncio.run(tell({"n1": "127.0.0.3", "n2": "127.0.0.1"}))
+        assert posts_counted(c, "n1") == before + 2
+        asyncio.run(tell({"n1": "127.0.0.3", "n2": "127.0.0.1"}))
+        assert posts_counted(c, "n1") == before + 2

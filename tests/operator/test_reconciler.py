@@ -523,6 +523,20 @@ def test_a_member_that_knows_no_leader_of_a_partition_is_not_ready_and_the_roll_
     assert plan.status.ready_replicas == 3
 
 
+def test_a_stale_member_that_answers_but_knows_no_leader_is_restarted_first():
+    """Its restart may be what brings it back (a partition it could not start); waiting for it
+    to be ready, as for the others, would hold the roll for good."""
+    s = spec(image="raftlog:new")
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    w.leaderless.add(("c-2", 1))
+    plan = step(running_status(MEMBERS), w, s)
+    assert plan.action == RestartMember("c-2")
+    assert [e.message for e in plan.events if e.reason == "RollingRestart"] == [
+        "restarting c-2 with the new configuration, not ready"
+    ]
+
+
 def test_during_a_raise_the_partitions_not_every_member_holds_leave_readiness_alone():
     s = spec(partitions=3)
     w = World(MEMBERS)

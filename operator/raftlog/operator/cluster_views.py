@@ -63,6 +63,7 @@ class NodeView:
     name: str
     partitions: dict[int, PartitionView]
     peers: dict[str, str] = field(default_factory=dict)
+    started_at: float | None = None  # its process's start (None: a node that does not say)
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,13 @@ def parse_node_status(body: dict[str, Any], peers: dict[str, str] | None = None)
             followers=followers,
             archive=_archive(p.get("archive")),
         )
-    return NodeView(name=str(body["node"]), partitions=parts, peers=dict(peers or {}))
+    started = body.get("started_at")
+    return NodeView(
+        name=str(body["node"]),
+        partitions=parts,
+        peers=dict(peers or {}),
+        started_at=float(started) if isinstance(started, int | float) else None,
+    )
 
 
 def _archive(body: Any) -> ArchiveView | None:

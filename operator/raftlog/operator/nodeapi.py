@@ -112,8 +112,9 @@ class NodeApi:
         )
         # A snapshot install answers when the whole snapshot is streamed.
         self.install_timeout_s = install_timeout_s
-        # What each node was last told of its peers' addresses, with its own address then.
-        self._told: dict[str, tuple[str, dict[str, str]]] = {}
+        # What each node was last told of its peers' addresses, with its own address and its
+        # process's start then (a container restarted in the same pod forgot them).
+        self._told: dict[str, tuple[str, float | None, dict[str, str]]] = {}
 
     async def close(self) -> None:
         await self.client.close()
@@ -165,7 +166,8 @@ class NodeApi:
         after a restart (see `KnownAddresses`), and two members restarted within that while
         reach each other by these (the node's `/v1/admin/peer-addresses`). Best effort: a node
         not told now is told on the next pass. Addresses that are a URL's own host (local
-        processes) are left out; a restarted node has a new address, so it is told again."""
+        processes) are left out; a node restarted (a new address, or a new process in the same
+        pod) is told again."""
         for name, view in views.items():
             mine = addresses.get(name)
             if view is None or mine is None:
@@ -177,14 +179,15 @@ class NodeApi:
                 and peer in view.peers
                 and address != urllib.parse.urlsplit(view.peers[peer]).hostname
             }
-            if not wanted or self._told.get(name) == (mine, wanted):
+            told = (mine, view.started_at, wanted)
+            if not wanted or self._told.get(name) == told:
                 continue
             try:
                 await self.client.set_peer_addresses(urls[name], wanted)
             except ClientError as e:
                 log.info("telling %s its peers' addresses failed: %s", name, e)
                 continue
-            self._told[name] = (mine, wanted)
+            self._told[name] = told
 
     async def perform(self, action: Action, urls: dict[str, str]) -> Outcome:
         """Carry out an action that is a call to a node; the reply's reason on refusal."""

@@ -163,6 +163,10 @@ class _ClusterPass:
             for p in range(self.observed.partitions_served(self.spec.partitions))
         )
 
+    def answering(self, name: str) -> bool:
+        seen = self.observed.members.get(name)
+        return seen is not None and seen.pod == "running" and seen.node is not None
+
     def running(self, name: str) -> bool:
         seen = self.observed.members.get(name)
         return seen is not None and seen.pod == "running"
@@ -542,13 +546,26 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
     ]
     if not stale:
         return None
+    asked = cluster.controls.restart
+    why = (
+        f"(raftlog.dev/restartedAt {asked})"
+        if asked != cluster.status.restarted_at
+        else "with the new configuration"
+    )
     unready = [
         m.name
         for m in cluster.status.members
         if not cluster.ready(m.name) and not cluster.stopped_on_purpose(m)
     ]
     if unready:
-        return Wait(f"restart of {stale[0].name} waits for {', '.join(unready)} to be ready")
+        # A stale member that answers but is not ready goes first: it holds up no ready
+        # majority, and its restart may be what brings it back (a partition it could not
+        # start, say). One that does not answer yet may be starting: it is waited for.
+        broken = next((m for m in stale if m.name in unready and cluster.answering(m.name)), None)
+        if broken is None:
+            return Wait(f"restart of {stale[0].name} waits for {', '.join(unready)} to be ready")
+        cluster.event("RollingRestart", f"restarting {broken.name} {why}, not ready")
+        return RestartMember(broken.name)
     # The leader's own line between live replication and backfill, not a second setting: a
     # member within it is not being repaired, which is what rolling needs; any other number
     # would either roll while the leader still repairs someone or wait on live followers.
@@ -568,12 +585,6 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
     handing = _hand_over(cluster, target.name, f"restarting {target.name}")
     if handing is not None:
         return handing
-    asked = cluster.controls.restart
-    why = (
-        f"(raftlog.dev/restartedAt {asked})"
-        if asked != cluster.status.restarted_at
-        else "with the new configuration"
-    )
     cluster.event("RollingRestart", f"restarting {target.name} {why}")
     return RestartMember(target.name)
 

@@ -97,7 +97,11 @@ class PassResult:
 
 
 async def observe(
-    runtime: Runtime, api: NodeApi, spec: RaftClusterSpec, status: RaftClusterStatus
+    runtime: Runtime,
+    api: NodeApi,
+    spec: RaftClusterSpec,
+    status: RaftClusterStatus,
+    tell_addresses: bool = True,
 ) -> Observed:
     pods = await runtime.pods(spec, status)
     running = {name: info.url for name, info in pods.items() if info.pod == "running"}
@@ -107,8 +111,9 @@ async def observe(
         if info.address and (host := urllib.parse.urlsplit(info.url).hostname)
     }
     views = await api.views(running)
-    addresses = {name: info.address for name, info in pods.items() if info.address}
-    await api.tell_addresses(running, addresses, views)
+    if tell_addresses:  # not to a paused cluster: nothing is done to it
+        addresses = {name: info.address for name, info in pods.items() if info.address}
+        await api.tell_addresses(running, addresses, views)
     members = {
         name: MemberObserved(
             name,
@@ -136,7 +141,7 @@ async def reconcile_pass(
     controls: Controls = NONE,
     progress_every: float = INSTALL_PROGRESS_EVERY_S,
 ) -> PassResult:
-    observed = await observe(runtime, api, spec, status)
+    observed = await observe(runtime, api, spec, status, tell_addresses=not controls.paused)
     plan = decide(name, spec, status, observed, clock(), generation, controls)
     # Saved before acting: a restarted operator finds the member it was about to create.
     await save(plan.status)

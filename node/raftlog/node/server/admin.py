@@ -228,6 +228,8 @@ async def peers(request: web.Request) -> web.Response:
     if request.method == "POST":
         body = await _json(request)
         for name, url in body.items():
+            if not name.isprintable() or any(c.isspace() for c in name) or not name:
+                raise bad(name, "a peer's name has no spaces or control characters")
             if not isinstance(url, str) or not url.startswith(("http://", "https://")):
                 raise bad(name, "must be an http(s) URL")
             node.transport.add_peer(name, url)
@@ -242,14 +244,18 @@ async def peer_addresses(request: web.Request) -> web.Response:
     node = node_of(request)
     if request.method == "POST":
         body = await _json(request)
+        told = {}
         for name, address in body.items():
             if name not in node.transport.peers or name == node.id:
                 raise bad(name, "is not a peer of this node")
             try:
-                ipaddress.ip_address(address if isinstance(address, str) else "")
+                ip = ipaddress.ip_address(address if isinstance(address, str) else "")
             except ValueError:
                 raise bad(name, "must be an IP address") from None
-        for name, address in body.items():
+            if ip.is_unspecified or (isinstance(ip, ipaddress.IPv6Address) and ip.scope_id):
+                raise bad(name, "must be a pod's address (not unspecified, no IPv6 scope)")
+            told[name] = str(ip)
+        for name, address in told.items():
             node.transport.seen(name, address)
     return web.json_response({"addresses": dict(sorted(node.transport.addresses.items()))})
 

@@ -382,7 +382,13 @@ async def status(request: web.Request) -> web.Response:
     loop = type(asyncio.get_running_loop()).__module__.partition(".")[0]  # uvloop or asyncio
     auth = "token" if node.token else "none (insecure_no_auth: peer and admin calls are open)"
     return web.json_response(
-        {"node": node.id, "event_loop": loop, "auth": auth, "partitions": parts}
+        {
+            "node": node.id,
+            "started_at": node.started_at,
+            "event_loop": loop,
+            "auth": auth,
+            "partitions": parts,
+        }
     )
 
 

@@ -40,6 +40,7 @@ class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
         self.id = settings.node_id
+        self.started_at = time.time()  # this process's start: `/v1/status` says it
         self.token = settings.token()
         self.transport = Transport(
             self.id,

@@ -201,12 +201,14 @@ class PeerSender:
 
     async def _open_link(self) -> frames.Link:
         """The frame stream, at the peer's URL and at the address the peer last connected to
-        this node from (`seen_at`), for the same name, whichever answers first (the second
-        tried SECOND_ROUTE_AFTER after the first). A restarted pod is at a new address that the
-        cluster's DNS may deny, or answer with the old one, for up to its cache time (kubeadm's
-        CoreDNS: `ttl 30`, `cache 30`), while the pod itself already talks to us; and the seen
-        address may be an old one, of a pod since restarted. A route that reaches another node
-        (an old address now another pod's) is refused by it (421) and counts as failed."""
+        this node from or its operator told (`seen_at`), for the same name, whichever answers
+        first: the seen address SECOND_ROUTE_AFTER after the name, or at once when the name
+        fails (the name first: an older peer does not refuse a stream meant for another).
+        A restarted pod is at a new address that the cluster's DNS may deny, or answer with the
+        old one, for up to its cache time (kubeadm's CoreDNS: `ttl 30`, `cache 30`), while the
+        pod itself already talks to us; and the seen address may be an old one, of a pod since
+        restarted. A route that reaches another node (an old address now another pod's) is
+        refused by it (421) and counts as failed."""
         u = urllib.parse.urlsplit(self.url)
         host, tls = u.hostname or "localhost", u.scheme == "https"
         port = u.port or (443 if tls else 80)
@@ -214,7 +216,7 @@ class PeerSender:
         if seen is None or seen == host:
             return await self._connect(host, port, host, tls)
         return await first_link(
-            [self._connect(seen, port, host, tls), self._connect(host, port, host, tls)],
+            [self._connect(host, port, host, tls), self._connect(seen, port, host, tls)],
             SECOND_ROUTE_AFTER,
         )
 
@@ -273,13 +275,19 @@ async def first_link(
             if not done and waiting:  # the first is slow: try the next beside it
                 pending.add(asyncio.ensure_future(waiting.pop(0)))
     finally:
+        # Nothing awaited here: a cancellation of the caller meanwhile would replace the
+        # return and leave the winning link open.
         for coro in waiting:
             coro.close()
         for task in pending:
             task.cancel()
-        for late in await asyncio.gather(*pending, return_exceptions=True):
-            if isinstance(late, frames.Link):
-                late.abort()
+            task.add_done_callback(_abort_late_link)
+
+
+def _abort_late_link(task: asyncio.Task[frames.Link]) -> None:
+    """An attempt that lost the race (or was cancelled): a link it made after all is closed."""
+    if not task.cancelled() and task.exception() is None:
+        task.result().abort()
 
 
 @dataclass(frozen=True)
@@ -335,6 +343,8 @@ class Transport:
     def add_peer(self, name: str, url: str) -> None:
         """Learn (or change) a member's address; its sender starts on the next message."""
         url = url.rstrip("/")
+        if self.peers.get(name) != url:
+            self.addresses.pop(name, None)  # where it was seen belongs to its old URL
         self.peers[name] = url
         self._stop_sender(name)
 
