@@ -20,7 +20,9 @@ import aiohttp
 
 from tests.k8s import kube, load
 
-WINDOW = 2.0
+# Long enough for the test to stop the learner once its window opened and before it ends (the
+# poll, kubectl and the signal take a few seconds on a loaded machine: 2 s lost that race once).
+WINDOW = 6.0
 SPEC: dict[str, Any] = {
     "replicas": 3,
     "partitions": 1,
@@ -111,6 +113,7 @@ def test_create_scale_heal_snapshot_scale_down_under_load_and_delete(operator: s
                180)  # fmt: skip
     signal_member(ns, "c-3", signal.SIGSTOP)  # the learner stops; writes go on
     try:
+        assert member(status(ns, "c"), "c-3")["role"] == "learner", "promoted before it stopped"
         acked += write(ns, "c", 100, "excursion")
         kube.until("the window restarts",
                    lambda: member(status(ns, "c"), "c-3").get("promotion", {}).get("restarts", 0)

@@ -141,10 +141,12 @@ def test_the_archive_job_on_kubernetes_lands_every_record_once_across_lost_pods(
     acked = {p: load.acked(ns, name) for p, name in loaders.items()}
     assert {p: len(a) for p, a in acked.items()} == RECORDS
 
-    # First run: small micro-batches, so that there is time to lose pods along the way.
+    # First run: small micro-batches (about 110), so that there is time to lose pods along the
+    # way and some are left for the second run (at 60 a batch the first once nearly finished
+    # while the executor it lost was replaced: the second had nothing left to write).
     log = tmp_path / "spark-submit.log"
     started = time.monotonic()
-    first = submit(ns, spark_image, log, "--once", "--max-offsets-per-trigger", "60")
+    first = submit(ns, spark_image, log, "--once", "--max-offsets-per-trigger", "20")
     driver: str = kube.until(
         "the driver running", lambda: next(iter(running(ns, "driver")), None), 240
     )
