@@ -905,9 +905,12 @@ class Raft:
                 self._send_append(node, send_empty=True)
 
     def _broadcast_append(self) -> None:
-        for node in self.progress:
+        last = self.log.last_index()
+        for node, pr in self.progress.items():
             self._send_append(node, send_empty=True)
-            while self._send_append(node):
+            # More only while entries are left to send: past `last` the next call would find
+            # nothing (it was half of a 16-partition leader's `_send_append` calls).
+            while pr.next <= last and self._send_append(node):
                 pass
 
     def _send_append(self, node: str, send_empty: bool = False) -> bool:
