@@ -5,6 +5,7 @@ DNS cache still giving restarted pods' old addresses) reach each other at the ad
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from dataclasses import dataclass
@@ -41,11 +42,9 @@ def posts_counted(c: LocalCluster, name: str) -> float:
 def serving(c: LocalCluster, name: str) -> None:
     deadline = time.monotonic() + 30
     while True:
-        try:
+        with contextlib.suppress(OSError):  # not listening yet
             if c.request(name, "GET", "/healthz")[0] == 200:
                 return
-        except OSError:
-            pass
         assert time.monotonic() < deadline, f"{name} never served"
         time.sleep(0.1)
 
