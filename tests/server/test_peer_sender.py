@@ -178,8 +178,7 @@ def test_the_address_the_peer_connected_from_is_tried_beside_its_name(stale):
         name = await routes_server("127.0.0.1", 0, stale, by_name)
         port = name.sockets[0].getsockname()[1]
         seen = await routes_server("127.0.0.2", port, frames.SWITCHED, by_seen)
-        sender = PeerSender("p", f"http://127.0.0.1:{port}", None)
-        sender.seen_at = "127.0.0.2"
+        sender = PeerSender("p", f"http://127.0.0.1:{port}", None, addresses={"p": "127.0.0.2"})
         task = asyncio.create_task(sender.run())
         started = time.monotonic()
         sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])

@@ -86,6 +86,7 @@ class PeerSender:
         token: str | None,
         ssl_context: ssl.SSLContext | None = None,
         frame_budget: int = FRAME_BUDGET,
+        addresses: dict[str, str] | None = None,
     ):
         self.name = name
         self.frame_budget = frame_budget
@@ -101,7 +102,8 @@ class PeerSender:
         self.link: frames.Link | None = None  # the frame stream, while it is up
         self.task: asyncio.Task[None] | None = None
         self._flush_due = False
-        self.seen_at: str | None = None  # the address the peer last connected to us from
+        # Where each peer was last seen: its transport's, shared (`Transport.seen`).
+        self.addresses = addresses if addresses is not None else {}
 
     def send(self, partition: int, messages: Sequence[Message | Ping]) -> bool:
         """Queue `messages`; True when the frame stream's socket takes them at the start of the
@@ -201,7 +203,7 @@ class PeerSender:
 
     async def _open_link(self) -> frames.Link:
         """The frame stream, at the peer's URL and at the address the peer last connected to
-        this node from or its operator told (`seen_at`), for the same name, whichever answers
+        this node from or its operator told (`addresses`), for the same name, whichever answers
         first: the seen address SECOND_ROUTE_AFTER after the name, or at once when the name
         fails (the name first: an older peer does not refuse a stream meant for another).
         A restarted pod is at a new address that the cluster's DNS may deny, or answer with the
@@ -212,7 +214,7 @@ class PeerSender:
         u = urllib.parse.urlsplit(self.url)
         host, tls = u.hostname or "localhost", u.scheme == "https"
         port = u.port or (443 if tls else 80)
-        seen = self.seen_at
+        seen = self.addresses.get(self.name)
         if seen is None or seen == host:
             return await self._connect(host, port, host, tls)
         return await first_link(
@@ -361,8 +363,9 @@ class Transport:
             sender.task.cancel()
 
     def _add(self, name: str, url: str) -> PeerSender:
-        sender = PeerSender(name, url, self.token, self.ssl_context, self.frame_budget)
-        sender.seen_at = self.addresses.get(name)
+        sender = PeerSender(
+            name, url, self.token, self.ssl_context, self.frame_budget, self.addresses
+        )
         sender.task = asyncio.get_running_loop().create_task(sender.run())
         self.senders[name] = sender
         return sender
@@ -378,9 +381,6 @@ class Transport:
         """`name` is at `address`: it connected to this node from there (an authenticated
         peer), or its operator says its pod is there. Tried beside its name (`_open_link`)."""
         self.addresses[name] = address
-        sender = self.senders.get(name)
-        if sender is not None:
-            sender.seen_at = address
 
     def ping(self, names: set[str]) -> None:
         """A liveness ping to each of `names` (`core/liveness.py`), with what else goes to it."""
@@ -434,10 +434,9 @@ class Transport:
 
     def _routes(self, peer: str, base: str) -> list[_Route]:
         """`base` (a URL of `peer`), then the same at the address `peer` last connected to this
-        node from (`seen_at`), for the same name: a restarted pod is at a new address while the
-        cluster DNS may still answer its old one for its cache time (CoreDNS's `cache 30`)."""
-        sender = self.senders.get(peer)
-        seen = sender.seen_at if sender is not None else None
+        node from or its operator told (`addresses`), for the same name: a restarted pod is at a
+        new address while the cluster DNS may still answer its old one for its cache time."""
+        seen = self.addresses.get(peer)
         u = urllib.parse.urlsplit(base)
         routes = [_Route(base)]
         if seen is not None and u.hostname is not None and seen != u.hostname:
