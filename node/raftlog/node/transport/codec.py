@@ -44,13 +44,9 @@ _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder()
 
 
-def _field_out(value: Any) -> Any:
-    if isinstance(value, tuple):  # entries: an Entry encodes as [index, term, kind, data]
-        return value
-    if isinstance(value, SnapshotMeta):
-        m = value.membership
-        return [value.index, value.term, sorted(m.voters), sorted(m.learners)]
-    return value
+def _meta_out(meta: SnapshotMeta) -> list[Any]:
+    m = meta.membership
+    return [meta.index, meta.term, sorted(m.voters), sorted(m.learners)]
 
 
 def encode_frame(items: Sequence[Item]) -> bytes:
@@ -60,9 +56,9 @@ def encode_frame(items: Sequence[Item]) -> bytes:
             out.append([-1, PING_CODE, m.src])
             continue
         cls = type(m)
-        if cls is InstallSnapshot:  # its metadata is a list of its own
-            out.append([partition, _CODES[cls], *(_field_out(getattr(m, f)) for f in _FIELDS[cls])])
-        else:  # every other field is a scalar or the entries, as msgspec encodes them
+        if isinstance(m, InstallSnapshot):  # its metadata is a list of its own
+            out.append([partition, _CODES[cls], m.src, m.dst, m.term, _meta_out(m.meta)])
+        else:  # every field a scalar or the entries (each [index, term, kind, data])
             out.append([partition, _CODES[cls], *_VALUES[cls](m)])
     return _encoder.encode(out)
 
