@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from urllib.parse import urlsplit
 
 import pytest
@@ -25,9 +26,9 @@ def node(tmp_path_factory):
 
 
 class AnswerEater:
-    """A TCP proxy to the node that forwards the first `eat` connections' requests but never
-    their answers: once the node has answered, it closes the client's side, as a connection
-    reset after the server committed would."""
+    """A TCP proxy to the node that forwards every request but eats the first `eat` answers
+    that are 200s: once the node has answered one, it closes the client's side, as a connection
+    reset after the server committed would. Until then each connection carries one answer."""
 
     def __init__(self, target: str, eat: int = 1) -> None:
         u = urlsplit(target)
@@ -52,8 +53,6 @@ class AnswerEater:
 
     async def _serve(self, client_r: asyncio.StreamReader, client_w: asyncio.StreamWriter) -> None:
         up_r, up_w = await asyncio.open_connection(self.host, self.port)
-        eat = self.eaten < self.eat
-        self.eaten += eat
 
         async def pump(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
             with contextlib.suppress(ConnectionError):
@@ -63,10 +62,20 @@ class AnswerEater:
 
         forward = asyncio.create_task(pump(client_r, up_w))
         try:
-            if eat:
-                await up_r.read(1)  # the node answered: the append is in the log
-            else:
+            status = await up_r.readline()
+            if self.eaten >= self.eat:
+                client_w.write(status)
                 await pump(up_r, client_w)
+            elif status.split(b" ")[1:2] == [b"200"]:
+                self.eaten += 1  # the append is in the log; its answer goes nowhere
+            else:
+                # Another answer (a 503 while a new leader applies its no-op) goes through
+                # whole, and the connection closes, so the client's retry comes on a new one.
+                head = status + await up_r.readuntil(b"\r\n\r\n")
+                length = re.search(rb"(?i)\r\ncontent-length: *(\d+)", head)
+                assert length is not None, head
+                client_w.write(head + await up_r.readexactly(int(length.group(1))))
+                await client_w.drain()
         finally:
             forward.cancel()
             for w in (client_w, up_w):
