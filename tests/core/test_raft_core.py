@@ -154,10 +154,10 @@ def test_oversized_append_is_rejected() -> None:
 def test_follower_learns_the_high_water_mark_but_never_above_its_matching_entries() -> None:
     s = storage_with([(1, 1)], term=1)
     r = Raft("b", CFG, s)
-    r.step(HeartbeatRequest("a", "b", 1, 1))
+    r.step(HeartbeatRequest("a", "b", 2, 1))
     drain(r, s)
-    assert r.commit == 0  # nothing is known to match this leader yet
-    r.step(AppendRequest("a", "b", 1, 1, 1, (Entry(2, 1),), 5))
+    assert r.commit == 0  # nothing is known to match the leader of term 2 yet
+    r.step(AppendRequest("a", "b", 2, 1, 1, (Entry(2, 2),), 5))
     drain(r, s)
     assert r.commit == 2
     assert r.read_committed(1, 100) == s.entries(1, 3)
@@ -423,6 +423,30 @@ def test_heartbeat_response_reprobes_a_follower() -> None:
     r.step(HeartbeatResponse("b", "a", r.term))
     rd = drain(r, s)
     assert [m.dst for m in sent(rd, AppendRequest)] == ["b"]
+
+
+@pytest.mark.parametrize("quiesce", [False, True])
+def test_a_restarted_follower_learns_the_commit_from_a_heartbeat_of_its_last_entrys_term(
+    quiesce: bool,
+) -> None:
+    """Restarted (its match with the leader forgotten) holding the leader's entries 1-3 of term
+    2 with commit 2 on disk: an idle leader sends it heartbeats only, and they commit index 3."""
+    s = storage_with([(1, 1), (2, 2), (3, 2)], commit=2, term=2)
+    r = Raft("b", CFG, s)
+    r.step(HeartbeatRequest("a", "b", 2, 3, quiesce=quiesce))
+    drain(r, s)
+    assert r.commit == 3 and r.quiesced is quiesce
+
+
+def test_a_heartbeat_of_a_later_term_commits_nothing_past_the_known_match() -> None:
+    """The last entry is of term 1: the leader of term 2 may hold other entries at 2-3 (they
+    were never committed), so its commit index 3 says nothing of this log until an append
+    matches it."""
+    s = storage_with([(1, 1), (2, 1), (3, 1)], commit=1, term=2)
+    r = Raft("b", CFG, s)
+    r.step(HeartbeatRequest("a", "b", 2, 3, quiesce=True))
+    drain(r, s)
+    assert r.commit == 1 and not r.quiesced
 
 
 def test_partition_host_runs_independent_groups_and_rejects_unknown_partitions() -> None:

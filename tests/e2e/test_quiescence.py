@@ -67,3 +67,50 @@ def test_a_quiesced_leader_that_dies_or_stalls_is_replaced(tmp_path, fault):
         finally:
             if fault == "stop":
                 cluster.signal(victim, signal.SIGCONT)
+
+
+def high_water_mark(cluster: LocalCluster, name: str) -> int | None:
+    """The node's own high-water mark of partition 0 (None while it does not answer)."""
+    try:
+        code, page = cluster.get(name, "/v1/partitions/0/records?from=1&limit=1")
+    except OSError:
+        return None
+    return int(page["high_water_mark"]) if code == 200 else None
+
+
+@pytest.mark.parametrize("role", ["follower", "leader"])
+def test_a_member_killed_on_an_idle_partition_keeps_its_high_water_mark(tmp_path, role):
+    """SIGKILL a member of a quiesced partition once every member shows the last append, and
+    start it again: the first high-water mark it answers is not below the one it showed, and
+    a follower is not left a record behind while the partition stays idle (its leader sends
+    heartbeats only)."""
+    with LocalCluster(tmp_path, replicas=3, partitions=1) as cluster:
+        cluster.wait_ready()
+        leader = cluster.leader(0)
+        assert leader is not None
+        for i in range(20):
+            code, body = cluster.request(
+                leader, "POST", "/v1/partitions/0/records", b'{"value": "r%d"}' % i,
+                {"Content-Type": "application/json"}, timeout=10,
+            )  # fmt: skip
+            assert code == 200, body
+        last = int(body["last_index"])
+        names = list(cluster.nodes)
+        until("every member at the last append", lambda: all(
+            high_water_mark(cluster, n) == last for n in names), 10)  # fmt: skip
+        until("quiesced", lambda: all_quiesced(cluster, names), 20)
+        victim = leader if role == "leader" else next(n for n in names if n != leader)
+        cluster.kill(victim)
+        cluster.start(victim)
+        first: list[int] = []
+
+        def answers() -> bool:
+            h = high_water_mark(cluster, victim)
+            if h is not None:
+                first.append(h)
+            return bool(first)
+
+        until("the restarted member answers", answers, 20)
+        assert first[0] >= last, f"{victim} showed {last}, then {first[0]} after its restart"
+        until(f"{victim} at {last}", lambda: high_water_mark(cluster, victim) == last, 10)
+        cluster.wait_ready()  # and the partition has a leader every member agrees on

@@ -313,6 +313,44 @@ def test_write_behind_holds_the_records_until_a_read_needs_them_and_a_kill_loses
     close_node(j, storages)
 
 
+def test_a_commit_index_written_out_survives_a_kill_and_the_next_sync_makes_it_durable(tmp_path):
+    """What a node does for a commit index alone before readers see it (`Node._pass`): the
+    journal writes it to the file without an fdatasync; a kill keeps it, and the next sync,
+    with nothing more journaled, still makes it durable."""
+    root, killed = tmp_path / "node", tmp_path / "killed"
+    j, storages = open_node(root, n=1)
+    s = storages[0]
+    s.write(HardState(1, None, 4), ents(1, 9, 1))
+    j.sync()
+    s.write(HardState(1, None, 9), [])  # held by write-behind and journaled, in memory alone
+    syncs = 0
+    real = j.ops.fdatasync
+
+    def counted(fd: int) -> None:
+        nonlocal syncs
+        syncs += 1
+        real(fd)
+
+    j.ops.fdatasync = counted  # type: ignore[method-assign]
+    assert j.write_out() and syncs == 0
+    shutil.copytree(root, killed)  # a SIGKILL now: the page cache is what the disk reads
+    j.sync()
+    assert syncs == 1  # written out, but not synced until now
+    close_node(j, storages)
+    j, storages = open_node(killed, n=1)
+    assert storages[0].commit_index() == 9
+    close_node(j, storages)
+
+
+def test_a_journal_write_out_waits_for_a_running_sync(tmp_path):
+    j, storages = open_node(tmp_path, n=1)
+    storages[0].write(HardState(1, None, 0), ents(1, 3, 1))
+    with j._io:  # a sync in the fsync thread holds it
+        assert not j.write_out()
+    assert j.write_out()
+    close_node(j, storages)
+
+
 def test_write_behind_writes_once_it_holds_enough_and_before_a_roll(tmp_path):
     j, storages = open_node(tmp_path, n=1, storage={"segment_bytes": 256 * 1024})
     s = storages[0]

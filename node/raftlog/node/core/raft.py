@@ -753,6 +753,11 @@ class Raft:
     def _on_heartbeat(self, m: HeartbeatRequest) -> None:
         if not self._accept_leader(m):
             return
+        if self.log.last_term() == m.term:
+            # Only this term's leader makes entries of its term, so by Log Matching this log is
+            # the leader's up to its last entry. A follower restarted since it matched (which it
+            # forgot) then learns the commit here: an idle leader sends it no append to match.
+            self._leader_match = max(self._leader_match, self.log.last_index())
         self.log.commit_to(min(m.commit, self._leader_match))
         if m.quiesce:
             # Only with every entry the leader has (its commit is its last index): a follower

@@ -189,6 +189,17 @@ class Node:
                     if rd.entries:
                         d.stop(e)
                 begun = [(d, rd) for d, rd in begun if not rd.entries]
+        elif begun:
+            # A commit index alone (and no sync to carry it): in the file before readers see
+            # it, so a restarted node's high-water mark never steps back (`write_out`).
+            try:
+                if not self.journal.write_out():
+                    await self._durable()
+            except Exception as e:
+                for d, rd in begun:
+                    if rd.hard_state is not None:
+                        d.stop(e)
+                begun = [(d, rd) for d, rd in begun if rd.hard_state is None]
         for d, rd in begun:
             try:
                 d.finish(rd)

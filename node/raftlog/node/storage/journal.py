@@ -309,6 +309,7 @@ class Journal:
         self.lock = threading.Lock()
         self._io = threading.Lock()  # one sync writes at a time
         self.buf = bytearray()
+        self._unsynced = False  # `write_out` wrote to the segment since the last fdatasync
         self.written = 0  # bytes journaled since the last checkpoint
         self._fd = -1
         self._seq = max(self.found.segments, default=0)
@@ -339,12 +340,42 @@ class Journal:
                 for old_fd, rest in sealed:
                     self._write(old_fd, rest)
                     os.close(old_fd)
-                if buf:
+                if buf or self._unsynced:
                     self._write(fd, buf)
+                    self._unsynced = False
             except OSError as e:
                 self.failed = StorageFailed(self.path, "write", e)
                 log.error("%s", self.failed)
                 raise self.failed from e
+
+    def write_out(self) -> bool:
+        """Write what was journaled to the segment now, without an fdatasync; False when a sync
+        is running or a checkpoint's segment change is pending (wait for a sync instead).
+
+        For a commit index alone, before readers are shown it: a process killed after that
+        keeps it (as etcd writes a commit-only hard state unsynced). Only a power loss may step
+        it back, to the last synced one, which Raft allows."""
+        if not self._io.acquire(blocking=False):
+            return False
+        try:
+            if self.failed is not None:
+                raise self.failed
+            with self.lock:
+                if self._sealed:
+                    return False
+                buf, self.buf = self.buf, bytearray()
+                fd = self._fd
+            if buf:
+                try:
+                    self.ops.write(fd, buf)
+                except OSError as e:
+                    self.failed = StorageFailed(self.path, "write", e)
+                    log.error("%s", self.failed)
+                    raise self.failed from e
+                self._unsynced = True
+            return True
+        finally:
+            self._io.release()
 
     def _write(self, fd: int, data: bytearray) -> None:
         if data:
