@@ -56,6 +56,18 @@ def post(c: LocalCluster, path: str, body: bytes, **headers: str):
             "records[0].timestamp_ms",
         ),
         ("/v1/partitions/x/records", b'{"value": "x"}', 400, "partition"),
+        (
+            "/v1/partitions/0/records",
+            b'{"records": [' + b",".join([b'{"value": ""}'] * 10_001) + b"]}",
+            413,
+            "records",
+        ),
+        (
+            "/v1/partitions/0/records",
+            b'{"key": "' + b"k" * (1024 * 1024 + 1) + b'", "value": "v"}',
+            413,
+            "records[0].key",
+        ),
         ("/v1/partitions/7/records", b'{"value": "x"}', 404, None),
     ],
 )
@@ -67,6 +79,23 @@ def test_bad_appends_get_a_4xx_naming_the_field_and_change_nothing(node, path, b
     if field:
         assert reply["field"] == field
     assert last_index(node) == before
+
+
+def test_the_largest_append_allowed_leaves_the_leader_in_place(tmp_path):
+    """10,000 records (max_records_per_append) in one append, on 3 nodes: committed, and the
+    leader's loop is not held past its followers' election timeout (200,000 were: 0.6 s)."""
+    with LocalCluster(tmp_path, replicas=3, partitions=1, durable=False) as c:
+        c.wait_ready()
+        leader = c.leader(0)
+        assert leader is not None
+        term = c.status(leader)["partitions"][0]["term"]
+        body = b'{"records": [' + b",".join([b'{"value": ""}'] * 10_000) + b"]}"
+        code, answer = c.request(
+            leader, "POST", "/v1/partitions/0/records", body,
+            {"Content-Type": "application/json"}, timeout=30,
+        )  # fmt: skip
+        assert code == 200 and answer["last_index"] - answer["first_index"] == 9_999, answer
+        assert c.status(leader)["partitions"][0]["term"] == term
 
 
 def test_bad_reads(node):

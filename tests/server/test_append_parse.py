@@ -16,6 +16,7 @@ from raftlog.node.server.api_common import ApiError
 from raftlog.node.server.append_parse import parse_append
 
 LIMIT = 64
+MAX_RECORDS = 4
 
 scalars = st.none() | st.booleans() | st.integers(-3, 2**63) | st.text(max_size=6)
 texts = st.none() | st.text(max_size=LIMIT + 8) | st.integers(-1, 1)
@@ -63,7 +64,7 @@ bodies = st.one_of(
 
 
 def parse(body: Any) -> tuple[list[bytes], str | None, int]:
-    return parse_append(json.dumps(body).encode(), LIMIT)
+    return parse_append(json.dumps(body).encode(), LIMIT, MAX_RECORDS)
 
 
 @settings(max_examples=1500, deadline=None)
@@ -104,6 +105,13 @@ def test_the_bodies_clients_send(body: dict[str, Any]) -> None:
         )
 
 
+def test_the_limits_are_inclusive() -> None:
+    many = {"records": [{"value": "v"}] * MAX_RECORDS}
+    assert len(parse(many)[0]) == MAX_RECORDS
+    body = {"key": "k" * LIMIT, "value": "x" * LIMIT, "headers": {"h": "y" * (LIMIT - 1)}}
+    assert len(parse(body)[0]) == 1
+
+
 @pytest.mark.parametrize(
     ("raw", "status", "field"),
     [
@@ -128,6 +136,29 @@ def test_the_bodies_clients_send(body: dict[str, Any]) -> None:
         (b'{"value": "x", "producer_id": "p", "sequence": true}', 400, "sequence"),
         (b'{"value": "x", "headers": {"h": 1}}', 400, "records[0].headers"),
         (b'{"value": "' + b"x" * (LIMIT + 1) + b'"}', 413, "records[0].value"),
+        (b'{"key": "' + b"k" * (LIMIT + 1) + b'", "value": "v"}', 413, "records[0].key"),
+        (b'{"key_b64": "' + b"AAAA" * (LIMIT // 3 + 1) + b'"}', 413, "records[0].key"),
+        (
+            b'{"value": "v", "headers": {"a": "'
+            + b"h" * (LIMIT // 2)
+            + b'", "b": "'
+            + b"h" * (LIMIT // 2)
+            + b'"}}',
+            413,
+            "records[0].headers",
+        ),
+        (
+            b'{"records": [{"value": "v"}, {"value": "v", "headers": [{"key": "a", "value_b64": "'
+            + b"AAAA" * (LIMIT // 3 + 1)
+            + b'"}]}]}',
+            413,
+            "records[1].headers",
+        ),
+        (
+            b'{"records": [' + b", ".join([b'{"value": "v"}'] * (MAX_RECORDS + 1)) + b"]}",
+            413,
+            "records",
+        ),
         (b'{"value": "\\ud800"}', 400, "records[0].value"),
         (b'{"key": "\\ud800", "value": "v"}', 400, "records[0].key"),
         (b'{"value": "a", "headers": {"h": "\\ud800"}}', 400, "records[0].headers"),
@@ -146,7 +177,7 @@ def test_the_bodies_clients_send(body: dict[str, Any]) -> None:
 )
 def test_bad_bodies_are_errors_naming_the_field(raw: bytes, status: int, field: str) -> None:
     with pytest.raises(ApiError) as e:
-        parse_append(raw, LIMIT)
+        parse_append(raw, LIMIT, MAX_RECORDS)
     assert (e.value.status, e.value.body["field"]) == (status, field), e.value.body
     assert e.value.body["reason"]
 

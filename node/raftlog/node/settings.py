@@ -137,7 +137,19 @@ class NodeSettings(BaseSettings):
         description="a large answer must be taken by its reader's socket within this many "
         "seconds, else the connection is closed and its bytes let go",
     )
-    max_record_bytes: int = Field(1024 * 1024, ge=1, description="largest record value")
+    max_record_bytes: int = Field(
+        1024 * 1024,
+        ge=1,
+        description="largest key, value, and headers of a record (each; 413 beyond)",
+    )
+    max_records_per_append: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description="most records one append may carry (413 beyond): the leader takes an "
+        "append's records in one turn of its loop, and a much larger batch would hold it past "
+        "its followers' election timeout",
+    )
     append_timeout_s: float = Field(
         10.0, gt=0, description="how long an append waits for its commit before 503"
     )

@@ -101,13 +101,15 @@ async def append(request: web.Request) -> web.Response:
 async def append_body(node: Node, driver: PartitionDriver, raw: bytes) -> bytes:
     """An append of a raw request body to `driver`: its JSON answer once committed, or `ApiError`.
     (The client listener, `listener.py`, answers its appends with this too.)"""
-    return await _append_to(node, driver, *parse_append(raw, node.settings.max_record_bytes))
+    limits = node.settings.max_record_bytes, node.settings.max_records_per_append
+    return await _append_to(node, driver, *parse_append(raw, *limits))
 
 
 async def append_by_key(request: web.Request) -> web.Response:
     """Records routed by key: the partition is `partition_for(key)`, the same for every client."""
     node = node_of(request)
-    parsed = parse_append(await request.read(), node.settings.max_record_bytes)
+    limits = node.settings.max_record_bytes, node.settings.max_records_per_append
+    parsed = parse_append(await request.read(), *limits)
     parts = set()
     for i, data in enumerate(parsed[0]):
         key = decode_record(data).key
