@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import urllib.request
 
@@ -366,3 +367,78 @@ def test_an_idempotent_producer_takes_concurrent_appends_in_order(node):
     code, page = node.get("n1", f"/v1/partitions/0/records?from={indexes[0]}&limit=20")
     assert code == 200
     assert [r["value"] for r in page["records"]] == [f"v{i}" for i in range(20)]
+
+
+def raw_http(c: LocalCluster, request: bytes, then: bytes = b"") -> bytes:
+    """Send `request` (and `then`) on one socket; what the node answers until it closes."""
+    import socket
+
+    url = c.nodes["n1"].url
+    host, port = url.split("//")[1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(request)
+        if then:
+            with contextlib.suppress(ConnectionResetError):  # refused before all was sent
+                s.sendall(then)
+        out = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):
+                out += chunk
+    return out
+
+
+def test_a_compressed_body_is_refused_unread_with_a_415(node):
+    """A gzip body of 64 MiB of zeros (64 KiB sent) is neither decompressed nor appended."""
+    import gzip
+
+    before = last_index(node)
+    body = gzip.compress(b"0" * (64 << 20))
+    code, reply = post(node, "/v1/partitions/0/records", body, **{"Content-Encoding": "gzip"})
+    assert code == 415 and reply["field"] == "Content-Encoding", reply
+    assert "gzip" in reply["reason"]
+    code, reply = post(node, "/v1/records", body, **{"Content-Encoding": "GZIP"})
+    assert code == 415, reply
+    assert last_index(node) == before
+    identity = {"Content-Encoding": "identity"}
+    code, _ = post(node, "/v1/partitions/0/records", b'{"value": "x"}', **identity)
+    assert code == 200
+
+
+def test_aiohttps_own_errors_are_json_naming_the_reason(node):
+    code, reply = node.request("n1", "GET", "/v1/nowhere")
+    assert code == 404 and reply["error"] == "not_found" and "/v1/nowhere" in reply["reason"]
+    code, reply = node.request("n1", "DELETE", "/v1/partitions/0/records")
+    assert code == 405 and reply["error"] == "method_not_allowed", reply
+    assert "GET" in reply["reason"] and "POST" in reply["reason"]
+    # A chunked body has no Content-Length to refuse it by: refused once past the limit.
+    chunk = b"x" * (1 << 20)
+    head = (
+        b"POST /v1/records HTTP/1.1\r\nHost: n1\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n"
+    )
+    chunks = (b"%x\r\n" % len(chunk) + chunk + b"\r\n") * 9 + b"0\r\n\r\n"
+    answer = raw_http(node, head, chunks)
+    status, _, rest = answer.partition(b"\r\n")
+    assert b" 413 " in status, answer[:300]
+    assert b'"error": "too_large"' in rest and b'"field": "body"' in rest, answer[:500]
+
+
+def test_a_client_gone_mid_body_is_no_500_and_no_error_in_the_log(node):
+    import socket
+    import urllib.request
+
+    url = node.nodes["n1"].url
+    host, port = url.split("//")[1].split(":")
+    for _ in range(5):
+        with socket.create_connection((host, int(port)), timeout=5) as s:
+            s.sendall(b"POST /v1/records HTTP/1.1\r\nHost: n1\r\nContent-Length: 1000\r\n\r\n{")
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+    with urllib.request.urlopen(url + "/metrics", timeout=5) as r:
+        text = r.read().decode()
+    counted = [
+        line for line in text.splitlines() if 'route="/v1/records"' in line and "_count" in line
+    ]
+    assert not any('status="500"' in line for line in counted), counted
+    assert any('status="499"' in line for line in counted), counted
+    logged = node.nodes["n1"].log_path.read_text()
+    assert "POST /v1/records failed" not in logged

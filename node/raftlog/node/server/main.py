@@ -131,8 +131,14 @@ async def serve(settings: NodeSettings) -> None:
         # aiohttp closes silent connections after IDLE_S, as the fast path does.
         # An early answer (413, 408) is read for at most a second more, not aiohttp's ten, by
         # a client still sending: it sees the answer, and trickling holds nothing for long.
+        # Bodies are taken as sent: no decompression of a Content-Encoding (the guard answers
+        # 415), which a small gzip body of a gigabyte would spend the loop on.
         runner = web.AppRunner(
-            build_app(node, planes), access_log=None, keepalive_timeout=IDLE_S, lingering_time=1.0
+            build_app(node, planes),
+            access_log=None,
+            keepalive_timeout=IDLE_S,
+            lingering_time=1.0,
+            auto_decompress=False,
         )
         await runner.setup()
         aiohttp_server = runner.server  # the protocol factory the fast path hands over to
