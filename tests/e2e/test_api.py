@@ -267,6 +267,62 @@ def test_retention_holds_through_the_admin_api(node):
     assert node.request("n1", "DELETE", path, None, auth)[0] == 404
 
 
+AUTH = {"Authorization": "Bearer s3cret-token", "Content-Type": "application/json"}
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"min_index": 1, "ttl_seconds": Infinity}', "ttl_seconds"),
+        (b'{"min_index": 1, "ttl_seconds": NaN}', "ttl_seconds"),
+        (b'{"min_index": 1, "ttl_seconds": 1e308}', "ttl_seconds"),
+        (b'{"min_index": 1, "ttl_seconds": 0}', "ttl_seconds"),
+        (b'{"min_index": -1}', "min_index"),
+        (b'{"min_index": 1000000000000000000000000000000}', "min_index"),
+        (b'{"min_index": 1, "ttl": 5}', "ttl"),
+    ],
+)
+def test_a_hold_that_could_not_be_meant_is_a_400_and_kept_nowhere(node, body, field):
+    path = "/v1/admin/partitions/1/holds/odd"
+    code, reply = node.request("n1", "PUT", path, body, AUTH)
+    assert (code, reply["field"]) == (400, field), reply
+    code, listing = node.request("n1", "GET", "/v1/admin/partitions/1/holds", None, AUTH)
+    assert code == 200 and "odd" not in [h["holder"] for h in listing["holds"]]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"op": "add_learner", "node": "n\u0000x", "url": "http://127.0.0.1:1"}, "node"),
+        ({"op": "add_learner", "node": "n\r\nX", "url": "http://127.0.0.1:1"}, "node"),
+        ({"op": "add_learner", "node": "n x", "url": "http://127.0.0.1:1"}, "node"),
+        ({"op": "add_learner", "node": "n" * 254, "url": "http://127.0.0.1:1"}, "node"),
+        ({"op": "add_learner", "node": 7, "url": "http://127.0.0.1:1"}, "node"),
+        ({"op": "add_learner", "node": "n9", "url": "http://"}, "url"),
+        ({"op": "add_learner", "node": "n9", "url": "http://h:99999"}, "url"),
+        ({"op": "add_learner", "node": "n9", "url": "ftp://h:1"}, "url"),
+        ({"op": "add_learner", "node": "n9", "url": "http://h:1/\n"}, "url"),
+    ],
+)
+def test_a_membership_change_naming_no_possible_member_is_a_400(node, body, field):
+    raw = json.dumps(body).encode()
+    code, reply = node.request("n1", "POST", "/v1/admin/partitions/0/members", raw, AUTH)
+    assert (code, reply["field"]) == (400, field), reply
+    assert node.status("n1")["partitions"][0]["learners"] == []
+
+
+def test_admin_calls_about_the_leader_itself_say_so(node):
+    code, reply = node.request("n1", "GET", "/v1/admin/partitions/0/followers/n1/lag", None, AUTH)
+    assert code == 409 and reply["error"] == "is_leader", reply
+    code, reply = node.request("n1", "GET", "/v1/admin/partitions/0/followers/n7/lag", None, AUTH)
+    assert code == 404 and "n7 is not a member" in reply["reason"]
+    install = "/v1/admin/partitions/0/snapshot-install"
+    code, reply = node.request("n1", "POST", install, b'{"target": "n1"}', AUTH)
+    assert code == 409 and reply["error"] == "is_leader", reply
+    code, reply = node.request("n1", "POST", install, b'{"target": "n7", "source": "nobody"}', AUTH)
+    assert code == 400 and reply["field"] == "source", reply
+
+
 def test_key_reads_linearizable_and_local(node):
     post(node, "/v1/partitions/0/records", b'{"key": "colour", "value": "red"}')
     post(node, "/v1/partitions/0/records", b'{"key": "colour", "value": "blue"}')

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 from typing import Any, cast
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -44,6 +45,38 @@ def _str(body: dict[str, Any], name: str) -> str:
     return v
 
 
+MAX_NAME_CHARS = 253  # a DNS name's: members are named by their pods' names
+
+
+def _name(field: str, name: object) -> str:
+    """A member's name: it goes into logs, metrics' labels and the peer stream's handshake."""
+    if (
+        not isinstance(name, str)
+        or not name
+        or len(name) > MAX_NAME_CHARS
+        or not name.isprintable()
+        or any(c.isspace() for c in name)
+    ):
+        raise bad(field, f"a member's name is 1 to {MAX_NAME_CHARS} characters, no spaces or "
+                  "control characters")  # fmt: skip
+    return name
+
+
+def _url(field: str, url: object) -> str:
+    """A member's http(s) URL, with a host (and a port in range, when given)."""
+    ok = isinstance(url, str) and url.isprintable() and not any(c.isspace() for c in url)
+    if ok:
+        try:
+            parts = urlsplit(str(url))
+            ok = parts.scheme in ("http", "https") and bool(parts.hostname)
+            ok = ok and parts.port != 0  # .port raises ValueError out of range
+        except ValueError:
+            ok = False
+    if not ok:
+        raise bad(field, "must be an http(s) URL with a host, such as http://n2:8080")
+    return str(url)
+
+
 def _refusal(node: Node, driver: PartitionDriver, e: Exception) -> ApiError:
     """The answer when the leader's own checks refuse an admin change: a follower names the
     leader (421), the leader gives its reason (409), so the caller can fix the request."""
@@ -55,15 +88,11 @@ def _refusal(node: Node, driver: PartitionDriver, e: Exception) -> ApiError:
 async def members(request: web.Request) -> web.Response:
     node, driver = node_of(request), driver_of(request)
     body = await _json(request)
-    raw_op, member = _str(body, "op"), _str(body, "node")
+    raw_op, member = _str(body, "op"), _name("node", body.get("node"))
     if raw_op not in OPS:
         raise bad("op", f"must be one of {', '.join(OPS)}")
     op = cast(MembershipOp, raw_op)
-    url = body.get("url")
-    if url is not None and (
-        not isinstance(url, str) or not url.startswith(("http://", "https://"))
-    ):
-        raise bad("url", "must be an http(s) URL")
+    url = None if body.get("url") is None else _url("url", body["url"])
     if op == "add_learner" and url is None and member not in node.transport.peers:
         raise bad("url", f"the address of {member} is unknown here; give its url")
     if driver.raft.role != Role.LEADER:
@@ -114,6 +143,11 @@ async def snapshot_install(request: web.Request) -> web.Response:
     target, source = _str(body, "target"), body.get("source", "leader")
     if not isinstance(source, str) or not source:
         raise bad("source", 'must be a member\'s name or "leader"')
+    if target == node.id and driver.raft.role == Role.LEADER:
+        raise ApiError(409, "is_leader", f"{target} is the leader of partition {driver.p}",
+                       "target")  # fmt: skip
+    if source not in ("leader", node.id) and source not in driver.raft.membership.members:
+        raise bad("source", f"{source} is not a member of partition {driver.p}")
     try:
         result = await driver.install_on(target, source)
     except (NotLeader, ProposalRefused) as e:
@@ -166,6 +200,10 @@ async def lag(request: web.Request) -> web.Response:
     if driver.raft.role != Role.LEADER:
         raise not_leader(node, driver)
     st = driver.raft.status().followers.get(follower)
+    if st is None and follower == node.id:
+        raise ApiError(
+            409, "is_leader", f"{follower} is the leader of partition {driver.p}: it has no lag"
+        )
     if st is None:
         raise ApiError(404, "unknown_member", f"{follower} is not a member of partition {driver.p}")
     return web.json_response(
@@ -198,6 +236,9 @@ async def hold_set(request: web.Request) -> web.Response:
     driver = driver_of(request)
     holder = request.match_info["holder"]
     body = await _json(request)
+    for name in body:
+        if name not in ("min_index", "ttl_seconds"):
+            raise bad(name, "unknown field (a hold has min_index and ttl_seconds)")
     min_index, ttl = body.get("min_index"), body.get("ttl_seconds", 60)
     if not isinstance(min_index, int) or isinstance(min_index, bool):
         raise bad("min_index", "is required (an integer)")
@@ -227,11 +268,8 @@ async def peers(request: web.Request) -> web.Response:
     node = node_of(request)
     if request.method == "POST":
         body = await _json(request)
-        for name, url in body.items():
-            if not name.isprintable() or any(c.isspace() for c in name) or not name:
-                raise bad(name, "a peer's name has no spaces or control characters")
-            if not isinstance(url, str) or not url.startswith(("http://", "https://")):
-                raise bad(name, "must be an http(s) URL")
+        told = {_name(name, name): _url(name, url) for name, url in body.items()}
+        for name, url in told.items():
             node.transport.add_peer(name, url)
     return web.json_response({"peers": dict(sorted(node.transport.peers.items()))})
 

@@ -24,7 +24,7 @@ from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
 from raftlog.node.storage.errors import StorageFailed, WalCorruption
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.hardstate import HardStateFile
-from raftlog.node.storage.holds import Hold, RetentionHolds
+from raftlog.node.storage.holds import Hold, RetentionHolds, check_hold
 from raftlog.node.storage.journal import PartitionJournal, replay_into
 from raftlog.node.storage.segment import RawRange
 from raftlog.node.storage.snapshots import SnapshotReceiver, SnapshotStore
@@ -314,6 +314,7 @@ class DurableStorage:
 
     def set_hold(self, holder: str, min_index: int, ttl_seconds: float) -> Hold:
         """Keep entries from `min_index` on until the hold expires (renew to extend it)."""
+        check_hold(holder, min_index, ttl_seconds)  # a bad one is a 400 before a 410
         floor = self.compaction_floor()
         if min_index < floor:
             raise Compacted(

@@ -9,12 +9,29 @@ wall-clock time, which is what a reader's timeout means.
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from raftlog.node.storage.fileio import FileOps, atomic_write
+
+MAX_TTL_S = 366 * 24 * 3600  # a year: renewed by a live reader long before; never forever
+MAX_HOLDER_CHARS = 200
+MAX_INDEX = 2**62  # as the reads' indexes
+
+
+def check_hold(holder: str, min_index: int, ttl_seconds: float) -> None:
+    """ValueError `field: reason` for a hold that could not be meant (or not be expired)."""
+    if not holder or len(holder) > MAX_HOLDER_CHARS or not holder.isprintable():
+        raise ValueError(f"holder: must be 1 to {MAX_HOLDER_CHARS} printable characters")
+    if not 1 <= min_index <= MAX_INDEX:
+        raise ValueError(f"min_index: must be from 1 to {MAX_INDEX}, got {min_index}")
+    if not (math.isfinite(ttl_seconds) and 0 < ttl_seconds <= MAX_TTL_S):
+        raise ValueError(
+            f"ttl_seconds: must be above 0 and at most {MAX_TTL_S} (a year), got {ttl_seconds}"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,12 +61,7 @@ class RetentionHolds:
                     self._holds[h["holder"]] = Hold(h["holder"], h["min_index"], h["expires_at"])
 
     def set(self, holder: str, min_index: int, ttl_seconds: float) -> Hold:
-        if not holder:
-            raise ValueError("holder: must not be empty")
-        if min_index < 1:
-            raise ValueError(f"min_index: must be at least 1, got {min_index}")
-        if ttl_seconds <= 0:
-            raise ValueError(f"ttl_seconds: must be positive, got {ttl_seconds}")
+        check_hold(holder, min_index, ttl_seconds)
         hold = Hold(holder, min_index, self.clock() + ttl_seconds)
         self._holds[holder] = hold
         self._save()
