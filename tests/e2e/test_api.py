@@ -57,6 +57,10 @@ def post(c: LocalCluster, path: str, body: bytes, **headers: str):
             "records[0].timestamp_ms",
         ),
         ("/v1/partitions/x/records", b'{"value": "x"}', 400, "partition"),
+        ("/v1/partitions/+0/records", b'{"value": "x"}', 400, "partition"),
+        ("/v1/partitions/00/records", b'{"value": "x"}', 400, "partition"),
+        ("/v1/partitions/%D9%A0/records", b'{"value": "x"}', 400, "partition"),
+        ("/v1/partitions/%200/records", b'{"value": "x"}', 400, "partition"),
         (
             "/v1/partitions/0/records",
             b'{"records": [' + b",".join([b'{"value": ""}'] * 10_001) + b"]}",
@@ -334,6 +338,18 @@ def test_key_reads_linearizable_and_local(node):
     code, reply = node.get("n1", "/v1/partitions/0/keys/colour")
     assert code == 404 and reply["found"] is False
     assert node.get("n1", "/v1/partitions/0/keys/colour?consistency=eventual")[0] == 400
+
+
+def test_a_key_is_looked_up_by_the_bytes_its_path_percent_encodes(node):
+    post(node, "/v1/partitions/1/records", b'{"key_b64": "/w==", "value": "byte-ff"}')
+    post(node, "/v1/partitions/1/records", b'{"key": "%FF", "value": "text-percent-ff"}')
+    post(node, "/v1/partitions/1/records", b'{"key": "a/b", "value": "slash"}')
+    code, reply = node.get("n1", "/v1/partitions/1/keys/%FF")
+    assert code == 200 and reply["value"] == "byte-ff" and reply["key_b64"] == "/w==", reply
+    code, reply = node.get("n1", "/v1/partitions/1/keys/%25FF")
+    assert code == 200 and reply["value"] == "text-percent-ff" and "key_b64" not in reply, reply
+    code, reply = node.get("n1", "/v1/partitions/1/keys/a%2Fb?consistency=local")
+    assert code == 200 and reply["value"] == "slash", reply
 
 
 def test_appends_routed_by_key(node):

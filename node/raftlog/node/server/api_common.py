@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+import re
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -15,6 +16,7 @@ from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 
 log = logging.getLogger("raftlog.api")
+_PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
 NODE_KEY = web.AppKey("node", Node)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
@@ -166,11 +168,10 @@ def node_of(request: web.Request) -> Node:
 
 def driver_of(request: web.Request) -> PartitionDriver:
     raw = request.match_info["partition"]
-    try:
-        p = int(raw)
-    except ValueError:
-        raise bad("partition", f"{raw!r} is not an integer") from None
-    return partition_driver(node_of(request), p)
+    if not _PARTITION.fullmatch(raw):
+        # As the fast path reads it: int() would also take "+0", " 0" and other scripts' digits.
+        raise bad("partition", f"{raw!r} is not a partition number (0, 1, 2, ...)")
+    return partition_driver(node_of(request), int(raw))
 
 
 def partition_driver(node: Node, p: int) -> PartitionDriver:

@@ -14,6 +14,7 @@ import asyncio
 import base64
 import contextlib
 from typing import Any, Literal
+from urllib.parse import unquote_to_bytes
 
 import aiohttp
 import msgspec
@@ -291,7 +292,9 @@ async def get_key(request: web.Request) -> web.Response:
     """The keyed table's value of a key: `consistency=linearizable` (ReadIndex on the leader,
     the default) or `local` (this replica's applied state, possibly behind)."""
     node, driver = node_of(request), driver_of(request)
-    key = request.match_info["key"].encode()
+    # The key's bytes as the client percent-encoded them: aiohttp's decoded path keeps an
+    # escape that is not UTF-8 (%FF) as text, so the key 0xFF would be read as "%FF".
+    key = unquote_to_bytes(request.raw_path.split("?", 1)[0].split("/keys/", 1)[1])
     consistency = request.query.get("consistency", "linearizable")
     if consistency not in ("linearizable", "local"):
         raise bad("consistency", "must be linearizable or local")
@@ -308,6 +311,7 @@ async def get_key(request: web.Request) -> web.Response:
     body: dict[str, Any] = {
         "partition": driver.p,
         "key": key.decode(errors="replace"),
+        **({} if key.isascii() else {"key_b64": base64.b64encode(key).decode()}),
         "found": value is not None,
         "applied_index": driver.table.applied_index,
         "consistency": consistency,
