@@ -98,7 +98,8 @@ class NodeSettings(BaseSettings):
         gt=0,
         le=3600,
         description="a request's head must arrive within this many seconds of its first byte, "
-        "however slowly it trickles in; else 408 and the connection is closed",
+        "however slowly it trickles in; else 408 and the connection is closed (checked every "
+        "second)",
     )
     request_body_timeout_s: float = Field(
         30.0,

@@ -43,7 +43,7 @@ ROUTE = "/v1/partitions/{partition}/records"  # the aiohttp route's name in the 
 MAX_HEAD = 8192  # a longer head is aiohttp's to judge (it answers 400 or 431)
 MAX_HEADERS = 128  # aiohttp's limit: more is its 400
 IDLE_S = 75.0  # a connection that sent nothing for this long and waits for no answer is closed
-SWEEP_S = 5.0
+SWEEP_S = 1.0  # how late a head or body timeout may fire, at most (a sweep of the open ones)
 _BARE_LF = re.compile(rb"(?<!\r)\n")  # a line not ended by CRLF: aiohttp's 400, at once
 
 _REQUEST_LINE = re.compile(rb"POST /v1/partitions/(0|[1-9][0-9]{0,8})/records HTTP/1\.1")
@@ -146,7 +146,7 @@ class Connections:
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
-        every = min(SWEEP_S, self.head_timeout_s / 2, self.body_timeout_s / 2)
+        every = min(SWEEP_S, self.head_timeout_s / 10, self.body_timeout_s / 10)
         while True:
             await asyncio.sleep(every)
             now = loop.time()
