@@ -79,6 +79,12 @@ MUTANTS: list[Mutant] = [
         real=True,
     ),
     Mutant(
+        "a heartbeat matches a log whose last entry is of an older term (follower)",
+        RAFT,
+        "if self.log.last_term() == m.term:",
+        "if self.log.last_term() <= m.term:",
+    ),
+    Mutant(
         "heartbeat commit not clamped to the matched index (leader)",
         RAFT,
         "commit = min(pr.match, self.log.committed)",
