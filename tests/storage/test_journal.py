@@ -43,6 +43,19 @@ def terms(w: Wal) -> list[tuple[int, int]]:
     return [(e.index, e.term) for e in w.entries(w.first_index(), w.last_index() + 1)]
 
 
+def count_fdatasyncs(j: Journal) -> list[int]:
+    """The journal's fdatasyncs from now on, counted in the list's one item."""
+    syncs = [0]
+    real = j.ops.fdatasync
+
+    def counted(fd: int) -> None:
+        syncs[0] += 1
+        real(fd)
+
+    j.ops.fdatasync = counted  # type: ignore[method-assign]
+    return syncs
+
+
 # ----------------------------------------------------------------------------- replay rules
 def test_replay_keeps_what_is_there_replaces_above_the_commit_and_drops_the_stale(tmp_path):
     w = Wal.open(str(tmp_path / "wal"), durable=False)
@@ -116,17 +129,9 @@ def test_one_fsync_for_every_partition_and_nothing_synced_is_lost_to_a_power_los
     for p, s in storages.items():
         s.write(HardState(1, None, 0), ents(1, 49, 1, size=30 + p))
         s.write(HardState(1, None, 40), [])
-    syncs = 0
-    real = j.ops.fdatasync
-
-    def counted(fd: int) -> None:
-        nonlocal syncs
-        syncs += 1
-        real(fd)
-
-    j.ops.fdatasync = counted  # type: ignore[method-assign]
+    syncs = count_fdatasyncs(j)
     storages[0].sync()  # the partition's sync is the journal's: both partitions' writes
-    assert syncs == 1
+    assert syncs == [1]
     close_node(j, storages)
     assert power_loss(tmp_path) == 98
     j, storages = open_node(tmp_path)
@@ -323,19 +328,11 @@ def test_a_commit_index_written_out_survives_a_kill_and_the_next_sync_makes_it_d
     s.write(HardState(1, None, 4), ents(1, 9, 1))
     j.sync()
     s.write(HardState(1, None, 9), [])  # held by write-behind and journaled, in memory alone
-    syncs = 0
-    real = j.ops.fdatasync
-
-    def counted(fd: int) -> None:
-        nonlocal syncs
-        syncs += 1
-        real(fd)
-
-    j.ops.fdatasync = counted  # type: ignore[method-assign]
-    assert j.write_out() and syncs == 0
+    syncs = count_fdatasyncs(j)
+    assert j.write_out() and syncs == [0]
     shutil.copytree(root, killed)  # a SIGKILL now: the page cache is what the disk reads
     j.sync()
-    assert syncs == 1  # written out, but not synced until now
+    assert syncs == [1]  # written out, but not synced until now
     close_node(j, storages)
     j, storages = open_node(killed, n=1)
     assert storages[0].commit_index() == 9
