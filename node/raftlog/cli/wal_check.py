@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from raftlog.node.storage.errors import WalCorruption
-from raftlog.node.storage.journal import Found, list_journal, read_journal
+from raftlog.node.storage.journal import Found, list_journal, lost_partitions, read_journal
 from raftlog.node.storage.recovery import WalAnalysis, analyze_wal, list_segments
 from raftlog.node.storage.wal import Wal
 from raftlog.node.storage.wal_report import wal_report
@@ -77,7 +77,14 @@ def check_journals(path: str) -> tuple[dict[str, Found], int]:
         print(f"  to replay   {records} records of {len(j.ops)} partitions")
         for msg in j.repairs:
             print(f"  repair      {msg}")
-        print("  status      healthy")
+        lost = lost_partitions(os.path.dirname(root), j)
+        for p, last in lost.items():
+            print(f"  LOST        partition {p}: p{p}/ is missing; it held entries up to {last}")
+        if lost:
+            print("  status      CORRUPTED: the node refuses to start")
+            status = 1
+        else:
+            print("  status      healthy")
     return found, status
 
 

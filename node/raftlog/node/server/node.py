@@ -18,8 +18,9 @@ from raftlog.node.server.metrics import NodeMetrics
 from raftlog.node.server.partition import COMMIT_TELL_DELAY, PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.storage.errors import CorruptFile
 from raftlog.node.storage.group_commit import GroupCommit
-from raftlog.node.storage.journal import Journal
+from raftlog.node.storage.journal import Journal, lost_partitions
 from raftlog.node.transport.codec import Item, Ping
 from raftlog.node.transport.peers import Transport
 
@@ -66,6 +67,16 @@ class Node:
         self.drivers: dict[int, PartitionDriver] = {}
         config = settings.raft_config()
         paths = {p: os.path.join(settings.data_dir, f"p{p}") for p in range(settings.partitions)}
+        for p, had in lost_partitions(str(settings.data_dir), self.journal.found).items():
+            # Started empty, this member would vote as one that never held anything, and could
+            # elect a leader without entries it acknowledged.
+            raise CorruptFile(
+                paths.get(p, os.path.join(settings.data_dir, f"p{p}")),
+                f"is missing, while this node's journal says partition {p} held entries up to "
+                f"{had}: its log is lost. Restore the directory, or remove this member and add "
+                "it back with an empty data directory and --join (the operator replaces a "
+                "member whose volume is lost so)",
+            )
         storages = {p: self._open(p, None) for p, path in paths.items() if os.path.isdir(path)}
         # Partitions with no directory yet start with the members this node is given: all of
         # them at a cluster's first start, and those added since (the partition count raised)

@@ -188,6 +188,16 @@ class ReplayTarget(Protocol):
     def reset(self, index: int, term: int) -> None: ...
 
 
+def lost_partitions(data_dir: str, found: Found) -> dict[int, int]:
+    """Partitions whose directory is gone while the journal's checkpoint says they held
+    entries: partition -> the last index it held then (their data is lost)."""
+    return {
+        p: last
+        for p, last in sorted(found.trusted.items())
+        if last > 0 and not os.path.isdir(os.path.join(data_dir, f"p{p}"))
+    }
+
+
 def replay_into(wal: ReplayTarget, ops: Iterable[Op]) -> list[str]:
     """Apply one partition's journal records to its WAL, by content (see the module's rules).
     Returns what it did that a person may want to know (records dropped as cut or stale)."""

@@ -1,0 +1,62 @@
+"""A member whose data is partly lost refuses to start rather than vote as one that never held
+anything (found by a disk-fault review: a member restarted without its partition's directory
+rejoined as an empty voter, and acknowledged appends were lost)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import pytest
+from tests.server.helpers import until
+
+from raftlog.cli.main import main
+from raftlog.node.core.raft import Role
+from raftlog.node.server.node import Node
+from raftlog.node.settings import NodeSettings
+from raftlog.node.storage.errors import CorruptFile
+
+
+def settings(tmp_path) -> NodeSettings:
+    return NodeSettings(
+        insecure_no_auth=True,
+        node_id="n1",
+        peers={"n1": "http://127.0.0.1:10"},
+        data_dir=tmp_path,
+        partitions=2,
+        tick_ms=5,
+    )
+
+
+async def append_and_close(node: Node) -> None:
+    await node.start()
+    try:
+        await until(lambda: all(d.raft.role == Role.LEADER for d in node.drivers.values()), "lead")
+        for d in node.drivers.values():
+            await d.propose([b"acknowledged"])
+    finally:
+        await node.close()
+
+
+def test_a_partition_directory_lost_since_the_last_start_is_refused_naming_it(tmp_path, capsys):
+    asyncio.run(append_and_close(Node(settings(tmp_path))))
+    Node(settings(tmp_path)).journal.close()  # a restart: its checkpoint records what is held
+    shutil.rmtree(tmp_path / "p1")
+    with pytest.raises(CorruptFile, match=r"p1 is invalid: is missing.*partition 1 held entries"):
+        Node(settings(tmp_path))
+    # `raftctl wal check` on the data directory says so too, and fails.
+    assert main(["wal", "check", str(tmp_path)]) == 1
+    assert (
+        "LOST        partition 1: p1/ is missing; it held entries up to" in capsys.readouterr().out
+    )
+
+
+def test_a_partition_never_written_may_be_missing(tmp_path):
+    """A directory the node made but never wrote to holds nothing to lose (and a partition
+    raised since the last start has none yet)."""
+    node = Node(settings(tmp_path))
+    node.journal.close()
+    shutil.rmtree(tmp_path / "p1")
+    node = Node(settings(tmp_path))
+    assert node.drivers[1].storage.last_index() == 0
+    node.journal.close()
