@@ -4,6 +4,7 @@ headers that used to reach a 500 are a client's mistake, a 4xx naming the field,
 from __future__ import annotations
 
 import asyncio
+import errno
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from raftlog.node.core.raft import Role
 from raftlog.node.server.app import build_app
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
+from raftlog.node.storage.errors import StorageFailed
 
 TOKEN = "s3cret"
 APPEND = "/v1/partitions/0/records"
@@ -95,3 +97,60 @@ def test_a_non_ascii_token_is_a_401_not_a_500(tmp_path: Path, value: bytes) -> N
             assert r.status == 200
 
     asyncio.run(_with_node(tmp_path, run))
+
+
+def _enospc(path: str) -> StorageFailed:
+    return StorageFailed(path, "write", OSError(errno.ENOSPC, "No space left on device"))
+
+
+def test_storage_faults_are_503s_naming_them_never_500s(tmp_path: Path) -> None:
+    """A disk fault under a forced compaction, under a read that must first write the WAL's
+    held records, and under a received snapshot chunk: each answered as what it is."""
+
+    async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
+        async with s.post(APPEND, json={"value": "v"}) as r:
+            assert r.status == 200
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+
+        def full_snapshot(*_: object) -> str:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        d.storage.write_snapshot_file = full_snapshot
+        async with s.post("/v1/admin/partitions/0/compact", headers=auth) as r:
+            got = await r.json()
+            assert r.status == 503 and got["error"] == "storage_failed", got
+        assert d.failed is not None  # the partition stopped writing, and says why
+
+        def flush_fails(*_: object) -> None:  # as a read past the tail cache that flushes
+            raise _enospc(d.storage.wal.path)
+
+        d.storage.entries = flush_fails
+        async with s.get("/v1/partitions/0/records?from=1&limit=10000") as r:
+            got = await r.json()
+            assert r.status == 503 and "read from another replica" in got["reason"], got
+
+        def chunk_fails(*_: object) -> bool:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        receiver = _Receiver(chunk_fails)
+        d.storage.snapshots.receiver = lambda index, term: receiver
+        path = "/peer/v1/partitions/0/snapshot?leader=n2&term=9&index=5&snap_term=1"
+        headers = {**auth, "X-Offset": "0", "X-Crc32c": "0", "X-Total": "1"}
+        async with s.post(path, data=b"x", headers=headers) as r:
+            got = await r.json()
+            assert r.status == 507 and "cannot write the snapshot" in got["reason"], got
+        assert receiver.aborted  # its partial file goes: the next attempt starts whole
+
+    asyncio.run(_with_node(tmp_path, body))
+
+
+class _Receiver:
+    """A snapshot receiver whose write fails as `write` does."""
+
+    def __init__(self, write: Any) -> None:
+        self.write = write
+        self.received = 0
+        self.aborted = False
+
+    def abort(self) -> None:
+        self.aborted = True

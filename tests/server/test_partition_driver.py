@@ -16,6 +16,7 @@ from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
+from raftlog.node.storage.errors import StorageFailed
 from raftlog.node.storage.segment import encode_commit
 
 PEERS = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens there
@@ -199,6 +200,33 @@ def test_a_committed_append_is_answered_before_the_fsync_of_the_entries_after_it
         finally:
             for go in syncs:
                 go.set()
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_leader_whose_storage_fails_steps_down_and_is_not_ready(tmp_path):
+    """A failed fsync stops the partition: its appender is told, and the node claims neither
+    the leadership its peers will replace nor readiness."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path)
+        await node.start()
+        try:
+            d = node.drivers[0]
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            assert node.not_ready() is None
+
+            def full() -> None:
+                raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
+
+            node.journal.sync = full  # type: ignore[method-assign]
+            with pytest.raises(StorageFailed, match="ENOSPC"):
+                await d.propose([b"lost"])
+            assert d.raft.role == Role.FOLLOWER and d.raft.leader is None
+            reason = node.not_ready()
+            assert reason is not None and "[0] stopped writing" in reason and "ENOSPC" in reason
+        finally:
             await node.close()
 
     asyncio.run(run())

@@ -356,6 +356,12 @@ class Raft:
             self._event("snapshot_failed", target=target, attempt=pr.snapshot_attempt)
             pr.snapshot_retry_at = self.ticks + self._snapshot_backoff(pr.snapshot_attempt)
 
+    def step_down(self, reason: str) -> None:
+        """Stop leading, or following a known leader: this node can take no further part (its
+        storage failed) and is stepped no more, so it must not go on claiming a role its peers
+        replaced. Term and vote are kept."""
+        self._become_follower(self.term, None, reason=reason)
+
     def hup(self) -> None:
         """Start an election now (the timeout fired, or a test or operator asks)."""
         if self.role == Role.LEADER or not self._promotable():

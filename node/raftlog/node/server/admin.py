@@ -27,6 +27,7 @@ from raftlog.node.server.api_common import (
 )
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
+from raftlog.node.storage.errors import StorageFailed
 
 OPS = ("add_learner", "promote", "remove")
 
@@ -159,7 +160,10 @@ async def snapshot_install(request: web.Request) -> web.Response:
 
 async def compact(request: web.Request) -> web.Response:
     driver = driver_of(request)
-    done = await driver.compact_now()
+    try:
+        done = await driver.compact_now()
+    except (StorageFailed, OSError) as e:  # the snapshot's write (ENOSPC, EIO)
+        raise ApiError(503, "storage_failed", f"{e}; the partition stops writing") from None
     return web.json_response(
         {
             "partition": driver.p,

@@ -169,7 +169,13 @@ async def _append_to(
             503, "timeout", "not committed in time; the outcome is unknown, retry"
         ) from None
     except StorageFailed as e:
-        raise ApiError(503, "storage_failed", str(e)) from None
+        # Its entries may have reached the followers before this member's disk failed.
+        raise ApiError(
+            503,
+            "storage_failed",
+            f"{e}: the outcome is unknown (the followers may commit it); retry on the new "
+            "leader (with a producer id, a retry cannot add it twice)",
+        ) from None
     answer = {
         "partition": done.partition,
         "first_index": done.first_index,
@@ -195,6 +201,8 @@ async def read(request: web.Request) -> web.Response:
     hwm = driver.raft.commit
     try:
         entries = _read_within(driver, start, limit, max_bytes)
+    except (StorageFailed, OSError) as e:  # a read that had to write the WAL's held tail
+        raise ApiError(503, "storage_failed", f"{e}; read from another replica") from None
     except Compacted:  # from the archive when archiving is on, else 410
         node = node_of(request)
         entries = await archive_reads.entries_below_floor(
@@ -410,12 +418,9 @@ async def healthz(request: web.Request) -> web.Response:
 
 async def readyz(request: web.Request) -> web.Response:
     node = node_of(request)
-    missing = [p for p, driver in node.drivers.items() if driver.raft.leader is None]
-    if missing:
-        return web.json_response(
-            {"status": "not_ready", "reason": f"no known leader for partitions {missing}"},
-            status=503,
-        )
+    reason = node.not_ready()
+    if reason is not None:
+        return web.json_response({"status": "not_ready", "reason": reason}, status=503)
     return web.json_response({"status": "ready", "node": node.id})
 
 
@@ -455,6 +460,11 @@ async def snapshot_chunk(request: web.Request) -> web.Response:
             driver.snapshot_received(leader, term, receiver, meta, data)
     except SnapshotCorruption as e:
         raise ApiError(400, "bad_chunk", e.reason, received=receiver.received) from None
+    except OSError as e:  # this member's disk (ENOSPC, EIO): the sender's retries say why
+        receiver.abort()
+        raise ApiError(
+            507, "storage_failed", f"{driver.node.id} cannot write the snapshot: {e}"
+        ) from None
     return web.Response(status=204)
 
 

@@ -311,6 +311,18 @@ class Node:
         for _, m in items:
             self.liveness.heard(m.src, self.ticks)
 
+    def not_ready(self) -> str | None:
+        """Why this node should get no traffic (`/readyz`): a partition stopped by a storage
+        failure, or one with no known leader; None when it is ready."""
+        failed = {p: d.failed for p, d in self.drivers.items() if d.failed is not None}
+        if failed:
+            p, e = next(iter(failed.items()))
+            return f"partitions {sorted(failed)} stopped writing (p{p}: {e})"
+        missing = [p for p, d in self.drivers.items() if d.raft.leader is None]
+        if missing:
+            return f"no known leader for partitions {missing}"
+        return None
+
     def driver(self, partition: int) -> PartitionDriver | None:
         return self.drivers.get(partition)
 

@@ -402,6 +402,9 @@ class PartitionDriver:
         if self.failed is not None:
             return
         self.failed = e
+        # Its peers elect without it: it must not report itself the leader (nor a leader it
+        # no longer hears) in status, readiness and hints.
+        self.raft.step_down("the partition stopped writing")
         if isinstance(e, StorageFailed):
             log.error("p%d: %s", self.p, e)
         else:  # a bug: stop this partition loudly rather than go on in an unknown state
