@@ -6,15 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from typing import Any
 
 import pytest
 from tests.server.helpers import until
 
 from raftlog.cli.main import main
 from raftlog.node.core.raft import Role
+from raftlog.node.server import main as server_main
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
-from raftlog.node.storage.errors import CorruptFile
+from raftlog.node.storage.errors import CorruptFile, StorageFailed
 
 
 def settings(tmp_path) -> NodeSettings:
@@ -60,3 +62,22 @@ def test_a_partition_never_written_may_be_missing(tmp_path):
     node = Node(settings(tmp_path))
     assert node.drivers[1].storage.last_index() == 0
     node.journal.close()
+
+
+def test_a_garbage_holds_file_is_refused_naming_it(tmp_path):
+    Node(settings(tmp_path)).journal.close()
+    (tmp_path / "p0" / "holds.json").write_text("{not json")
+    with pytest.raises(CorruptFile, match=r"p0/holds.json is invalid: not a list of holds"):
+        Node(settings(tmp_path))
+
+
+def test_a_disk_that_fails_at_start_is_one_line_and_exit_2(tmp_path, monkeypatch, capsys):
+    def full(coro: Any, *_: object) -> None:
+        coro.close()  # the node's start, which the full disk stops
+        raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
+
+    monkeypatch.setattr(server_main, "run", full)
+    argv = ["--node-id", "n1", "--peers", "n1=http://127.0.0.1:10", "--data-dir", str(tmp_path)]
+    assert server_main.main([*argv, "--insecure-no-auth"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot start: write of {tmp_path / 'journal'} failed: ENOSPC" in err, err

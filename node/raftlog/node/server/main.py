@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import errno
 import json
 import logging
 import signal
@@ -35,7 +36,7 @@ from raftlog.node.server.listener import IDLE_S, Connections, ListenerProtocol
 from raftlog.node.server.node import Node
 from raftlog.node.server.restore import restore_missing
 from raftlog.node.settings import NodeSettings, load_settings
-from raftlog.node.storage.errors import CorruptFile, WalCorruption
+from raftlog.node.storage.errors import CorruptFile, StorageFailed, WalCorruption
 
 log = logging.getLogger("raftlog.node")
 
@@ -234,6 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     except (WalCorruption, CorruptFile) as e:
         print(f"raftlog-node: {e}", file=sys.stderr)
         return 3
+    except StorageFailed as e:  # at start: what it could not write (a full disk, EIO)
+        reason = errno.errorcode.get(e.errno or 0, "error")
+        print(f"raftlog-node: cannot start: {e.op} of {e.path} failed: {reason}", file=sys.stderr)
+        return 2
     return 0
 
 

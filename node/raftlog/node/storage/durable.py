@@ -220,7 +220,7 @@ class DurableStorage:
             self.wal.append(entries)
         if hard_state is not None:
             if (hard_state.term, hard_state.vote) != (self.hard.term, self.hard.vote):
-                self._guard("hard state", lambda: self.hard.save(hard_state.term, hard_state.vote))
+                self._guard("hardstate", lambda: self.hard.save(hard_state.term, hard_state.vote))
             self.wal.append_commit(hard_state.commit)
 
     def sync(self) -> None:

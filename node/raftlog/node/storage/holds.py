@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from raftlog.node.storage.errors import CorruptFile
 from raftlog.node.storage.fileio import FileOps, atomic_write
 
 MAX_TTL_S = 366 * 24 * 3600  # a year: renewed by a live reader long before; never forever
@@ -57,8 +58,12 @@ class RetentionHolds:
         self._holds: dict[str, Hold] = {}
         if os.path.exists(path):
             with open(path, "rb") as f:
-                for h in json.loads(f.read()):
+                raw = f.read()
+            try:
+                for h in json.loads(raw):
                     self._holds[h["holder"]] = Hold(h["holder"], h["min_index"], h["expires_at"])
+            except (ValueError, TypeError, KeyError) as e:
+                raise CorruptFile(path, f"not a list of holds ({e}); fix or delete it") from None
 
     def set(self, holder: str, min_index: int, ttl_seconds: float) -> Hold:
         check_hold(holder, min_index, ttl_seconds)
