@@ -17,7 +17,6 @@ from raftlog.node.core.types import Entry
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.errors import StorageFailed
-from raftlog.node.storage.segment import encode_commit
 
 PEERS = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens there
 
@@ -153,53 +152,6 @@ def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_p
             assert held.is_set() and not returned.is_set(), "answered while the sync hung"
         finally:
             release.set()
-            await node.close()
-
-    asyncio.run(run())
-
-
-def test_a_committed_append_is_answered_before_the_fsync_of_the_entries_after_it(tmp_path):
-    """B commits while C is proposed: the pass that writes C answers B before C's fsync (it
-    covers C only), and with B's commit record written to the journal's file first."""
-
-    async def run() -> None:
-        node = Node(
-            NodeSettings(
-                insecure_no_auth=True, node_id="n1", peers={"n1": PEERS["n1"]},
-                data_dir=tmp_path, tick_ms=5, fsync_in_loop_below_ms=0,
-            )
-        )  # fmt: skip
-        await node.start()
-        syncs: list[threading.Event] = []
-        try:
-            d = node.drivers[0]
-            await until(lambda: d.raft.role == Role.LEADER, "election")
-            await until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
-            real = node.journal.sync
-
-            def gated() -> None:  # each sync waits until the test lets it go
-                go = threading.Event()
-                syncs.append(go)
-                go.wait(10)
-                real()
-
-            node.journal.sync = gated  # type: ignore[method-assign]
-            b = asyncio.ensure_future(d.propose([b"B"]))
-            await until(lambda: len(syncs) == 1, "B's fsync")
-            c = asyncio.ensure_future(d.propose([b"C"]))
-            await asyncio.sleep(0.05)  # C waits for the pass after B's
-            syncs[0].set()
-            await until(lambda: len(syncs) == 2, "C's fsync")
-            answered = await asyncio.wait_for(b, 5)
-            assert not syncs[1].is_set() and not c.done()
-            assert d.table.applied_index == answered.last_index
-            on_file = b"".join(f.read_bytes() for f in (tmp_path / "journal").iterdir())
-            assert encode_commit(answered.last_index) in on_file  # before C's fsync too
-            syncs[1].set()
-            assert (await asyncio.wait_for(c, 5)).first_index == answered.last_index + 1
-        finally:
-            for go in syncs:
-                go.set()
             await node.close()
 
     asyncio.run(run())

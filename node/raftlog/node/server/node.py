@@ -187,17 +187,6 @@ class Node:
             if rd is not None:
                 begun.append((d, rd))
         if any(rd.entries for _, rd in begun):
-            # What committed is answered before this pass's fsync (it covers new entries only)
-            # once its commit record is in the file: under load, one fsync less between an
-            # append's commit and its answer (bench/partitions.py, bench/RESULTS.md).
-            early = [(d, rd) for d, rd in begun if rd.committed]
-            if early and self._write_out():
-                for d, rd in early:
-                    try:
-                        d.apply_early(rd)
-                    except Exception as e:
-                        d.stop(e)
-                begun = [(d, rd) for d, rd in begun if d.failed is None]
             if any(d.early_unwritten for d, _ in begun) and self.group.inline_now():
                 # One turn of the loop for the peer senders to write what a frame stream did
                 # not take at once: a fast disk's sync runs in the loop
@@ -242,13 +231,6 @@ class Node:
                     self._tell_timer = asyncio.get_running_loop().call_later(
                         COMMIT_TELL_DELAY, self._tell_untold
                     )
-
-    def _write_out(self) -> bool:
-        """`Journal.write_out`, False when it cannot (the sync that follows says why)."""
-        try:
-            return self.journal.write_out()
-        except Exception:
-            return False
 
     def _tell_untold(self) -> None:
         self._tell_timer = None

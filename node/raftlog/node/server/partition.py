@@ -147,7 +147,6 @@ class PartitionDriver:
         self._tell = False  # COMMIT_TELL_DELAY passed with a commit untold: tell it now
         self._unsent: list[Message] = []  # a Ready's messages that wait for its fsync
         self.early_unwritten = False  # appends `begin` sent that no peer link took at once
-        self._applied: Ready | None = None  # whose committed entries went before its fsync
         # Snapshots received and offered to the core, by index (several may be offered before the
         # next Ready; it installs at most one, the others are dropped).
         self._offered: dict[int, tuple[SnapshotReceiver, SnapshotMeta, bytes]] = {}
@@ -349,25 +348,15 @@ class PartitionDriver:
                 ]
         return rd
 
-    def apply_early(self, rd: Ready) -> None:
-        """Apply `rd`'s committed entries before the fsync of its new ones, and answer their
-        appenders: committed means durable on a quorum already (a leader counts itself once
-        its own fsync is done), so they need not wait for the next one. The node has written
-        the commit record out first (`Journal.write_out`), so a killed node shows no less."""
-        self._apply(rd)
-        self._applied = rd
-
     def finish(self, rd: Ready) -> None:
-        """After the fsync covering `rd`'s entries: send the rest, apply what committed (unless
-        `apply_early` did), answer appenders and readers, advance the core, then start a
-        snapshot when one is due."""
+        """After the fsync covering `rd`'s entries: send the rest, apply what committed, answer
+        appenders and readers, advance the core, then start a snapshot when one is due."""
         self.early_unwritten = False
         messages, self._unsent = self._unsent, []
         if messages:
             self.node.transport.send(self.p, messages)
-        if rd.committed and self._applied is not rd:
+        if rd.committed:
             self._apply(rd)
-        self._applied = None
         for req in rd.snapshot_requests:
             self._serve_snapshot(req)
         for ev in rd.events:
