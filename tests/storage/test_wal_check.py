@@ -11,6 +11,7 @@ from tests.storage.helpers import ents, records_end
 from raftlog.cli.main import main
 from raftlog.node.core.types import HardState, Membership
 from raftlog.node.storage.durable import DurableStorage
+from raftlog.node.storage.errors import CorruptFile, WalCorruption
 from raftlog.node.storage.recovery import list_segments
 
 
@@ -89,3 +90,38 @@ def test_console_script_exit_codes(tmp_path):
     make_node(tmp_path)
     r = subprocess.run([*raftctl, "wal", "check", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0 and "status      OK" in r.stdout
+
+
+def _the_node_refuses(root: Path) -> str:
+    """What opening the partition as the node does says (it must refuse)."""
+    try:
+        DurableStorage(str(root / "p0")).close()
+    except (WalCorruption, CorruptFile, OSError) as e:
+        return str(e)
+    raise AssertionError("the node opened it")
+
+
+def test_what_the_node_refuses_to_start_on_check_reports_corrupted(tmp_path, capsys):
+    """Found by a disk-fault review: `wal check` said OK (exit 0) where the node refused to
+    start, and a file replaced by a directory was a traceback. Each case here is checked against
+    the node's own open first."""
+    cases = {
+        "hard state flipped": lambda p: flip(p / "hardstate", 10),
+        "first segment gone": lambda p: (p / "wal" / list_segments(str(p / "wal"))[0][1]).unlink(),
+        "hard state a directory": lambda p: ((p / "hardstate").unlink(), (p / "hardstate").mkdir()),
+    }
+    for i, (name, damage) in enumerate(cases.items()):
+        root = tmp_path / str(i)
+        make_node(root)
+        damage(root / "p0")
+        refused = _the_node_refuses(root)
+        assert main(["wal", "check", str(root)]) == 1, (name, refused)
+        out = capsys.readouterr().out
+        assert "status      CORRUPTED" in out and "Traceback" not in out, (name, out)
+    seg = tmp_path / "seg"
+    wal = make_node(seg)
+    last = wal / list_segments(str(wal))[-1][1]
+    last.unlink()
+    last.mkdir()
+    assert main(["wal", "check", str(seg)]) == 1
+    assert "CORRUPTED: unreadable" in capsys.readouterr().out

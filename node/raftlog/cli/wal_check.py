@@ -19,7 +19,7 @@ from raftlog.node.storage.errors import WalCorruption
 from raftlog.node.storage.journal import Found, list_journal, lost_partitions, read_journal
 from raftlog.node.storage.recovery import WalAnalysis, analyze_wal, list_segments
 from raftlog.node.storage.wal import Wal
-from raftlog.node.storage.wal_report import wal_report
+from raftlog.node.storage.wal_report import check_partition
 
 
 def add_parser(sub: Any) -> None:
@@ -68,6 +68,10 @@ def check_journals(path: str) -> tuple[dict[str, Found], int]:
             j = read_journal(root)
         except WalCorruption as e:
             print(f"journal {root}\n  status      CORRUPTED: {e.reason} in {e.path} at {e.offset}")
+            status = 1
+            continue
+        except OSError as e:
+            print(f"journal {root}\n  status      CORRUPTED: unreadable ({e})")
             status = 1
             continue
         found[os.path.dirname(root)] = j
@@ -148,9 +152,17 @@ def run(args: argparse.Namespace) -> int:
         return 2
     journals, status = check_journals(args.path)
     for d in dirs:
-        a = analyze_wal(d, _trusted(d, journals))
-        print("\n".join(wal_report(a)))
+        try:
+            a = analyze_wal(d, _trusted(d, journals))
+        except OSError as e:  # a segment replaced by a directory, unreadable, ...
+            print(f"WAL {d}\n  status      CORRUPTED: unreadable ({e})")
+            status = 1
+            continue
+        report = check_partition(a)
+        print("\n".join(report.lines))
         if a.corruption is None:
+            if not report.healthy:
+                status = 1  # the hard state or snapshot: nothing --repair could cut
             continue
         if not args.repair:
             status = 1

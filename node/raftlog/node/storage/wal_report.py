@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import NamedTuple
 
 from raftlog.node.core.types import EntryKind
 from raftlog.node.storage.errors import CorruptFile
@@ -23,8 +24,19 @@ def _size(n: int) -> str:
     return f"{value:.1f} {unit}"
 
 
+class Report(NamedTuple):
+    lines: list[str]
+    healthy: bool  # False: the node refuses to start on what it found
+
+
 def wal_report(a: WalAnalysis) -> list[str]:
     """A readable health report of one WAL (and its partition's hard state and snapshot)."""
+    return check_partition(a).lines
+
+
+def check_partition(a: WalAnalysis) -> Report:
+    """`wal_report`'s lines, and whether the node would start on them: the WAL, and beside it
+    the hard state and the snapshot, judged as the node judges them when it opens."""
     out: list[str] = []
     out.append(f"WAL {a.path}")
     segs = a.segments
@@ -46,9 +58,10 @@ def wal_report(a: WalAnalysis) -> list[str]:
             f"  entries     {first}..{last} ({entries} entries, {configs} membership), "
             f"commit record {a.commit}"
         )
+    problems: list[str] = []
     partition = os.path.dirname(a.path.rstrip("/"))
     if os.path.basename(a.path.rstrip("/")) == "wal":
-        _partition_report(partition, out)
+        problems = _partition_report(partition, out, segs[0].first_index if segs else None)
     for repair in a.repairs():
         out.append(f"  on start    will {repair}")
     if a.corruption is not None:
@@ -59,25 +72,43 @@ def wal_report(a: WalAnalysis) -> list[str]:
             where += f" (log index {c.index})"
         out.append(f"              in {where}")
         out.append("              the node refuses to start on it; see --repair")
+    elif problems:
+        out.append(f"  status      CORRUPTED: {problems[0]}")
+        out.extend(f"              and {p}" for p in problems[1:])
+        out.append("              the node refuses to start on it")
     else:
         out.append("  status      OK")
-    return out
+    return Report(out, a.corruption is None and not problems)
 
 
-def _partition_report(partition: str, out: list[str]) -> None:
+def _partition_report(partition: str, out: list[str], wal_first: int | None) -> list[str]:
+    """The hard state and snapshot lines; what in them the node would refuse to start on."""
+    problems = []
     try:
         hs = HardStateFile(os.path.join(partition, "hardstate"))
         out.append(f"  hard state  term {hs.term}, vote {hs.vote}")
-    except CorruptFile as e:
-        out.append(f"  hard state  INVALID: {e.reason}")
+    except (CorruptFile, OSError) as e:
+        reason = e.reason if isinstance(e, CorruptFile) else f"unreadable ({e})"
+        out.append(f"  hard state  INVALID: {reason}")
+        problems.append(f"the hard state is invalid: {reason}")
     snap_dir = os.path.join(partition, "snap")
+    covered = 0
     if os.path.isdir(snap_dir):
         try:
             meta = SnapshotStore.peek(snap_dir)
             if meta is not None:
+                covered = meta.index
                 out.append(
                     f"  snapshot    index {meta.index}, term {meta.term}, "
                     f"{meta.membership.describe()}"
                 )
-        except CorruptFile as e:
-            out.append(f"  snapshot    INVALID: {e.reason}")
+        except (CorruptFile, OSError) as e:
+            reason = e.reason if isinstance(e, CorruptFile) else f"unreadable ({e})"
+            out.append(f"  snapshot    INVALID: {reason}")
+            problems.append(f"the snapshot is invalid: {reason}")
+    if wal_first is not None and wal_first - 1 > covered and not problems:
+        problems.append(
+            f"the WAL starts at {wal_first} but the snapshot covers only up to {covered}: "
+            f"entries {covered + 1}..{wal_first - 1} are missing"
+        )
+    return problems
