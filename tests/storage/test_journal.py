@@ -232,6 +232,65 @@ def test_a_torn_journal_tail_is_cut(tmp_path):
     close_node(j, storages)
 
 
+def test_a_torn_tail_left_behind_a_newer_checkpoint_is_superseded_not_damage(tmp_path):
+    """Killed while writing (a torn tail), then killed again on the next start after its new
+    segment's checkpoint but before the old segment is deleted: the torn segment is no longer
+    the last. Found by the crash test in CI (`journal record checksum mismatch` refusing to
+    open); the journal before a complete checkpoint is never replayed, so its tail is not
+    damage. A torn tail with records in a later segment of the same checkpoint still is."""
+    j, storages = open_node(tmp_path)
+    storages[0].write(HardState(1, None, 0), ents(1, 29, 1))
+    j.sync()
+    storages[0].write(None, ents(30, 30, 1))
+    j.sync()
+    close_node(j, storages)
+    journal = tmp_path / "journal"
+    seg = journal / f"{list_journal(str(journal))[-1]:016x}.jrn"
+    raw = seg.read_bytes()
+    seg.write_bytes(raw[: len(raw.rstrip(b"\0")) - 3])  # the kill tore the last record
+
+    def killed(seq: int) -> None:
+        raise RuntimeError("killed before the old segments were deleted")
+
+    j = Journal(str(journal))
+    storages = {p: DurableStorage(str(tmp_path / f"p{p}"), bootstrap=ABC, journal=j.partition(p))
+                for p in range(2)}  # fmt: skip
+    j._drop_before = killed  # type: ignore[method-assign]
+    with pytest.raises(RuntimeError, match="killed"):
+        j.start({p: s.wal for p, s in storages.items()})
+    close_node(j, storages)
+    assert len(list_journal(str(journal))) == 2  # the torn one is not the last any more
+    found = read_journal(str(journal))
+    assert any("torn tail" in r for r in found.repairs)
+    j, storages = open_node(tmp_path)  # opens; entry 30 is in the WAL, which start synced
+    assert storages[0].last_index() == 30
+    close_node(j, storages)
+
+
+def test_a_torn_tail_before_records_of_the_same_checkpoint_is_damage(tmp_path):
+    """The tail of the segment replay starts in cannot be torn when a later segment, whose
+    checkpoint never completed, holds records written after it."""
+    from raftlog.node.storage import journal as jr
+
+    j, storages = open_node(tmp_path)
+    storages[0].write(HardState(1, None, 0), ents(1, 29, 1))
+    j.sync()
+    storages[0].write(None, ents(30, 30, 1))
+    j.sync()
+    close_node(j, storages)
+    journal = tmp_path / "journal"
+    seq = list_journal(str(journal))[-1]
+    seg = journal / f"{seq:016x}.jrn"
+    raw = seg.read_bytes()
+    seg.write_bytes(raw[: len(raw.rstrip(b"\0")) - 3])
+    later = jr.encode_checkpoint({0: 29, 1: 0}) + jr._frame(
+        struct.pack("<BI", jr.J_FRAMES, 0) + frames(ents(31, 31, 1))
+    )
+    (journal / f"{seq + 1:016x}.jrn").write_bytes(later)
+    with pytest.raises(WalCorruption, match="cut short"):
+        read_journal(str(journal))
+
+
 def test_damage_in_a_journal_with_whole_records_after_it_refuses_to_open(tmp_path):
     j, storages = open_node(tmp_path)
     for i in range(5):
@@ -288,8 +347,8 @@ def test_a_torn_frames_record_is_a_torn_tail_even_with_a_whole_wal_record_inside
     cut = torn[: 8 + 5 + len(wal_record(5)) + 10]  # inside the second WAL record
     path = tmp_path / "0000000000000001.jrn"
     path.write_bytes(whole + cut)
-    records, why = jr._records(str(path), is_last=True)
-    assert len(records) == 1 and why is not None and "cut short" in why
+    records, why = jr._records(str(path))
+    assert len(records) == 1 and why is not None and "cut short" in why.reason
 
 
 # ----------------------------------------------------------------------------- write-behind

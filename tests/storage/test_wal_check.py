@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.storage.helpers import ents, records_end
@@ -105,10 +106,18 @@ def test_what_the_node_refuses_to_start_on_check_reports_corrupted(tmp_path, cap
     """Found by a disk-fault review: `wal check` said OK (exit 0) where the node refused to
     start, and a file replaced by a directory was a traceback. Each case here is checked against
     the node's own open first."""
-    cases = {
+
+    def first_segment_gone(p: Path) -> None:
+        (p / "wal" / list_segments(str(p / "wal"))[0][1]).unlink()
+
+    def hard_state_a_directory(p: Path) -> None:
+        (p / "hardstate").unlink()
+        (p / "hardstate").mkdir()
+
+    cases: dict[str, Callable[[Path], None]] = {
         "hard state flipped": lambda p: flip(p / "hardstate", 10),
-        "first segment gone": lambda p: (p / "wal" / list_segments(str(p / "wal"))[0][1]).unlink(),
-        "hard state a directory": lambda p: ((p / "hardstate").unlink(), (p / "hardstate").mkdir()),
+        "first segment gone": first_segment_gone,
+        "hard state a directory": hard_state_a_directory,
     }
     for i, (name, damage) in enumerate(cases.items()):
         root = tmp_path / str(i)

@@ -37,7 +37,7 @@ import struct
 import threading
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from crc32c import crc32c
 
@@ -114,8 +114,14 @@ def _valid_record_follows(raw: bytes, start: int) -> bool:
     return False
 
 
-def _records(full: str, is_last: bool) -> tuple[list[memoryview], str | None]:
-    """The bodies of a segment's records, and why its tail was cut (the last segment only)."""
+class Torn(NamedTuple):
+    offset: int
+    reason: str
+
+
+def _records(full: str) -> tuple[list[memoryview], Torn | None]:
+    """The bodies of a segment's records, and where and why its tail was cut, if it was torn (a
+    damaged record with no whole record after it: a write the process died in)."""
     with open(full, "rb") as f:
         raw = f.read()
     view, pos, size = memoryview(raw), 0, len(raw)
@@ -125,8 +131,8 @@ def _records(full: str, is_last: bool) -> tuple[list[memoryview], str | None]:
         if reason is not None:
             if raw.count(0, pos) == size - pos:
                 break  # preallocated space never written
-            if is_last and not _valid_record_follows(raw, pos + 1):
-                return out, f"{reason} at offset {pos} ({size - pos} bytes dropped)"
+            if not _valid_record_follows(raw, pos + 1):
+                return out, Torn(pos, f"{reason} at offset {pos} ({size - pos} bytes dropped)")
             raise WalCorruption(full, pos, None, f"journal {reason}")
         length = fmt.REC_HEAD.unpack_from(view, pos)[0]
         out.append(view[pos + 8 : pos + 8 + length])
@@ -139,16 +145,28 @@ def read_journal(path: str) -> Found:
     found = Found(segments=list_journal(path))
     bodies: dict[int, list[memoryview]] = {}
     done: set[int] = set()
-    for i, seq in enumerate(found.segments):
+    torn_at: dict[int, Torn] = {}
+    for seq in found.segments:
         full = _segment_path(path, seq)
-        recs, torn = _records(full, i == len(found.segments) - 1)
+        recs, torn = _records(full)
         if torn is not None:
-            found.repairs.append(f"ignored a torn tail of {os.path.basename(full)}: {torn}")
+            torn_at[seq] = torn
+            found.repairs.append(f"ignored a torn tail of {os.path.basename(full)}: {torn.reason}")
         if recs and recs[0][0] != J_CHECKPOINT:
             raise WalCorruption(full, 0, None, "journal segment does not start with a checkpoint")
         bodies[seq] = recs
         done.update(_DONE.unpack_from(b)[1] for b in recs if b[0] == J_DONE)
     complete = [s for s in found.segments if s in done and bodies[s]]
+    start = complete[-1] if complete else -1
+    for seq, torn in torn_at.items():
+        # A torn tail is the last write of a process that died. Before a later segment that
+        # holds records it cannot be (the sync that tore it wrote nothing after it), unless
+        # the segment is superseded: older than the newest complete checkpoint, left by a
+        # process killed between that checkpoint and deleting what it replaced.
+        if seq >= start and any(bodies[later] for later in found.segments if later > seq):
+            raise WalCorruption(
+                _segment_path(path, seq), torn.offset, None, f"journal {torn.reason}"
+            )
     if not complete:
         if any(b[0] in (J_FRAMES, J_RESET) for recs in bodies.values() for b in recs):
             raise WalCorruption(path, 0, None, "journal records without a complete checkpoint")
