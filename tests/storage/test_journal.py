@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import errno
-import os
 import shutil
 import struct
 from pathlib import Path
@@ -210,19 +209,24 @@ def test_an_unfinished_checkpoint_replays_from_the_one_before(tmp_path):
     close_node(j, storages)
 
 
-def test_a_torn_journal_tail_is_cut(tmp_path):
-    j, storages = open_node(tmp_path)
+def journal_with_a_torn_tail(root: Path) -> Path:
+    """A node's journal whose last record (entry 30 of partition 0, after 1..29 in an earlier
+    sync) a kill tore; returns the torn segment."""
+    j, storages = open_node(root)
     storages[0].write(HardState(1, None, 0), ents(1, 29, 1))
     j.sync()
     storages[0].write(None, ents(30, 30, 1))
     j.sync()
     close_node(j, storages)
-    seg = Path(tmp_path / "journal" / f"{list_journal(str(tmp_path / 'journal'))[-1]:016x}.jrn")
-    raw = bytearray(seg.read_bytes())
-    end = len(raw.rstrip(b"\0"))
-    torn = tmp_path / "torn.jrn"
-    torn.write_bytes(bytes(raw[: end - 3]))  # the last record cut short
-    os.replace(torn, seg)
+    journal = root / "journal"
+    seg = journal / f"{list_journal(str(journal))[-1]:016x}.jrn"
+    raw = seg.read_bytes()
+    seg.write_bytes(raw[: len(raw.rstrip(b"\0")) - 3])  # the last record cut short
+    return seg
+
+
+def test_a_torn_journal_tail_is_cut(tmp_path):
+    journal_with_a_torn_tail(tmp_path)
     found = read_journal(str(tmp_path / "journal"))
     assert found.repairs and "torn tail" in found.repairs[0]
     assert len(found.ops[0]) == 1  # the first write's record; the cut one is gone
@@ -238,16 +242,7 @@ def test_a_torn_tail_left_behind_a_newer_checkpoint_is_superseded_not_damage(tmp
     the last. Found by the crash test in CI (`journal record checksum mismatch` refusing to
     open); the journal before a complete checkpoint is never replayed, so its tail is not
     damage. A torn tail with records in a later segment of the same checkpoint still is."""
-    j, storages = open_node(tmp_path)
-    storages[0].write(HardState(1, None, 0), ents(1, 29, 1))
-    j.sync()
-    storages[0].write(None, ents(30, 30, 1))
-    j.sync()
-    close_node(j, storages)
-    journal = tmp_path / "journal"
-    seg = journal / f"{list_journal(str(journal))[-1]:016x}.jrn"
-    raw = seg.read_bytes()
-    seg.write_bytes(raw[: len(raw.rstrip(b"\0")) - 3])  # the kill tore the last record
+    journal = journal_with_a_torn_tail(tmp_path).parent
 
     def killed(seq: int) -> None:
         raise RuntimeError("killed before the old segments were deleted")
@@ -272,17 +267,8 @@ def test_a_torn_tail_before_records_of_the_same_checkpoint_is_damage(tmp_path):
     checkpoint never completed, holds records written after it."""
     from raftlog.node.storage import journal as jr
 
-    j, storages = open_node(tmp_path)
-    storages[0].write(HardState(1, None, 0), ents(1, 29, 1))
-    j.sync()
-    storages[0].write(None, ents(30, 30, 1))
-    j.sync()
-    close_node(j, storages)
-    journal = tmp_path / "journal"
-    seq = list_journal(str(journal))[-1]
-    seg = journal / f"{seq:016x}.jrn"
-    raw = seg.read_bytes()
-    seg.write_bytes(raw[: len(raw.rstrip(b"\0")) - 3])
+    seg = journal_with_a_torn_tail(tmp_path)
+    journal, seq = seg.parent, list_journal(str(seg.parent))[-1]
     later = jr.encode_checkpoint({0: 29, 1: 0}) + jr._frame(
         struct.pack("<BI", jr.J_FRAMES, 0) + frames(ents(31, 31, 1))
     )
