@@ -531,3 +531,18 @@ def test_appends_are_bounded_in_bytes_and_a_larger_entry_goes_alone(threshold: i
     assert [e.index for e in got] == list(range(1, last + 1))
     assert [len(e.data) for e in got[: len(sizes)]] == sizes
     assert r.status().followers["b"].match == last
+
+
+def test_a_leader_that_steps_down_hands_over_to_its_most_caught_up_voter() -> None:
+    """Its storage failed: the followers of a quiesced partition run no timer, so it tells the
+    voter that holds the most to campaign at once."""
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    last = s.last_index()
+    r.step(AppendResponse("c", "a", r.term, True, last))
+    drain(r, s)
+    handoff = r.step_down("storage failed")
+    assert [(m.dst, type(m).__name__) for m in handoff] == [("c", "TimeoutNow")]
+    assert r.role == Role.FOLLOWER and r.leader is None and r.term == handoff[0].term
+    assert r.step_down("again") == []  # a follower hands nothing over

@@ -154,3 +154,24 @@ class _Receiver:
 
     def abort(self) -> None:
         self.aborted = True
+
+
+def test_a_failed_partition_answers_a_linearizable_read_at_once_and_a_peer_reset_is_a_500(
+    tmp_path: Path,
+) -> None:
+    async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
+        auth = {"Authorization": f"Bearer {TOKEN}"}
+
+        def reset() -> None:  # as a peer's or a store's connection reset would
+            raise ConnectionResetError("reset by another peer")
+
+        d.node.not_ready = reset
+        async with s.get("/readyz", headers=auth) as r:
+            assert r.status == 500  # the client is there: not its 499
+        d.stop(_enospc(d.storage.wal.path))
+        async with asyncio.timeout(2):  # not the append timeout (10 s)
+            async with s.get("/v1/partitions/0/keys/k") as r:
+                got = await r.json()
+                assert r.status == 503 and got["error"] == "storage_failed", got
+
+    asyncio.run(_with_node(tmp_path, body))

@@ -384,6 +384,24 @@ def test_a_commit_index_written_out_survives_a_kill_and_the_next_sync_makes_it_d
     close_node(j, storages)
 
 
+def test_a_journal_write_out_waits_for_a_checkpoints_segment_change(tmp_path):
+    """After a checkpoint starts a new segment, the old one's tail goes first (with a sync):
+    written out before it, the new segment would hold records past ones never written."""
+    j, storages = open_node(tmp_path, n=1)
+    storages[0].write(HardState(1, None, 0), ents(1, 3, 1))
+    j._open_segment({0: 0})  # as `checkpoint` does, before its sync
+    storages[0].write(HardState(1, None, 3), [])
+    assert not j.write_out()
+    j.sync()
+    storages[0].write(HardState(1, None, 3), ents(4, 4, 1))
+    assert j.write_out()
+    j.sync()
+    close_node(j, storages)
+    j, storages = open_node(tmp_path, n=1)
+    assert storages[0].last_index() == 4 and storages[0].commit_index() == 3
+    close_node(j, storages)
+
+
 def test_a_journal_write_out_waits_for_a_running_sync(tmp_path):
     j, storages = open_node(tmp_path, n=1)
     storages[0].write(HardState(1, None, 0), ents(1, 3, 1))

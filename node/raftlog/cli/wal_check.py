@@ -83,7 +83,8 @@ def check_journals(path: str) -> tuple[dict[str, Found], int]:
             print(f"  repair      {msg}")
         lost = lost_partitions(os.path.dirname(root), j)
         for p, last in lost.items():
-            print(f"  LOST        partition {p}: p{p}/ is missing; it held entries up to {last}")
+            held = f"up to {last} at the checkpoint" if last else "written since the checkpoint"
+            print(f"  LOST        partition {p}: p{p}/ is missing; it held entries ({held})")
         if lost:
             print("  status      CORRUPTED: the node refuses to start")
             status = 1

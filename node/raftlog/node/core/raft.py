@@ -356,11 +356,20 @@ class Raft:
             self._event("snapshot_failed", target=target, attempt=pr.snapshot_attempt)
             pr.snapshot_retry_at = self.ticks + self._snapshot_backoff(pr.snapshot_attempt)
 
-    def step_down(self, reason: str) -> None:
+    def step_down(self, reason: str) -> list[Message]:
         """Stop leading, or following a known leader: this node can take no further part (its
         storage failed) and is stepped no more, so it must not go on claiming a role its peers
-        replaced. Term and vote are kept."""
+        replaced. Term and vote are kept. A leader returns a TimeoutNow for its most caught-up
+        voter, to send at once: the followers of a quiesced partition run no election timer,
+        and this node's other partitions keep it from looking silent."""
+        handoff: list[Message] = []
+        if self.role == Role.LEADER:
+            voters = [n for n in self.progress if n in self.membership.voters and n != self.id]
+            if voters:
+                target = max(voters, key=lambda n: self.progress[n].match)
+                handoff.append(TimeoutNow(self.id, target, self.term))
         self._become_follower(self.term, None, reason=reason)
+        return handoff
 
     def hup(self) -> None:
         """Start an election now (the timeout fired, or a test or operator asks)."""

@@ -144,7 +144,9 @@ async def snapshot_install(request: web.Request) -> web.Response:
     target, source = _str(body, "target"), body.get("source", "leader")
     if not isinstance(source, str) or not source:
         raise bad("source", 'must be a member\'s name or "leader"')
-    if target == node.id and driver.raft.role == Role.LEADER:
+    if driver.raft.role != Role.LEADER:
+        raise not_leader(node, driver)  # the leader's membership is the one to check against
+    if target == node.id:
         raise ApiError(409, "is_leader", f"{target} is the leader of partition {driver.p}",
                        "target")  # fmt: skip
     if source not in ("leader", node.id) and source not in driver.raft.membership.members:

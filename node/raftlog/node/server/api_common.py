@@ -14,6 +14,7 @@ from aiohttp import web
 
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
+from raftlog.node.storage.errors import StorageFailed
 
 log = logging.getLogger("raftlog.api")
 _PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
@@ -108,17 +109,17 @@ def make_guard(token: str | None) -> Middleware:
                 resp.force_close()
         except web.HTTPException as e:
             resp = e if e.status < 400 else _json_error(request, e)
-        except ConnectionResetError:
-            # The client went away mid-request (its body cut short): nobody to answer, and not
-            # the node's fault; counted under 499 (nginx's "client closed request").
-            log.debug("%s %s: the client closed the connection", request.method, request.path)
-            resp = web.Response(status=499)
-            resp.force_close()
-        except Exception:  # a bug: logged with its trace, answered without internals
-            log.exception("%s %s failed", request.method, request.path)
-            resp = web.json_response(
-                {"error": "internal", "reason": "see the node's log"}, status=500
-            )
+        except ConnectionResetError as e:
+            if request.transport is not None and not request.transport.is_closing():
+                resp = _internal(request, e)  # another connection's (a peer's, a store's)
+            else:
+                # The client went away mid-request (its body cut short): nobody to answer, and
+                # not the node's fault; counted under 499 (nginx's "client closed request").
+                log.debug("%s %s: the client closed the connection", request.method, request.path)
+                resp = web.Response(status=499)
+                resp.force_close()
+        except Exception as e:  # a bug: logged with its trace, answered without internals
+            resp = _internal(request, e)
         route = request.match_info.route.resource
         name = route.canonical if route is not None else "unmatched"
         node_of(request).metrics.request_latency(name, request.method, resp.status).observe(
@@ -131,6 +132,11 @@ def make_guard(token: str | None) -> Middleware:
         return resp
 
     return guard
+
+
+def _internal(request: web.Request, e: Exception) -> web.Response:
+    log.error("%s %s failed", request.method, request.path, exc_info=e)
+    return web.json_response({"error": "internal", "reason": "see the node's log"}, status=500)
 
 
 def _json_error(request: web.Request, e: web.HTTPException) -> web.Response:
@@ -196,6 +202,11 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -
 
 
 def not_leader(node: Node, driver: PartitionDriver) -> ApiError:
+    """421 naming the leader when known; 503 when this member's partition stopped writing (it
+    follows no leader any more: a client should try another member)."""
+    if driver.failed is not None:
+        kind = "storage_failed" if isinstance(driver.failed, StorageFailed) else "partition_failed"
+        return ApiError(503, kind, f"{driver.failed}; ask another member")
     leader = driver.raft.leader
     peer_url = node.settings.peers.get(leader) if leader else None
     url = node.settings.client_url_of(peer_url) if peer_url else None

@@ -313,6 +313,8 @@ async def get_key(request: web.Request) -> web.Response:
             await asyncio.wait_for(driver.linearizable_point(), node.settings.append_timeout_s)
         except NotLeader:
             raise not_leader(node, driver) from None
+        except StorageFailed as e:
+            raise ApiError(503, "storage_failed", f"{e}; read from the new leader") from None
         except TimeoutError:
             raise ApiError(503, "timeout", "leadership not confirmed in time; retry") from None
     value = driver.table.get(key)

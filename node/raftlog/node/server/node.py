@@ -70,12 +70,13 @@ class Node:
         for p, had in lost_partitions(str(settings.data_dir), self.journal.found).items():
             # Started empty, this member would vote as one that never held anything, and could
             # elect a leader without entries it acknowledged.
+            when = f"up to {had} at its last checkpoint" if had else "since its last checkpoint"
             raise CorruptFile(
                 paths.get(p, os.path.join(settings.data_dir, f"p{p}")),
-                f"is missing, while this node's journal says partition {p} held entries up to "
-                f"{had}: its log is lost. Restore the directory, or remove this member and add "
-                "it back with an empty data directory and --join (the operator replaces a "
-                "member whose volume is lost so)",
+                f"is missing, while this node's journal says partition {p} held entries "
+                f"({when}): its log and its vote are lost. Restore the directory, or remove "
+                "this member and add it back with an empty data directory and --join (the "
+                "operator replaces a member whose volume is lost so)",
             )
         storages = {p: self._open(p, None) for p, path in paths.items() if os.path.isdir(path)}
         # Partitions with no directory yet start with the members this node is given: all of

@@ -167,7 +167,10 @@ class PartitionDriver:
 
     # ================================================================== the inbox
     def call(self, fn: Callable[[], None]) -> None:
-        """Run `fn` on the core in the driver loop (peer messages, admin operations)."""
+        """Run `fn` on the core in the driver loop (peer messages, admin operations); dropped
+        once the partition stopped, whose inbox is never taken again (its peers go on sending)."""
+        if self.failed is not None:
+            return
         self._calls.append(fn)
         self.wake()
 
@@ -252,6 +255,8 @@ class PartitionDriver:
 
     async def linearizable_point(self) -> int:
         """A ReadIndex read point, once applied: reading the table now is linearizable."""
+        if self.failed is not None:
+            raise self.failed
         self._read_ids += 1
         rid = self._read_ids
         fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -391,9 +396,11 @@ class PartitionDriver:
         if self.failed is not None:
             return
         self.failed = e
-        # Its peers elect without it: it must not report itself the leader (nor a leader it
-        # no longer hears) in status, readiness and hints.
-        self.raft.step_down("the partition stopped writing")
+        # Its peers elect without it (a leader hands over at once): it must not report itself
+        # the leader (nor a leader it no longer hears) in status, readiness and hints.
+        handoff = self.raft.step_down("the partition stopped writing")
+        if handoff:
+            self.node.transport.send(self.p, handoff)
         if isinstance(e, StorageFailed):
             log.error("p%d: %s", self.p, e)
         else:  # a bug: stop this partition loudly rather than go on in an unknown state
@@ -407,6 +414,10 @@ class PartitionDriver:
         for fut in list(self._on_core):  # admin calls and a snapshot's adoption
             if not fut.done():
                 fut.set_exception(e)
+        for fut in self._reads.values():  # ReadIndex reads: never confirmed now
+            if not fut.done():
+                fut.set_exception(e)
+        self._reads.clear()
 
     def _take_inbox(self) -> None:
         calls, self._calls = self._calls, []

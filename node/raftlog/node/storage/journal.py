@@ -207,12 +207,16 @@ class ReplayTarget(Protocol):
 
 
 def lost_partitions(data_dir: str, found: Found) -> dict[int, int]:
-    """Partitions whose directory is gone while the journal's checkpoint says they held
-    entries: partition -> the last index it held then (their data is lost)."""
+    """Partitions whose directory is gone while the journal says they held entries (at its
+    checkpoint, or written since): partition -> the last index held at the checkpoint (0 when
+    all it held came after). Replayed into a new directory, such a partition would come back
+    without its hard state: a vote forgotten."""
+    held = {p: last for p, last in found.trusted.items() if last > 0}
+    held.update({p: held.get(p, 0) for p in found.ops})
     return {
         p: last
-        for p, last in sorted(found.trusted.items())
-        if last > 0 and not os.path.isdir(os.path.join(data_dir, f"p{p}"))
+        for p, last in sorted(held.items())
+        if not os.path.isdir(os.path.join(data_dir, f"p{p}"))
     }
 
 
