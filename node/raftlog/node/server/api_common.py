@@ -201,12 +201,16 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -
     return v
 
 
+def stopped(failed: Exception) -> ApiError:
+    """503 for a partition that stopped writing here (it follows no leader any more)."""
+    kind = "storage_failed" if isinstance(failed, StorageFailed) else "partition_failed"
+    return ApiError(503, kind, f"{failed or type(failed).__name__}; ask another member")
+
+
 def not_leader(node: Node, driver: PartitionDriver) -> ApiError:
-    """421 naming the leader when known; 503 when this member's partition stopped writing (it
-    follows no leader any more: a client should try another member)."""
+    """421 naming the leader when known; `stopped` when this member's partition stopped."""
     if driver.failed is not None:
-        kind = "storage_failed" if isinstance(driver.failed, StorageFailed) else "partition_failed"
-        return ApiError(503, kind, f"{driver.failed}; ask another member")
+        return stopped(driver.failed)
     leader = driver.raft.leader
     peer_url = node.settings.peers.get(leader) if leader else None
     url = node.settings.client_url_of(peer_url) if peer_url else None

@@ -35,6 +35,7 @@ from raftlog.node.server.api_common import (
     make_guard,
     node_of,
     not_leader,
+    stopped,
 )
 from raftlog.node.server.append_parse import parse_append
 from raftlog.node.server.node import Node
@@ -132,8 +133,7 @@ async def _append_to(
     node: Node, driver: PartitionDriver, records: list[bytes], producer: str | None, first_seq: int
 ) -> bytes:
     if driver.failed is not None:
-        kind = "storage_failed" if isinstance(driver.failed, StorageFailed) else "partition_failed"
-        raise ApiError(503, kind, str(driver.failed) or type(driver.failed).__name__)
+        raise stopped(driver.failed)
     if driver.raft.role != Role.LEADER:
         raise not_leader(node, driver)
     timeout = node.settings.append_timeout_s  # the driver checks it (no timer per append)
