@@ -24,20 +24,23 @@ async def until(cond: Callable[[], object], what: str, timeout: float = 10.0) ->
     raise AssertionError(f"{what} did not happen within {timeout:g} s")
 
 
+def one_node(data_dir: Path, **settings: object) -> NodeSettings:
+    """The settings of a one-node cluster, n1, ticking every 5 ms (and `settings`)."""
+    return NodeSettings(
+        insecure_no_auth=True,
+        node_id="n1",
+        peers={"n1": "http://127.0.0.1:10"},
+        data_dir=data_dir,
+        tick_ms=5,
+        **settings,  # type: ignore[arg-type]
+    )
+
+
 def compacting_node(data_dir: Path, every: int = 50) -> Node:
     """A one-node cluster whose partition snapshots every `every` operations and compacts
     behind it, over segments of 4 KiB (so compaction removes some)."""
-    return Node(
-        NodeSettings(
-            insecure_no_auth=True,
-            node_id="n1",
-            peers={"n1": "http://127.0.0.1:10"},
-            data_dir=data_dir,
-            tick_ms=5,
-            segment_bytes=4096,
-            raft=RaftConfig(compact_every_operations=every, compact_number_entries=0),
-        )
-    )
+    raft = RaftConfig(compact_every_operations=every, compact_number_entries=0)
+    return Node(one_node(data_dir, segment_bytes=4096, raft=raft))
 
 
 def offer_empty_snapshot(d: PartitionDriver, index: int, term: int, voters: set[str]) -> None:

@@ -9,7 +9,7 @@ import shutil
 from typing import Any
 
 import pytest
-from tests.server.helpers import until
+from tests.server.helpers import one_node, until
 
 from raftlog.cli.main import main
 from raftlog.node.core.raft import Role
@@ -20,14 +20,7 @@ from raftlog.node.storage.errors import CorruptFile, StorageFailed
 
 
 def settings(tmp_path) -> NodeSettings:
-    return NodeSettings(
-        insecure_no_auth=True,
-        node_id="n1",
-        peers={"n1": "http://127.0.0.1:10"},
-        data_dir=tmp_path,
-        partitions=2,
-        tick_ms=5,
-    )
+    return one_node(tmp_path, partitions=2)
 
 
 async def append_and_close(node: Node) -> None:
