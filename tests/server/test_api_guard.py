@@ -156,7 +156,7 @@ class _Receiver:
         self.aborted = True
 
 
-def test_a_failed_partition_answers_a_linearizable_read_at_once_and_a_peer_reset_is_a_500(
+def test_a_failed_partition_fails_liveness_reads_at_once_and_a_peer_reset_is_a_500(
     tmp_path: Path,
 ) -> None:
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
@@ -165,10 +165,20 @@ def test_a_failed_partition_answers_a_linearizable_read_at_once_and_a_peer_reset
         def reset() -> None:  # as a peer's or a store's connection reset would
             raise ConnectionResetError("reset by another peer")
 
+        not_ready = d.node.not_ready
         d.node.not_ready = reset
         async with s.get("/readyz", headers=auth) as r:
             assert r.status == 500  # the client is there: not its 499
+        d.node.not_ready = not_ready
+        async with s.get("/healthz", headers=auth) as r:
+            assert r.status == 200, await r.text()
         d.stop(_enospc(d.storage.wal.path))
+        # Never writing again in this process: a liveness probe restarts it, which reopens it.
+        async with s.get("/healthz", headers=auth) as r:
+            got = await r.json()
+            assert r.status == 503 and "[0] stopped writing" in got["reason"], got
+        async with s.get("/readyz", headers=auth) as r:
+            assert r.status == 503 and "[0] stopped writing" in (await r.json())["reason"]
         async with asyncio.timeout(2):  # not the append timeout (10 s)
             async with s.get("/v1/partitions/0/keys/k") as r:
                 got = await r.json()

@@ -167,7 +167,7 @@ def test_a_leader_whose_storage_fails_steps_down_and_is_not_ready(tmp_path):
         try:
             d = node.drivers[0]
             await until(lambda: d.raft.role == Role.LEADER, "election")
-            assert node.not_ready() is None
+            assert node.not_ready() is None and node.not_live() is None
 
             def full() -> None:
                 raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
@@ -178,6 +178,7 @@ def test_a_leader_whose_storage_fails_steps_down_and_is_not_ready(tmp_path):
             assert d.raft.role == Role.FOLLOWER and d.raft.leader is None
             reason = node.not_ready()
             assert reason is not None and "[0] stopped writing" in reason and "ENOSPC" in reason
+            assert node.not_live() == reason  # restarted by a liveness probe: reopened
         finally:
             await node.close()
 

@@ -415,7 +415,11 @@ async def metrics(request: web.Request) -> web.Response:
 
 
 async def healthz(request: web.Request) -> web.Response:
-    return web.json_response({"status": "ok", "node": node_of(request).id})
+    node = node_of(request)
+    reason = node.not_live()
+    if reason is not None:  # a liveness probe restarts the process, which reopens the storage
+        return web.json_response({"status": "failed", "reason": reason}, status=503)
+    return web.json_response({"status": "ok", "node": node.id})
 
 
 async def readyz(request: web.Request) -> web.Response:

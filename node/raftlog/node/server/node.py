@@ -294,13 +294,22 @@ class Node:
         for _, m in items:
             self.liveness.heard(m.src, self.ticks)
 
-    def not_ready(self) -> str | None:
-        """Why this node should get no traffic (`/readyz`): a partition stopped by a storage
-        failure, or one with no known leader; None when it is ready."""
+    def not_live(self) -> str | None:
+        """Why this node should be restarted (`/healthz`): a partition stopped writing, by a
+        storage failure or a bug, never writes again in this process; a restart reopens its
+        storage (and refuses to start, saying why, if the fault is still there)."""
         failed = {p: d.failed for p, d in self.drivers.items() if d.failed is not None}
         if failed:
             p, e = next(iter(failed.items()))
             return f"partitions {sorted(failed)} stopped writing (p{p}: {e})"
+        return None
+
+    def not_ready(self) -> str | None:
+        """Why this node should get no traffic (`/readyz`): a partition stopped writing
+        (`not_live`), or one with no known leader; None when it is ready."""
+        stopped = self.not_live()
+        if stopped is not None:
+            return stopped
         missing = [p for p, d in self.drivers.items() if d.raft.leader is None]
         if missing:
             return f"no known leader for partitions {missing}"
