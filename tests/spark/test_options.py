@@ -79,6 +79,9 @@ BAD = [
     ({**EP, "preferFollowers": "maybe"}, False, "preferFollowers", "true or false"),
     ({**EP, "partitions": "0,x"}, False, "partitions", "comma-separated"),
     ({**EP, "retentionHold": "a/b"}, True, "retentionHold", "without '/'"),
+    # What the node refuses is refused here, where the option is named.
+    ({**EP, "retentionHold": "a\tb"}, True, "retentionHold", "printable characters"),
+    ({**EP, "retentionHold": "a\u00a0b"}, True, "retentionHold", "printable characters"),
     ({**EP, "retentionHold": "r"}, False, "retentionHold", "holds are for streams"),
     ({**EP, "tokenFile": "/nonexistent/token"}, False, "tokenFile", "cannot be read"),
     ({**EP, "mode": "table", "startingOffsets": "latest"}, False, "startingOffsets", "table"),

@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
+from raftlog.node.storage.holds import MAX_HOLDER_CHARS, holder_ok
+
 EARLIEST = -2
 LATEST = -1
 
@@ -430,9 +432,11 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
         hold = str(hold).strip()
         if not streaming:
             raise OptionError("retentionHold", "holds are for streams (a batch range is fixed)")
-        if not hold or len(hold) > 200 or "/" in hold:
+        if not holder_ok(hold) or "/" in hold:  # the node's rule; '/' ends its path segment
             raise OptionError(
-                "retentionHold", "must be a holder name of 1 to 200 characters without '/'"
+                "retentionHold",
+                f"must be a holder name of 1 to {MAX_HOLDER_CHARS} printable characters "
+                "without '/'",
             )
     per_split = _int(opts, "maxRecordsPerSplit", 200_000, 1, 2**40)
     assert per_split is not None

@@ -107,9 +107,11 @@ final class JvmOptions implements Serializable {
         throw new OptionException(
             "retentionHold", "holds are for streams (a batch range is fixed)");
       }
-      if (hold.isEmpty() || hold.length() > 200 || hold.contains("/")) {
+      int chars = hold.codePointCount(0, hold.length());
+      if (chars == 0 || chars > 200 || !printable(hold) || hold.contains("/")) {
         throw new OptionException(
-            "retentionHold", "must be a holder name of 1 to 200 characters without '/'");
+            "retentionHold",
+            "must be a holder name of 1 to 200 printable characters without '/'");
       }
     }
     retentionHold = hold;
@@ -176,6 +178,24 @@ final class JvmOptions implements Serializable {
           "path", "the raftlog source takes no path; give option('endpoints', ...)");
     }
     return new JvmOptions(o, streaming);
+  }
+
+  /** Python's str.isprintable, the node's rule for a holder's name: no control, format,
+   *  private-use, unassigned or separator characters but the ASCII space. */
+  private static boolean printable(String s) {
+    return s.codePoints().allMatch(cp -> {
+      if (cp == ' ') {
+        return true;
+      }
+      switch (Character.getType(cp)) {
+        case Character.CONTROL, Character.FORMAT, Character.SURROGATE, Character.PRIVATE_USE,
+            Character.UNASSIGNED, Character.LINE_SEPARATOR, Character.PARAGRAPH_SEPARATOR,
+            Character.SPACE_SEPARATOR:
+          return false;
+        default:
+          return true;
+      }
+    });
   }
 
   private static String repr(String s) {
