@@ -15,8 +15,6 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
-from raftlog.node.storage.holds import MAX_HOLDER_CHARS, holder_ok
-
 EARLIEST = -2
 LATEST = -1
 
@@ -432,11 +430,12 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
         hold = str(hold).strip()
         if not streaming:
             raise OptionError("retentionHold", "holds are for streams (a batch range is fixed)")
-        if not holder_ok(hold) or "/" in hold:  # the node's rule; '/' ends its path segment
+        # The node's rule (its storage/holds.py, which Spark does not import); a '/' would end
+        # the name's path segment.
+        if not 0 < len(hold) <= 200 or not hold.isprintable() or "/" in hold:
             raise OptionError(
                 "retentionHold",
-                f"must be a holder name of 1 to {MAX_HOLDER_CHARS} printable characters "
-                "without '/'",
+                "must be a holder name of 1 to 200 printable characters without '/'",
             )
     per_split = _int(opts, "maxRecordsPerSplit", 200_000, 1, 2**40)
     assert per_split is not None

@@ -23,14 +23,10 @@ MAX_HOLDER_CHARS = 200
 MAX_INDEX = 2**62  # as the reads' indexes
 
 
-def holder_ok(holder: str) -> bool:
-    """A holder's name as the API takes it (its readers check theirs with this too)."""
-    return 0 < len(holder) <= MAX_HOLDER_CHARS and holder.isprintable()
-
-
 def check_hold(holder: str, min_index: int, ttl_seconds: float) -> None:
-    """ValueError `field: reason` for a hold that could not be meant (or not be expired)."""
-    if not holder_ok(holder):
+    """ValueError `field: reason` for a hold that could not be meant (or not be expired). The
+    Spark sources check a holder's name by the same rule (their `options`)."""
+    if not 0 < len(holder) <= MAX_HOLDER_CHARS or not holder.isprintable():
         raise ValueError(f"holder: must be 1 to {MAX_HOLDER_CHARS} printable characters")
     if not 1 <= min_index <= MAX_INDEX:
         raise ValueError(f"min_index: must be from 1 to {MAX_INDEX}, got {min_index}")
