@@ -105,7 +105,13 @@ class Api:
         self.acked: list[dict[str, Any]] = []
 
     async def append(self, batches: int, tag: str) -> None:
+        hold = "/v1/admin/partitions/0/holds/readback"
         for i in range(batches):
+            # Held from the next index on, so compaction (behind a snapshot every 20 entries)
+            # cannot take the batch before it is read back, however the loop is scheduled.
+            after = self.node.drivers[0].raft.log.last_index() + 1
+            r = await self.client.put(hold, json={"min_index": after, "ttl_seconds": 60})
+            assert r.status == 200, await r.text()
             recs = [
                 {
                     "key": f"k{i % 7}",
@@ -123,6 +129,8 @@ class Api:
                 (x["key"], x["value"]) for x in recs
             ]
             self.acked.extend(page["records"])
+        r = await self.client.delete(hold)
+        assert r.status == 204, await r.text()
 
     async def get(self, path: str) -> tuple[int, bytes, str]:
         r = await self.client.get(path)
