@@ -22,70 +22,30 @@ from tests.k8s import kube
 CRD_NAME = f"{PLURAL}.{GROUP}"
 
 
+# The longest tests (minutes each) first. `make test` runs the suite on two workers with
+# `--dist worksteal`, which hands the first worker the first half of the list and steals only
+# from a queue's tail: these run one after another on that worker while the other runs the
+# rest. Spread over both workers (5b168d3) they ran beside each other on the two cores, each
+# took longer, and so did the suite outside `k8s`: `make test` 20 min against 16 to 17.
+LONGEST_FIRST = (
+    "test_day2_controls_under_load_lose_no_acknowledged_record",
+    "test_the_archive_job_on_kubernetes_lands_every_record_once_across_lost_pods",
+    "test_create_scale_heal_snapshot_scale_down_under_load_and_delete",
+    "test_backup_then_restore_into_a_new_cluster_and_the_store_down",
+    "test_quickstart_apply_get_scale_up_and_down",
+)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/k8s/" in str(item.path).replace("\\", "/"):
             item.add_marker(pytest.mark.k8s)
 
+    def rank(item: pytest.Item) -> int:
+        name = getattr(item, "originalname", item.name)
+        return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
 
-# What the longest tests took in CI (call and setup, seconds; fresh-clone runs of 2026-11-26 and
-# 27); the others take about DEFAULT_COST. Only their order comes of it.
-COSTS = {
-    "test_the_archive_job_on_kubernetes_lands_every_record_once_across_lost_pods": 330,
-    "test_create_scale_heal_snapshot_scale_down_under_load_and_delete": 190,
-    "test_day2_controls_under_load_lose_no_acknowledged_record": 180,
-    "test_backup_then_restore_into_a_new_cluster_and_the_store_down": 120,
-    "test_quickstart_apply_get_scale_up_and_down": 115,
-    "test_named_removal_and_a_cancelled_one_through_kubectl_raft": 90,
-    "test_two_replicas_in_peering_one_works_and_the_other_takes_over": 50,
-    "test_every_call_is_allowed_and_every_grant_is_used": 45,
-    "test_a_cluster_with_a_tls_secret_serves_https_and_the_operator_verifies_it": 40,
-    "test_kubectl_raft_status_pause_resume_switchover": 30,
-    "test_an_operator_killed_mid_scale_up_resumes_without_a_second_learner": 30,
-}
-DEFAULT_COST = 10
-
-
-def cost(item: pytest.Item) -> int:
-    return COSTS.get(getattr(item, "originalname", item.name), DEFAULT_COST)
-
-
-def spread(items: list[pytest.Item], workers: int) -> list[pytest.Item]:
-    """The order in which `workers` xdist workers under `--dist worksteal` run about the same
-    time each. Worksteal hands each worker one contiguous share of the list (the first n //
-    workers items to the first, and so on) and steals only from a queue's tail, so sorted
-    longest first, one worker ran every long test in turn (16 min where the suite's work is
-    about 12 on two). Here the long tests go to the least loaded share first, each share
-    running its longest first; the rest fill the shares in their files' order (a module's
-    shared namespace is then made once)."""
-    counts, left = [], len(items)
-    for w in range(workers):
-        counts.append(left // (workers - w))
-        left -= counts[-1]
-    shares: list[list[pytest.Item]] = [[] for _ in counts]
-    loads = [0] * workers
-    for item in sorted((i for i in items if cost(i) > DEFAULT_COST), key=cost, reverse=True):
-        w = min((w for w in range(workers) if len(shares[w]) < counts[w]), key=loads.__getitem__)
-        shares[w].append(item)
-        loads[w] += cost(item)
-    rest = iter(i for i in items if cost(i) <= DEFAULT_COST)
-    for w, share in enumerate(shares):
-        share.extend(next(rest) for _ in range(counts[w] - len(share)))
-    return [item for share in shares for item in share]
-
-
-class _Order:
-    @pytest.hookimpl(trylast=True)  # after `-m` deselected: these are the tests that run
-    def pytest_collection_modifyitems(
-        self, config: pytest.Config, items: list[pytest.Item]
-    ) -> None:
-        if items and all(item.get_closest_marker("k8s") for item in items):
-            workers = getattr(config, "workerinput", {}).get("workercount", 1)
-            items[:] = spread(items, int(workers))
-
-
-def pytest_configure(config: pytest.Config) -> None:
-    config.pluginmanager.register(_Order(), "raftlog-k8s-order")
+    items.sort(key=rank)  # stable: the rest keep their order
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
