@@ -185,3 +185,27 @@ def test_a_failed_partition_fails_liveness_reads_at_once_and_a_peer_reset_is_a_5
                 assert r.status == 503 and got["error"] == "storage_failed", got
 
     asyncio.run(_with_node(tmp_path, body))
+
+
+@pytest.mark.parametrize(
+    ("fault", "error"),
+    [(_enospc("wal"), "storage_failed"), (RuntimeError("a bug"), "partition_failed")],
+)
+def test_a_partition_stopping_under_a_linearizable_read_answers_it_503(
+    tmp_path: Path, fault: Exception, error: str
+) -> None:
+    """The read waits on the leader's ReadIndex, and the partition stops meanwhile: the same
+    503 as any call on a stopped partition (a bug's was a 500)."""
+
+    async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
+        async def stops_meanwhile() -> int:
+            d.stop(fault)
+            raise fault
+
+        d.linearizable_point = stops_meanwhile
+        async with s.get("/v1/partitions/0/keys/k") as r:
+            got = await r.json()
+            assert r.status == 503 and got["error"] == error, got
+            assert "ask another member" in got["reason"], got
+
+    asyncio.run(_with_node(tmp_path, body))

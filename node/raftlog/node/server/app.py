@@ -313,10 +313,12 @@ async def get_key(request: web.Request) -> web.Response:
             await asyncio.wait_for(driver.linearizable_point(), node.settings.append_timeout_s)
         except NotLeader:
             raise not_leader(node, driver) from None
-        except StorageFailed as e:
-            raise ApiError(503, "storage_failed", f"{e}; read from the new leader") from None
         except TimeoutError:
             raise ApiError(503, "timeout", "leadership not confirmed in time; retry") from None
+        except Exception:
+            if driver.failed is None:
+                raise
+            raise stopped(driver.failed) from None  # it stopped writing while the read waited
     value = driver.table.get(key)
     body: dict[str, Any] = {
         "partition": driver.p,
