@@ -132,7 +132,9 @@ async def transfer(request: web.Request) -> web.Response:
         raise _refusal(node, driver, e) from None
     deadline = asyncio.get_running_loop().time() + node.settings.append_timeout_s
     while asyncio.get_running_loop().time() < deadline:
-        if driver.raft.role != Role.LEADER:
+        # Stepped down at the target's vote request, this node learns the new leader only from
+        # its first append: answered then, so the answer names who leads.
+        if driver.raft.role != Role.LEADER and driver.raft.leader is not None:
             return web.json_response({"partition": driver.p, "leader": driver.raft.leader})
         await asyncio.sleep(0.02)
     raise ApiError(503, "timeout", f"{target} did not take over in time")
