@@ -133,8 +133,10 @@ def test_damaged_bytes_are_served_as_they_are(tmp_path):
         try:
             d = node.drivers[0]
             d.step(AppendRequest("n1", "n2", 2, 0, 0, tuple(map(entry, range(1, 11))), 10))
+            # Persisted and marked stable in the core: pages read entries below the core's
+            # `offset` from the WAL, those above from the core (written, not yet advanced).
             await until(
-                lambda: d.storage.last_index() >= 10 and d.raft.commit >= 10, "append", timeout=5.0
+                lambda: d.raft.log.offset > 10 and d.raft.commit >= 10, "append", timeout=5.0
             )
             (raw,) = d.storage.read_raw(6, 7, 1 << 20)
             fd = os.open(raw.path, os.O_RDWR)
