@@ -4,6 +4,8 @@ the same base, packages, install script and its arguments, environment, user and
 
 from __future__ import annotations
 
+import zipfile
+
 import pytest
 from cluster import images
 from tests.chart.helm import ROOT
@@ -46,3 +48,12 @@ def test_the_environment_user_and_entrypoint_are_the_same():
     script = images.SPARK_INSTALL.read_text()
     assert "useradd --system --uid 185 --gid 185" in script
     assert '--no-index --find-links "$wheels"' in script
+
+
+def test_the_jar_the_image_is_keyed_by_carries_no_build_time():
+    # The image's cache key holds the jar's bytes: a jar stamped with its build time would
+    # rebuild the Spark image on every fresh clone (123 s in CI).
+    jar = ROOT / "spark" / "raftlog" / "spark" / "jars" / "raftlog-spark.jar"
+    with zipfile.ZipFile(jar) as z:
+        dates = {info.date_time for info in z.infolist()}
+    assert dates == {(1980, 1, 1, 0, 0, 2)}, f"{jar}: entries dated {sorted(dates)[:3]}"

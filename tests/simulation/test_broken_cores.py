@@ -23,13 +23,19 @@ EXPECTED: dict[str, tuple[str, set[str]]] = {
     "ignores_log_in_votes": ("chaos", {"leader completeness", "state machine safety"}),
 }
 MAX_SEEDS = 800
+# The first seed that catches each, as the search below found it: tried first, so the test
+# does not replay the hundreds of seeds before it (figure 8: 498 seeds, about 35 s). Whatever a
+# hint says, the test passes only on a seed below MAX_SEEDS that catches the core; a change to
+# the simulator that moves the seed costs the full search, not the check.
+FIRST_CAUGHT = {"commits_previous_term_by_counting": 498}
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
 def test_broken_core_is_caught(name: str) -> None:
     scenario, invariants = EXPECTED[name]
     cls = BROKEN_CORES[name]
-    for seed in range(MAX_SEEDS):
+    hint = [FIRST_CAUGHT[name]] if name in FIRST_CAUGHT else []
+    for seed in [*hint, *(s for s in range(MAX_SEEDS) if s not in hint)]:
         try:
             run_scenario(scenario, seed, raft_cls=cls)
         except InvariantViolation as exc:
@@ -43,9 +49,14 @@ def test_broken_core_is_caught(name: str) -> None:
 
 def test_every_broken_core_is_covered() -> None:
     assert set(EXPECTED) == set(BROKEN_CORES)
+    assert set(FIRST_CAUGHT) <= set(EXPECTED) and all(
+        0 <= s < MAX_SEEDS for s in FIRST_CAUGHT.values()
+    )
 
 
 def test_the_correct_core_passes_the_seeds_that_catch_the_broken_ones() -> None:
     for scenario in {s for s, _ in EXPECTED.values()}:
         for seed in range(40):
             run_scenario(scenario, seed, raft_cls=Raft)
+    for name, seed in FIRST_CAUGHT.items():
+        run_scenario(EXPECTED[name][0], seed, raft_cls=Raft)
