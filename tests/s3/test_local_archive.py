@@ -76,6 +76,15 @@ def failing(s: RaftClusterStatus) -> bool:
     return any(p.startswith("spec.archive: partition 0: archiving fails on") for p in s.problems)
 
 
+def failing_on_all(s: RaftClusterStatus) -> bool:
+    """Partition 0's failure reported, by each of the three members."""
+    return (
+        failing(s)
+        and s.archive is not None
+        and set(s.archive.partitions[0].failing_on) == {"c-0", "c-1", "c-2"}
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.asyncio
 async def test_three_members_archive_under_appends_and_say_when_the_store_is_down(
@@ -120,7 +129,8 @@ async def test_three_members_archive_under_appends_and_say_when_the_store_is_dow
             # The store down: appends go on, the problem names the partition and the error.
             load.start()
             s3.stop()
-            st = await h.until("the archive's failure reported", failing, 60)
+            # Each member's own pass finds the store down at its own moment: wait for all three.
+            st = await h.until("the archive's failure reported by every member", failing_on_all, 60)
             problem = next(p for p in st.problems if p.startswith("spec.archive: partition 0"))
             entry = st.archive.partitions[0]  # type: ignore[union-attr]
             assert entry.last_error and entry.last_error[:200] in problem, (entry, problem)

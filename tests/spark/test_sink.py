@@ -36,8 +36,11 @@ def cluster(tmp_path_factory):
 
 def log_of(c: LocalCluster, partition: int) -> list[dict[str, Any]]:
     out, start = [], 1
+    # From the leader: it has committed everything acknowledged, where a follower may trail
+    # by a commit.
+    node = c.leader(partition) or "n1"
     while True:
-        code, page = c.get("n1", f"/v1/partitions/{partition}/records?from={start}&limit=10000")
+        code, page = c.get(node, f"/v1/partitions/{partition}/records?from={start}&limit=10000")
         assert code == 200, page
         out += page["records"]
         if page["next"] > page["high_water_mark"]:

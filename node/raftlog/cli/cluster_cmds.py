@@ -163,14 +163,14 @@ async def _tail(args: argparse.Namespace) -> int:
     async with _client(args) as c:
         start = args.start
         if start is None:
-            hwm = (await c.read(args.partition, 1, 1))["high_water_mark"]
+            hwm = (await c.read(args.partition, 1, 1, min_index=args.min_index))["high_water_mark"]
             # Entries that are not records (a leader's no-op, a member change) are few: read
             # a few times more entries than the records wanted, and keep the last ones.
             last: list[dict[str, Any]] = []
             at = max(1, hwm - 4 * args.lines + 1)
             while at <= hwm:
                 try:
-                    page = await c.read(args.partition, at, 1000)
+                    page = await c.read(args.partition, at, 1000, min_index=args.min_index)
                 except ClientError as e:
                     if e.status != 410:
                         raise
@@ -342,6 +342,12 @@ def add_parsers(sub: Any) -> None:
         "--from", dest="start", type=int, default=None, help="every record from this index on"
     )
     p.add_argument("-f", "--follow", action="store_true", help="then wait for new records")
+    p.add_argument(
+        "--min-index",
+        type=int,
+        default=0,
+        help="read your writes: only from a replica that has committed this index",
+    )
 
     p = _command(sub, "lag", "one follower's lag behind the leader", _lag)
     p.add_argument("node")
