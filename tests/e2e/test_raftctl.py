@@ -29,10 +29,15 @@ def ctl(cluster: LocalCluster, capsys, *args: str) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
+def appended_last(out: str) -> str:
+    """The last index `raftctl append` printed (`indexes FIRST..LAST, ...`), for --min-index."""
+    return out.split("indexes ")[1].split("..")[1].split(",")[0]
+
+
 def test_append_read_status_and_json(cluster, capsys):
     code, out, _ = ctl(cluster, capsys, "append", "--key", "user", "one", "two")
     assert code == 0 and "indexes" in out
-    last = out.split("indexes ")[1].split("..")[1].split(",")[0]
+    last = appended_last(out)
     # Read-your-writes: without it the read may land on a follower that has not heard of the
     # commit yet (CI saw "(no records)" there).
     code, out, _ = ctl(cluster, capsys, "read", "--min-index", last)
@@ -77,7 +82,7 @@ def test_tail_prints_the_last_records_like_tail(cluster, capsys):
     values = [f"t{i}" for i in range(25)]
     code, out, _ = ctl(cluster, capsys, "append", "-p", "0", "--key", "tail", *values)
     assert code == 0
-    last = out.split("indexes ")[1].split("..")[1].split(",")[0]
+    last = appended_last(out)
     # Read-your-writes, as for `read`: the first endpoint may be a follower a commit behind.
     code, out, _ = ctl(cluster, capsys, "tail", "-p", "0", "--min-index", last)
     assert code == 0 and [line.split("\t")[2:] for line in out.splitlines()] == [
