@@ -76,10 +76,22 @@ def append_to(ns: str, leader: str, partition: int, key: str) -> tuple[str, str]
     """One record appended at `partition`'s leader; (key, value) once acknowledged."""
 
     async def run() -> None:
-        url = f"{member_urls(ns, NAME)[leader]}/v1/partitions/{partition}/records"
-        async with aiohttp.ClientSession() as http, http.post(url, json=record) as resp:
-            assert resp.status == 200, (resp.status, await resp.text())
-            assert (await resp.json())["partition"] == partition
+        # Leadership may move after the status named it (a member rolled just before): the
+        # 421's hint is followed, as a client does, by pod IP (its DNS name is the cluster's).
+        at = leader
+        async with aiohttp.ClientSession() as http:
+            for _ in range(5):
+                url = f"{member_urls(ns, NAME)[at]}/v1/partitions/{partition}/records"
+                async with http.post(url, json=record) as resp:
+                    body = await resp.json()
+                    if resp.status == 421 and body.get("leader"):
+                        at = body["leader"]
+                        await asyncio.sleep(0.5)
+                        continue
+                    assert resp.status == 200, (resp.status, body)
+                    assert body["partition"] == partition
+                    return
+            raise AssertionError(f"partition {partition}: no leader took the append: {body}")
 
     record = {"key": key, "value": f"{key} in p{partition}"}
     asyncio.run(run())
