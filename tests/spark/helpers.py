@@ -25,11 +25,20 @@ from raftlog.spark.session import local_session
 Row = tuple[int, int, int, bytes | None, bytes | None, dict[str, str], datetime | None]
 
 
+# The tests' JVMs (Spark's launcher and driver, here and in the jobs tests start) compile with
+# C1 only and collect with the serial collector: they live for minutes on small data, where C2's
+# compile threads cost more CPU than they return. tests/spark on 2 workers, alternated: 389 and
+# 441 -> 353 and 335 CPU-s, 218 and 246 -> 196 and 190 s (docs/testing.md). The `java` launcher
+# reads this variable (JDK 9 and later), so Spark's launcher JVM gets it too.
+JVM_ENV = {"JDK_JAVA_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
+
+
 def start_spark(stderr: Path | None = None) -> SparkSession:
     """A local Spark; with `stderr`, the JVM (and the Python workers it starts, whose warnings
     it passes on) writes its standard error to that file instead of this process's."""
     os.environ["PYSPARK_PYTHON"] = sys.executable
     os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
+    os.environ.update(JVM_ENV)
     conf = {
         "spark.sql.session.timeZone": "UTC",
         "spark.driver.memory": "1g",

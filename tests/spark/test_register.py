@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.spark.helpers import JVM_ENV
+
 pytestmark = [pytest.mark.spark]
 
 # One JVM for both cases: each session is made with the workers' Python of its case (Spark
@@ -54,7 +56,7 @@ def base_python() -> str:
 def outcomes() -> dict[str, str]:
     """Each case's line: `register` on a session whose workers run the base interpreter, then
     on one whose workers run the venv's."""
-    env = clean_env()
+    env = {**clean_env(), **JVM_ENV}
     venv_bin = str(Path(sys.executable).parent)
     env["PATH"] = ":".join(d for d in env["PATH"].split(":") if d != venv_bin)
     done = subprocess.run(

@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 
 from raftlog.harness.local import LocalCluster
 from raftlog.node.routing import partition_for
+from tests.spark.helpers import JVM_ENV
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -210,7 +211,8 @@ spark.stop()
 def test_a_task_killed_after_appending_part_of_its_rows_is_retried_and_lands_each_once(
     cluster: LocalCluster, tmp_path: Path
 ):
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = {**os.environ, **JVM_ENV, "PYSPARK_PYTHON": sys.executable,
+           "PYSPARK_DRIVER_PYTHON": sys.executable}  # fmt: skip
     job = subprocess.Popen(
         [sys.executable, "-c", RETRY, ",".join(cluster.endpoints)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
