@@ -28,6 +28,13 @@ done | paste -sd, -)}
 TOKEN_SECRET=${TOKEN_SECRET:-$CLUSTER-auth}
 PYTHON=/opt/raftlog/bin/python   # the image's venv, for the driver and the executors' workers
 POD_TEMPLATE=${POD_TEMPLATE:-$(dirname "$0")/pod-template.yaml}  # Pod Security "restricted"
+# JVM options for the driver and the executors (a collector, a JIT setting), if any.
+JAVA_OPTIONS=${JAVA_OPTIONS:-}
+java_options=()
+if [[ -n "$JAVA_OPTIONS" ]]; then
+  java_options=(--conf "spark.driver.extraJavaOptions=${JAVA_OPTIONS}"
+    --conf "spark.executor.extraJavaOptions=${JAVA_OPTIONS}")
+fi
 
 exec spark-submit \
   --master "k8s://${K8S_API}" \
@@ -51,6 +58,7 @@ exec spark-submit \
   --conf spark.kubernetes.executor.volumes.persistentVolumeClaim.archive.options.claimName=raftlog-archive \
   --conf spark.kubernetes.executor.volumes.persistentVolumeClaim.archive.mount.path=/data \
   --conf spark.kubernetes.driver.secrets."${TOKEN_SECRET}"=/etc/raftlog \
+  ${java_options[@]+"${java_options[@]}"} \
   local:///opt/raftlog/archive_main.py \
   --endpoints "${ENDPOINTS}" \
   --output "/data/${CLUSTER}/records" \

@@ -205,6 +205,7 @@ def start_pod(
     requests: dict[str, str] | None = None,
     volumes: list[dict[str, Any]] | None = None,
     mounts: list[dict[str, Any]] | None = None,
+    env: dict[str, str] | None = None,
 ) -> None:
     """A pod that runs `command` once as `uid`, under Pod Security "restricted"."""
     restricted = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
@@ -215,6 +216,8 @@ def start_pod(
     }  # fmt: skip
     if requests:
         container["resources"] = {"requests": requests}
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in env.items()]
     pod = {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
         "spec": {

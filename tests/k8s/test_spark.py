@@ -22,6 +22,7 @@ from cluster import images
 from cluster.up import CTRD_SOCK
 
 from tests.k8s import kube, load
+from tests.spark.helpers import JVM_ENV
 
 EXAMPLES = kube.ROOT / "examples" / "spark"
 SMALL = {"resources": {"requests": {"cpu": "100m", "memory": "128Mi"}}}
@@ -55,6 +56,10 @@ def submit(ns: str, image: str, log: Path, *job_args: str) -> subprocess.Popen[b
         "MEMBERS": "3",
         "EXECUTORS": "2",
         "CPU_REQUEST": "100m",
+        # Less CPU for a job of small batches, in the pods (the script's option) and in the
+        # submitting JVM here (the `java` launcher's variable).
+        "JAVA_OPTIONS": JVM_ENV["JDK_JAVA_OPTIONS"],
+        **JVM_ENV,
         "PATH": f"{kube.ROOT / '.venv' / 'bin'}:{os.environ['PATH']}",
     }
     env.pop("PYSPARK_PYTHON", None)  # the submitter's Python is not the pods'
@@ -104,7 +109,7 @@ def archived_rows(ns: str, image: str) -> list[tuple[int, int, str, str]]:
     volume = {"name": "archive", "persistentVolumeClaim": {"claimName": "raftlog-archive"}}
     mount = {"name": "archive", "mountPath": "/data", "readOnly": True}
     command = ["/opt/raftlog/bin/python", "-c", CHECK]
-    kube.start_pod(ns, name, image, command, 185, volumes=[volume], mounts=[mount])
+    kube.start_pod(ns, name, image, command, 185, volumes=[volume], mounts=[mount], env=JVM_ENV)
     out = kube.pod_output(ns, name, 300)
     rows = [json.loads(line[4:]) for line in out.splitlines() if line.startswith("ROW ")]
     return [(int(p), int(i), str(k), str(v)) for p, i, k, v in rows]
