@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -168,3 +169,72 @@ def test_the_blocking_client_reconnects_once_to_a_node_that_closed_a_kept_alive_
         assert c.status(server.url)["n"] == 0
         assert c.status(server.url)["n"] == 1, "the closed connection was replaced at once"
     assert len(server.seen) == 2
+
+
+@pytest.fixture
+def silent_address() -> Iterator[str]:
+    """An address where connections never open: a listener whose accept queue is full, so the
+    kernel drops every further SYN (as for a machine gone, or a network dropping its packets)."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    address = listener.getsockname()
+    queued = []
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect(address)
+        queued.append(s)
+    probe = socket.socket()
+    probe.settimeout(0.5)
+    with pytest.raises(TimeoutError):  # the premise: a connection there does not open
+        probe.connect(address)
+    probe.close()
+    yield f"http://{address[0]}:{address[1]}"
+    for s in [*queued, listener]:
+        s.close()
+
+
+def test_both_faces_give_up_on_an_address_that_answers_nothing_and_try_the_next(
+    serve, silent_address
+):
+    # The call's timeout (60 s) is far longer than the wait allowed here (20 s): the read must
+    # leave the silent address after its connect timeout, not its call timeout.
+    page = {"records": [], "next": 1, "high_water_mark": 0}
+    server = serve(lambda seen, n: answer(200, page))
+    results: list[Any] = []
+
+    def both() -> None:
+        results.extend(
+            with_both(
+                silent_address,
+                lambda c: c.read(0, 1, 10),
+                timeout_s=60,
+                connect_timeout_s=0.5,
+                retries=1,
+            )
+        )
+
+    async def read_async() -> Any:
+        async with AsyncClient(
+            [silent_address, server.url], timeout_s=60, connect_timeout_s=0.5
+        ) as c:
+            return await c.read(0, 1, 10)
+
+    def through_next() -> None:
+        results.append(asyncio.run(read_async()))
+        with Client([silent_address, server.url], timeout_s=60, connect_timeout_s=0.5) as c:
+            results.append(c.read(0, 1, 10))
+
+    for work in (both, through_next):
+        t = threading.Thread(target=work, daemon=True)
+        t.start()
+        t.join(20)
+        assert not t.is_alive(), f"{work.__name__}: still waiting on the silent address"
+    alone, via_next = results[:2], results[2:]
+    for e in alone:  # the silent address only: no answer, named, after the retries
+        assert isinstance(e, ClientError) and e.status == NO_ANSWER and e.url == silent_address
+        assert "Timeout" in str(e), str(e)
+    assert via_next == [page, page]
+    assert len(server.seen) >= 2

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, Self, TypeVar
 
 from raftlog.client.calls import Calls, Pause, Plan, Reply, Send
-from raftlog.client.retry import NO_ANSWER, RetryPolicy
+from raftlog.client.retry import CONNECT_TIMEOUT_S, NO_ANSWER, RetryPolicy
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -44,12 +44,15 @@ class Client:
         retries: int = 8,
         retry: RetryPolicy | None = None,
         timeout_s: float = 15.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
         ca_file: str | None = None,
         idempotent: bool = True,
     ) -> None:
-        """As `AsyncClient`'s; `timeout_s` bounds each socket operation of a call."""
+        """As `AsyncClient`'s; `timeout_s` bounds each socket operation of a call,
+        `connect_timeout_s` the opening of a connection (and its TLS handshake)."""
         self.calls = Calls(endpoints, retry or RetryPolicy(retries=retries), idempotent)
         self.timeout_s = timeout_s
+        self.connect_timeout_s = connect_timeout_s
         self._ssl = ssl.create_default_context(cafile=ca_file)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._conns: dict[str, http.client.HTTPConnection] = {}
@@ -98,6 +101,17 @@ class Client:
             c.sock.settimeout(timeout)
         return c
 
+    def _open(self, c: http.client.HTTPConnection, timeout: float) -> None:
+        """Connect within `connect_timeout_s` (or `timeout` if shorter), then give the socket
+        the call's `timeout`."""
+        c.timeout = min(self.connect_timeout_s, timeout)
+        try:
+            c.connect()
+        finally:
+            c.timeout = timeout
+        if c.sock is not None:
+            c.sock.settimeout(timeout)
+
     def _send(self, step: Send) -> Reply:
         r = step.request
         timeout = r.timeout_s if r.timeout_s is not None else self.timeout_s
@@ -108,6 +122,8 @@ class Client:
         for attempt in range(2):  # a kept-alive connection the node closed is retried once
             c = self._conn(step.base, timeout)
             try:
+                if c.sock is None:
+                    self._open(c, timeout)
                 c.request(r.method, r.path, body=payload, headers=headers)
                 resp = c.getresponse()
                 raw = resp.read()

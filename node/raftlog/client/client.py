@@ -19,7 +19,7 @@ import aiohttp.abc
 import yarl
 
 from raftlog.client.calls import AppendResult, Calls, Pause, Plan, Reply, Send
-from raftlog.client.retry import NO_ANSWER, RetryPolicy
+from raftlog.client.retry import CONNECT_TIMEOUT_S, NO_ANSWER, RetryPolicy
 from raftlog.client.session import SessionHolder
 
 P = ParamSpec("P")
@@ -47,6 +47,7 @@ class AsyncClient(SessionHolder):
         retries: int = 8,
         retry: RetryPolicy | None = None,
         timeout_s: float = 15.0,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
         ca_file: str | None = None,
         cert_file: str | None = None,
         key_file: str | None = None,
@@ -54,19 +55,26 @@ class AsyncClient(SessionHolder):
         idempotent: bool = True,
     ) -> None:
         """`endpoints` are the nodes appends and reads choose from (the other calls name their
-        node). `retries` is short for `retry=RetryPolicy(retries=...)`. `idempotent=False`
-        sends plain appends without a producer id (as Kafka's `enable.idempotence=false`): a
-        retry after a lost answer may then add records twice. `cert_file`, `key_file` and
-        `resolver`: see `SessionHolder`."""
+        node). `retries` is short for `retry=RetryPolicy(retries=...)`. `timeout_s` bounds a
+        call's request; `connect_timeout_s` bounds opening a connection within it, so that a
+        node whose address answers nothing (a machine gone, a network dropping its packets)
+        costs that long before the next endpoint is tried, not the whole `timeout_s`.
+        `idempotent=False` sends plain appends without a producer id (as Kafka's
+        `enable.idempotence=false`): a retry after a lost answer may then add records twice.
+        `cert_file`, `key_file` and `resolver`: see `SessionHolder`."""
+        self._connect_timeout_s = connect_timeout_s
         super().__init__(
             token=token,
             ca_file=ca_file,
             cert_file=cert_file,
             key_file=key_file,
-            timeout=aiohttp.ClientTimeout(total=timeout_s),
+            timeout=self._timeout_of(timeout_s),
             resolver=resolver,
         )
         self.calls = Calls(endpoints, retry or RetryPolicy(retries=retries), idempotent)
+
+    def _timeout_of(self, total_s: float) -> aiohttp.ClientTimeout:
+        return aiohttp.ClientTimeout(total=total_s, sock_connect=self._connect_timeout_s)
 
     @property
     def endpoints(self) -> list[str]:
@@ -93,7 +101,7 @@ class AsyncClient(SessionHolder):
         if payload is not None:
             kw["data"], kw["headers"] = payload, {"Content-Type": "application/json"}
         if r.timeout_s is not None:  # else the session's (aiohttp takes None for no timeout)
-            kw["timeout"] = aiohttp.ClientTimeout(total=r.timeout_s)
+            kw["timeout"] = self._timeout_of(r.timeout_s)
         try:
             async with self.session.request(
                 r.method, yarl.URL(step.base + r.path, encoded=True), **kw

@@ -20,6 +20,10 @@ from dataclasses import dataclass, field
 RETRIED_STATUSES: frozenset[int] = frozenset({421, 502, 503, 504})
 
 NO_ANSWER = 0  # the status of a call that got no answer (refused, reset, timed out)
+# How long a connection may take to open before the call tries the next endpoint: a live node's
+# kernel completes it within milliseconds however busy the node is, so one still not open after
+# 3 s is to an address nothing answers (a machine gone, a network dropping its packets).
+CONNECT_TIMEOUT_S = 3.0
 
 
 def retried(status: int) -> bool:
