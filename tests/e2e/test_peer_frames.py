@@ -12,6 +12,7 @@ import pytest
 from tests.e2e.node_metrics import requests_counted
 from tests.e2e.raw_frame_stream import open_frame_stream
 
+from raftlog.client import Client
 from raftlog.harness.local import LocalCluster
 from raftlog.node.core.messages import HeartbeatRequest
 from raftlog.node.transport.codec import encode_frame
@@ -127,15 +128,15 @@ def test_a_restarted_follower_catches_up_on_large_records(tmp_path):
         assert leader is not None
         behind = next(n for n in c.nodes if n != leader)
         c.kill(behind)
-        body = b'{"value": "%s"}' % (b"x" * 900_000)
-        for _ in range(20):
-            code, reply = c.request(leader, "POST", "/v1/partitions/0/records", body)
-            assert code == 200, reply
+        # Through the client, which follows a leader that moves (an election under load).
+        with Client([node.url for name, node in c.nodes.items() if name != behind]) as client:
+            for _ in range(20):
+                last = client.append(0, [{"value": "x" * 900_000}]).last_index
         c.start(behind)
         deadline = time.monotonic() + 30
         while True:
             try:
-                if c.status(behind)["partitions"][0]["last_index"] >= reply["last_index"]:
+                if c.status(behind)["partitions"][0]["last_index"] >= last:
                     break
             except (OSError, RuntimeError):
                 pass  # still starting
