@@ -22,6 +22,7 @@ from tests.k8s import kube
 
 AUDIT_LOG = kube.ROOT / ".cluster" / "logs" / "audit.log"
 Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+ANSWERED = ("ResponseStarted", "ResponseComplete")
 
 # Granted although the story does not show it, and why.
 NOT_SEEN_HERE: dict[Grant, str] = {
@@ -53,12 +54,20 @@ class Call:
 
 
 def calls_of(user: str, since: float, until: float) -> list[Call]:
-    """The audit log's completed requests of `user` (ResponseComplete, in [since, until))."""
-    out = []
+    """The audit log's answered requests of `user` (received in [since, until)), once each.
+
+    A watch is logged as ResponseComplete only when it ends, which can be well after the
+    operator's pod is gone; its ResponseStarted (long-running requests only) says it was
+    allowed and served. A refused request has ResponseComplete alone.
+    """
+    out, seen = [], set()
     for line in AUDIT_LOG.read_text().splitlines():
         ev = json.loads(line)
-        if ev["user"]["username"] != user or ev["stage"] != "ResponseComplete":
+        if ev["user"]["username"] != user or ev["stage"] not in ANSWERED:
             continue
+        if ev["auditID"] in seen:
+            continue
+        seen.add(ev["auditID"])
         if not since <= kube.parse_time(ev["requestReceivedTimestamp"]) < until:
             continue
         ref = ev.get("objectRef")
