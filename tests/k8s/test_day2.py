@@ -13,7 +13,9 @@ from typing import Any
 
 import aiohttp
 
+from raftlog.client import AppendResult, AsyncClient
 from raftlog.operator.controls import PAUSE, RESTART, SWITCHOVER
+from raftlog.operator.nodeapi import KnownAddresses
 from tests.k8s import kube, load
 from tests.k8s import test_kubectl_raft as kubectl_raft
 from tests.k8s.test_journeys import (
@@ -72,29 +74,26 @@ def timed(what: str, started: float) -> float:
     return took
 
 
-def append_to(ns: str, leader: str, partition: int, key: str) -> tuple[str, str]:
-    """One record appended at `partition`'s leader; (key, value) once acknowledged."""
+def append_to(ns: str, partition: int, key: str) -> tuple[str, str]:
+    """One record appended to `partition` through the client; (key, value) once acknowledged.
 
-    async def run() -> None:
-        # Leadership may move after the status named it (a member rolled just before): the
-        # 421's hint is followed, as a client does, by pod IP (its DNS name is the cluster's).
-        at = leader
-        async with aiohttp.ClientSession() as http:
-            for _ in range(5):
-                url = f"{member_urls(ns, NAME)[at]}/v1/partitions/{partition}/records"
-                async with http.post(url, json=record) as resp:
-                    body = await resp.json()
-                    if resp.status == 421 and body.get("leader"):
-                        at = body["leader"]
-                        await asyncio.sleep(0.5)
-                        continue
-                    assert resp.status == 200, (resp.status, body)
-                    assert body["partition"] == partition
-                    return
-            raise AssertionError(f"partition {partition}: no leader took the append: {body}")
-
+    Leadership may move after a roll (or an election under load): the client follows the
+    leader hints as any user's does. They name members by their cluster DNS names, which this
+    host resolves to the pods' addresses as the API server reports them (the operator's
+    `KnownAddresses`).
+    """
     record = {"key": key, "value": f"{key} in p{partition}"}
-    asyncio.run(run())
+    addresses = KnownAddresses()
+    addresses.known = {f"{n}.{NAME}-peers.{ns}.svc": p["status"]["podIP"]
+                       for n, p in pods(ns, NAME).items() if p["status"].get("podIP")}  # fmt: skip
+
+    async def run() -> AppendResult:
+        async with AsyncClient(list(member_urls(ns, NAME).values()), retries=20,
+                               resolver=addresses) as client:  # fmt: skip
+            return await client.append(partition, [record])
+
+    got = asyncio.run(run())
+    assert got.partition == partition, got
     return key, record["value"]
 
 
@@ -247,7 +246,7 @@ def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> 
     kube.until("every member restarted with 3 partitions, each led",
                lambda: raised(status(ns, NAME), before, uids(ns)), 300)  # fmt: skip
     timed("partitions raised 2 -> 3 (members rolled, the new one led)", started)
-    added = append_to(ns, status(ns, NAME)["leaders"]["2"], 2, "added")
+    added = append_to(ns, 2, "added")
     read_back(ns, NAME, [added], partition=2)
 
     # ------------------------------------------------------------- every ack on every member
