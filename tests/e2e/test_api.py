@@ -12,8 +12,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from raftlog.client import Client
+from raftlog.client import AsyncClient, Client
 from raftlog.harness.local import LocalCluster
+from raftlog.node.statemachine import MAX_PRODUCERS
 
 pytestmark = [pytest.mark.e2e]
 
@@ -105,8 +106,33 @@ def test_the_largest_append_allowed_leaves_the_leader_in_place(tmp_path):
         assert c.status(leader)["partitions"][0]["term"] == term
 
 
+def test_max_bytes_bounds_the_answer_as_sent_not_the_records_bytes(node):
+    """A NUL byte of a value is 6 bytes of JSON (`\\u0000`): a page is cut by the size of the
+    answer itself (64 MiB of NULs was a 384 MiB answer), and paging on from `next` still
+    returns every record once, in order."""
+    values = [f"{i}" + "\0" * 50_000 for i in range(8)]  # 50 KB each, 300 KB as JSON
+    code, done = post(node, "/v1/partitions/1/records",
+                      json.dumps({"records": [{"value": v} for v in values]}).encode())  # fmt: skip
+    assert code == 200, done
+    start, got, limit = done["first_index"], [], 400_000
+    while start <= done["last_index"]:
+        url = f"{node.nodes['n1'].url}/v1/partitions/1/records?from={start}&max_bytes={limit}"
+        with urllib.request.urlopen(url, timeout=30) as r:
+            raw = r.read()
+        page = json.loads(raw)
+        assert len(page["records"]) == 1, len(page["records"])  # a second is past 400 KB
+        assert len(raw) <= limit, len(raw)
+        got += [rec["value"] for rec in page["records"]]
+        start = page["next"]
+    assert got == values
+
+
 def test_bad_reads(node):
     assert node.get("n1", "/v1/partitions/0/records?from=abc")[0] == 400
+    # What int() would take but is not a number here: "1_0", " +5", an Arabic-Indic one.
+    for field, raw in (("from", "1_0"), ("limit", "%20%2B5"), ("from", "%D9%A1"), ("wait_ms", "")):
+        code, reply = node.get("n1", f"/v1/partitions/0/records?{field}={raw}")
+        assert code == 400 and reply["field"] == field, (raw, reply)
     assert node.get("n1", "/v1/partitions/0/records?limit=0")[0] == 400
     code, reply = node.get("n1", "/v1/partitions/0/records?min_index=999999")
     assert code == 503 and reply["error"] == "behind"
@@ -198,6 +224,36 @@ def test_idempotent_appends_land_once(node):
     assert code == 400 and reply["field"] == "sequence"
     code, other = send(0, ["z"], producer="p-2")  # producers are independent
     assert code == 200 and not other["duplicate"]
+
+
+def test_a_retry_of_a_producer_the_table_forgot_is_not_appended_again(node):
+    """MAX_PRODUCERS others appending after it push a producer out of the partition's table; its
+    retried first batch is then 409 `already_appended`, not a second copy (anyone could evict a
+    producer so), and it may go on with its next sequence."""
+    body = {"producer_id": "victim", "sequence": 0, "value": "victim-record"}
+    code, first = post(node, "/v1/partitions/0/records", json.dumps(body).encode())
+    assert code == 200, first
+
+    async def others() -> None:
+        async with AsyncClient(node.endpoints) as client:
+            gate = asyncio.Semaphore(32)
+
+            async def one(i: int) -> None:
+                async with gate:
+                    await client.append(0, [{"value": "x"}], producer_id=f"o{i}", sequence=0)
+
+            await asyncio.gather(*(one(i) for i in range(MAX_PRODUCERS)))
+
+    asyncio.run(others())
+    code, again = post(node, "/v1/partitions/0/records", json.dumps(body).encode())
+    assert code == 409 and again["error"] == "already_appended", again
+    body["sequence"] = 1
+    code, nxt = post(node, "/v1/partitions/0/records", json.dumps(body).encode())
+    assert code == 200 and not nxt["duplicate"], nxt
+    code, page = node.get("n1", f"/v1/partitions/0/records?from={first['first_index']}&limit=10000")
+    assert [r["index"] for r in page["records"] if r["value"] == "victim-record"] == [
+        first["first_index"], nxt["first_index"]
+    ]  # fmt: skip
 
 
 def test_metrics_expose_the_partitions_and_latencies(node):

@@ -97,3 +97,22 @@ def test_stalled_readers_hold_at_most_the_budget_and_are_let_go(node):
     path = f"/v1/partitions/0/records?from=1&limit=10000&max_bytes={64 << 20}"
     code, page = node.get("n1", path, timeout=30)
     assert code == 200 and len(page["records"]) == RECORDS
+
+
+def test_a_read_that_might_not_fit_is_refused_before_it_is_made(node):
+    """While a stalled reader holds most of the budget, a read is refused by what it may
+    answer (`max_bytes`), before its page is built; one asking for less is served."""
+    held_before = metric(node, "raftlog_answer_bytes_held")
+    assert held_before == 0, held_before
+    reader = stalled_reader(node.nodes["n1"].port)
+    try:
+        assert status_line(reader) == b"HTTP/1.1 200"
+        held = metric(node, "raftlog_answer_bytes_held")  # for 4 s (answer_send_timeout_s)
+        assert held > BUDGET - (8 << 20), held
+        base = "/v1/partitions/0/records?from=1&limit=3&max_bytes="  # a record or two
+        code, answer = node.get("n1", base + str(8 << 20), timeout=30)
+        assert code == 503 and answer["error"] == "busy", answer
+        code, page = node.get("n1", base + str(1 << 20), timeout=30)
+        assert code == 200 and len(page["records"]) >= 1, page
+    finally:
+        reader.close()

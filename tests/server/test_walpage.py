@@ -190,7 +190,9 @@ def test_a_range_below_the_floor_is_compacted_over_http_as_in_process(tmp_path):
                 assert got[0].index == floor and page["compaction_floor"] == floor
                 assert [e.index for e in got] == list(range(floor, d.raft.commit + 1))
                 async with s.get("/v1/partitions/0/columns?format=json") as r:
-                    assert r.status == 400 and "columns or wal" in (await r.json())["reason"]
+                    bad = await r.json()
+                    assert r.status == 400 and "columns or wal" in bad["reason"], bad
+                    assert bad["field"] == "format", bad
                 async with s.get(f"/v1/partitions/0/columns?from={floor}") as r:
                     body = await r.read()
                     assert r.status == 200, (r.status, body[:300])

@@ -18,6 +18,7 @@ from raftlog.node.storage.errors import StorageFailed
 
 log = logging.getLogger("raftlog.api")
 _PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
+_INTEGER = re.compile(r"-?[0-9]{1,30}")  # ASCII only: int() also takes "1_0", " +5", other digits
 NODE_KEY = web.AppKey("node", Node)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
@@ -25,9 +26,17 @@ Middleware = Callable[[web.Request, Handler], Awaitable[web.StreamResponse]]
 
 class ApiError(Exception):
     def __init__(
-        self, status: int, error: str, reason: str, field: str | None = None, **extra: Any
+        self,
+        status: int,
+        error: str,
+        reason: str,
+        field: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
     ):
         self.status = status
+        self.headers = headers
         self.body = {
             "error": error,
             "reason": reason,
@@ -104,7 +113,7 @@ def make_guard(token: str | None) -> Middleware:
                         ) from None
                 resp = await handler(request)
         except ApiError as e:
-            resp = web.json_response(e.body, status=e.status)
+            resp = web.json_response(e.body, status=e.status, headers=e.headers)
             if e.status == 408:
                 resp.force_close()
         except web.HTTPException as e:
@@ -192,10 +201,9 @@ def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -
     raw = request.query.get(name)
     if raw is None:
         return default
-    try:
-        v = int(raw)
-    except ValueError:
-        raise bad(name, f"{raw!r} is not an integer") from None
+    if not _INTEGER.fullmatch(raw):
+        raise bad(name, f"{raw[:40]!r} is not an integer (ASCII digits, an optional '-')")
+    v = int(raw)
     if not lo <= v <= hi:
         raise bad(name, f"must be between {lo} and {hi}, got {v}")
     return v
