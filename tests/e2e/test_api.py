@@ -373,6 +373,13 @@ def test_a_membership_change_naming_no_possible_member_is_a_400(node, body, fiel
     assert node.status("n1")["partitions"][0]["learners"] == []
 
 
+def test_a_peer_without_a_name_is_a_400_naming_its_empty_field(node):
+    code, reply = node.request("n1", "POST", "/v1/admin/peers", b'{"": "http://x:1"}', AUTH)
+    assert (code, reply.get("field")) == (400, ""), reply
+    code, listing = node.request("n1", "GET", "/v1/admin/peers", None, AUTH)
+    assert code == 200 and "" not in listing["peers"], listing
+
+
 def test_admin_calls_about_the_leader_itself_say_so(node):
     code, reply = node.request("n1", "GET", "/v1/admin/partitions/0/followers/n1/lag", None, AUTH)
     assert code == 409 and reply["error"] == "is_leader", reply

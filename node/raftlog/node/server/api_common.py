@@ -40,7 +40,7 @@ class ApiError(Exception):
         self.body = {
             "error": error,
             "reason": reason,
-            **({"field": field} if field else {}),
+            **({"field": field} if field is not None else {}),
             **extra,
         }
         super().__init__(reason)
