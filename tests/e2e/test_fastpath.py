@@ -180,6 +180,44 @@ def test_a_request_in_pieces_is_answered(nodes):
     assert [a[0] for a in answers] == [200, 200]
 
 
+def read_answer(s: socket.socket) -> Answer:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        more = s.recv(65536)
+        assert more, f"closed before an answer: {buf!r}"
+        buf += more
+    head, _, body = buf.partition(b"\r\n\r\n")
+    line, *lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
+    while len(body) < int(headers["content-length"]):
+        more = s.recv(65536)
+        assert more, "closed in the answer's body"
+        body += more
+    return int(line.split()[1]), headers, body
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        append_request(b'{"value": "half-closed"}'),  # the fast path's, where it is on
+        append_request(b'{"value": "half-closed"}').replace(b"HTTP/1.1", b"HTTP/1.0"),
+        b"GET /v1/status HTTP/1.1\r\nHost: t\r\n\r\n",
+    ],
+    ids=["append", "append-http1.0", "status"],
+)
+def test_a_request_then_a_half_close_is_answered(nodes, request_bytes):
+    """`printf ... | nc` sends its request and shuts its side: the answer must still come (an
+    append is committed either way, and an unanswered one may be sent again)."""
+    for c in nodes.values():
+        with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=10) as s:
+            s.sendall(request_bytes)
+            s.shutdown(socket.SHUT_WR)
+            status, _, body = read_answer(s)
+            assert status == 200, body
+            if request_bytes.startswith(b"POST"):
+                assert json.loads(body)["last_index"] >= 1
+
+
 def test_handed_over_requests_are_served_by_aiohttp(nodes):
     """A chunked body, a body past `max_request_bytes` and HTTP/1.0: aiohttp's answers."""
     c = nodes["fast"]

@@ -409,8 +409,39 @@ class ListenerProtocol(asyncio.Protocol):
         if self.read_paused:
             transport.resume_reading()  # aiohttp's own flow control takes over
         proto = self.fallback()
+        if transport.get_extra_info("sslcontext") is None:
+            proto = _AnswersAfterHalfClose(proto)
         transport.set_protocol(proto)
         proto.connection_made(transport)
         data, self.buf = bytes(self.buf), bytearray()
         if data:
             proto.data_received(data)
+
+
+class _AnswersAfterHalfClose(asyncio.Protocol):
+    """aiohttp's protocol, except that a client's half-close (its request sent, then its side
+    shut) leaves the connection open for the answer: aiohttp closes it at once, so an HTTP/1.0
+    append sent by `printf ... | nc` committed and was never answered. aiohttp then closes the
+    connection after an HTTP/1.0 answer, or after its keep-alive time. (TLS cannot keep a
+    half-closed connection: asyncio ignores the request there.)"""
+
+    def __init__(self, inner: asyncio.Protocol) -> None:
+        self.inner = inner
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.inner.connection_made(transport)
+
+    def data_received(self, data: bytes) -> None:
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool:
+        return True
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.inner.connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
