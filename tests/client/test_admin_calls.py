@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from tests.steady import STEADY_RAFT
 
 from raftlog.client import AsyncClient, Client, ClientError
 from raftlog.harness.local import LocalCluster
@@ -18,7 +19,9 @@ pytestmark = [pytest.mark.e2e]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
-    with LocalCluster(tmp_path_factory.mktemp("admin"), replicas=3, durable=False) as c:
+    with LocalCluster(
+        tmp_path_factory.mktemp("admin"), replicas=3, durable=False, raft=STEADY_RAFT
+    ) as c:
         c.wait_ready()
         yield c
 

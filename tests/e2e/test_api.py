@@ -11,6 +11,7 @@ import urllib.request
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from tests.steady import STEADY_RAFT
 
 from raftlog.client import AsyncClient, Client
 from raftlog.harness.local import LocalCluster
@@ -92,18 +93,25 @@ def test_bad_appends_get_a_4xx_naming_the_field_and_change_nothing(node, path, b
 def test_the_largest_append_allowed_leaves_the_leader_in_place(tmp_path):
     """10,000 records (max_records_per_append) in one append, on 3 nodes: committed, and the
     leader's loop is not held past its followers' election timeout (200,000 were: 0.6 s)."""
+    body = b'{"records": [' + b",".join([b'{"value": ""}'] * 10_000) + b"]}"
     with LocalCluster(tmp_path, replicas=3, partitions=1, durable=False) as c:
         c.wait_ready()
-        leader = c.leader(0)
-        assert leader is not None
-        term = c.status(leader)["partitions"][0]["term"]
-        body = b'{"records": [' + b",".join([b'{"value": ""}'] * 10_000) + b"]}"
-        code, answer = c.request(
-            leader, "POST", "/v1/partitions/0/records", body,
-            {"Content-Type": "application/json"}, timeout=30,
-        )  # fmt: skip
+        # Twice at most: an election of the CI's load may come once; one the append causes
+        # comes every time.
+        for attempt in range(2):
+            c.wait_ready()
+            leader = c.leader(0)
+            assert leader is not None
+            term = c.status(leader)["partitions"][0]["term"]
+            code, answer = c.request(
+                leader, "POST", "/v1/partitions/0/records", body,
+                {"Content-Type": "application/json"}, timeout=30,
+            )  # fmt: skip
+            moved = c.status(leader)["partitions"][0]["term"] != term
+            if not moved or attempt == 1:
+                break
         assert code == 200 and answer["last_index"] - answer["first_index"] == 9_999, answer
-        assert c.status(leader)["partitions"][0]["term"] == term
+        assert not moved, "the leader lost its term in both attempts"
 
 
 def test_max_bytes_bounds_the_answer_as_sent_not_the_records_bytes(node):
@@ -451,7 +459,9 @@ def test_a_peer_call_with_a_number_out_of_range_is_a_400(node, body):
 def test_send_snapshot_to_a_member_that_is_down_names_it(tmp_path):
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
-    with LocalCluster(tmp_path, replicas=3, auth_token_file=token, durable=False) as c:
+    with LocalCluster(  # the call names the leader and term it saw: no election meanwhile
+        tmp_path, replicas=3, auth_token_file=token, durable=False, raft=STEADY_RAFT
+    ) as c:
         c.wait_ready()
         leader = c.leader(0)
         assert leader is not None

@@ -8,6 +8,7 @@ import urllib.request
 from typing import Any
 
 import pytest
+from tests.steady import STEADY_RAFT
 
 from raftlog.cli.main import main
 from raftlog.client import AsyncClient
@@ -34,10 +35,12 @@ def write(cluster: LocalCluster, n: int, batch: int = 10) -> list[int]:
 
 
 def converge(cluster: LocalCluster, name: str, timeout: float = 30) -> dict[str, Any]:
-    leader = cluster.leader(0)
-    assert leader
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        leader = cluster.leader(0)
+        if leader is None:  # an election under way
+            time.sleep(0.1)
+            continue
         top = cluster.status(leader)["partitions"][0]["high_water_mark"]
         mine: dict[str, Any] = cluster.status(name)["partitions"][0]
         if mine["high_water_mark"] >= top and mine["applied"] >= top:
@@ -47,7 +50,7 @@ def converge(cluster: LocalCluster, name: str, timeout: float = 30) -> dict[str,
 
 
 def test_paused_follower_is_repaired_in_bounded_backfill_rounds(tmp_path):
-    with LocalCluster(tmp_path, replicas=3, durable=False) as cluster:
+    with LocalCluster(tmp_path, replicas=3, durable=False, raft=STEADY_RAFT) as cluster:
         cluster.wait_ready()
         leader = cluster.leader(0)
         assert leader is not None
@@ -66,7 +69,7 @@ def test_paused_follower_is_repaired_in_bounded_backfill_rounds(tmp_path):
 
 @pytest.mark.parametrize("policy", ["follower-first", "leader"])
 def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path, policy):
-    small = {"compact_every_operations": 100, "compact_number_entries": 20}
+    small = {"compact_every_operations": 100, "compact_number_entries": 20, **STEADY_RAFT}
     env = {"RAFTLOG_SEGMENT_BYTES": "4096", "RAFTLOG_SNAPSHOT_SOURCE": policy}
     with LocalCluster(tmp_path, replicas=3, durable=False, raft=small, env=env) as cluster:
         cluster.wait_ready()
@@ -117,7 +120,7 @@ def test_follower_behind_the_compaction_floor_installs_a_snapshot(tmp_path, poli
 
 
 def test_operator_driven_installs_from_a_named_source(tmp_path, capsys):
-    small = {"compact_every_operations": 100, "compact_number_entries": 20}
+    small = {"compact_every_operations": 100, "compact_number_entries": 20, **STEADY_RAFT}
     env = {"RAFTLOG_SEGMENT_BYTES": "4096", "RAFTLOG_SNAPSHOT_INSTALL": "operator"}
     with LocalCluster(tmp_path, replicas=3, durable=False, raft=small, env=env) as cluster:
         cluster.wait_ready()

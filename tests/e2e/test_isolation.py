@@ -12,6 +12,7 @@ import threading
 import time
 
 import pytest
+from tests.steady import STEADY_RAFT
 
 from raftlog.client import AsyncClient
 from raftlog.harness.local import LocalCluster
@@ -20,7 +21,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_isolated_leader_steps_down_and_readers_see_only_committed(tmp_path):
-    with LocalCluster(tmp_path, replicas=3, durable=False) as cluster:
+    # The node isolated must still be the leader found first: no election of the CI's load
+    # before it (check-quorum then deposes it after 2 s, within the wait below).
+    with LocalCluster(tmp_path, replicas=3, durable=False, raft=STEADY_RAFT) as cluster:
         cluster.wait_ready()
         leader = cluster.leader(0)
         assert leader is not None
@@ -99,7 +102,7 @@ def test_a_leader_that_loses_its_quorum_answers_its_pending_appends_when_it_step
     """Its appends are answered 503 `leader_lost` (outcome unknown) once check-quorum deposes
     it, not `timeout` when append_timeout_s (here 120 s) runs out."""
     env = {"RAFTLOG_APPEND_TIMEOUT_S": "120"}
-    with LocalCluster(tmp_path, replicas=3, durable=False, env=env) as cluster:
+    with LocalCluster(tmp_path, replicas=3, durable=False, env=env, raft=STEADY_RAFT) as cluster:
         cluster.wait_ready()
         leader = cluster.leader(0)
         assert leader is not None

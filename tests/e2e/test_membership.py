@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+from tests.steady import STEADY_RAFT
 
 from raftlog.client import AsyncClient
 from raftlog.harness.local import LocalCluster
@@ -25,7 +26,7 @@ def load(cluster: LocalCluster, n: int) -> None:
 
 
 def test_learner_catches_up_and_is_promoted_only_within_the_lag(tmp_path):
-    with LocalCluster(tmp_path, replicas=3, durable=False) as cluster:
+    with LocalCluster(tmp_path, replicas=3, durable=False, raft=STEADY_RAFT) as cluster:
         cluster.wait_ready()
         load(cluster, 2000)
         leader = cluster.leader(0)
@@ -68,7 +69,7 @@ def test_learner_catches_up_and_is_promoted_only_within_the_lag(tmp_path):
 
 
 def test_a_refused_member_change_leaves_the_peer_addresses_alone(tmp_path):
-    with LocalCluster(tmp_path, replicas=3, durable=False) as cluster:
+    with LocalCluster(tmp_path, replicas=3, durable=False, raft=STEADY_RAFT) as cluster:
         cluster.wait_ready()
         leader = cluster.leader(0)
         assert leader is not None

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trustme
 from tests.e2e.loopback import free_loopback_net, kill_nodes, start_split_nodes
+from tests.steady import STEADY_ENV
 
 from raftlog.client import AsyncClient
 
@@ -43,7 +44,7 @@ def mtls_cluster(tmp_path: Path) -> Iterator[tuple[list[str], trustme.CA, Path]]
     tls = ("--tls-cert-file", str(cert), "--tls-key-file", str(key), "--tls-ca-file", str(ca_file))
     procs = start_split_nodes(
         tmp_path, hosts, (CLIENT, PEER), TOKEN, scheme="https",
-        args=(*tls, "--peer-client-cert-auth"),
+        args=(*tls, "--peer-client-cert-auth"), env=STEADY_ENV,  # admin calls at its leader
     )  # fmt: skip
     try:
         yield hosts, ca, ca_file

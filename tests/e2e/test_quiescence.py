@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from raftlog.client import Client
 from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -86,19 +87,21 @@ def test_a_member_killed_on_an_idle_partition_keeps_its_high_water_mark(tmp_path
     heartbeats only)."""
     with LocalCluster(tmp_path, replicas=3, partitions=1) as cluster:
         cluster.wait_ready()
+        with Client(cluster.endpoints) as client:  # it follows a leader moved under load
+            for i in range(20):
+                last = client.append(0, [{"value": f"r{i}"}]).last_index
+        names = list(cluster.nodes)
+        marks: list[int | None] = []
+
+        def agreed() -> bool:  # on the last append, or past it (a new leader's no-op)
+            marks[:] = [high_water_mark(cluster, n) for n in names]
+            return len(set(marks)) == 1 and (marks[0] or 0) >= last
+
+        until("every member at the last append", agreed, 10)
+        last = int(marks[0] or 0)
+        until("quiesced", lambda: all_quiesced(cluster, names), 20)
         leader = cluster.leader(0)
         assert leader is not None
-        for i in range(20):
-            code, body = cluster.request(
-                leader, "POST", "/v1/partitions/0/records", b'{"value": "r%d"}' % i,
-                {"Content-Type": "application/json"}, timeout=10,
-            )  # fmt: skip
-            assert code == 200, body
-        last = int(body["last_index"])
-        names = list(cluster.nodes)
-        until("every member at the last append", lambda: all(
-            high_water_mark(cluster, n) == last for n in names), 10)  # fmt: skip
-        until("quiesced", lambda: all_quiesced(cluster, names), 20)
         victim = leader if role == "leader" else next(n for n in names if n != leader)
         cluster.kill(victim)
         cluster.start(victim)

@@ -9,6 +9,7 @@ import sys
 import time
 
 import pytest
+from tests.steady import STEADY_RAFT
 
 from raftlog.cli.main import main
 from raftlog.harness.local import LocalCluster
@@ -18,7 +19,9 @@ pytestmark = [pytest.mark.e2e]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("ctl"), replicas=3, durable=False) as c:
+    with LocalCluster(
+        tmp_path_factory.mktemp("ctl"), replicas=3, durable=False, raft=STEADY_RAFT
+    ) as c:
         c.wait_ready()
         yield c
 

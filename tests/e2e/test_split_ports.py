@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from tests.e2e.loopback import free_loopback_net, kill_nodes, start_split_nodes
 from tests.e2e.raw_frame_stream import open_frame_stream
+from tests.steady import STEADY_ENV
 
 from raftlog.client import AsyncClient
 
@@ -50,7 +51,7 @@ def get_json(url: str, token: str | None = None) -> Any:
 def split_cluster(tmp_path: Path) -> Iterator[list[str]]:
     net = free_loopback_net(members=3, ports=(CLIENT, PEER))
     hosts = [f"127.{net}.{i}.1" for i in range(3)]
-    env = {"RAFTLOG_MAX_CLIENT_CONNECTIONS": str(CLIENT_CAP)}
+    env = {"RAFTLOG_MAX_CLIENT_CONNECTIONS": str(CLIENT_CAP), **STEADY_ENV}  # 421s name it
     procs = start_split_nodes(tmp_path, hosts, (CLIENT, PEER), TOKEN, env=env)
     try:
         yield hosts

@@ -18,6 +18,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from obstore.store import S3Store
 from tests.server.helpers import until
+from tests.steady import STEADY_ENV
 
 from raftlog.harness.local import LocalCluster
 from raftlog.harness.s3 import S3Server
@@ -335,9 +336,7 @@ def test_a_new_leader_continues_the_same_manifest(
         "RAFTLOG_ARCHIVE_REGION": s3.region,
         "RAFTLOG_ARCHIVE_CREDENTIALS_FILE": str(creds),
         "RAFTLOG_ARCHIVE_INTERVAL_S": "0.2",
-        # The story names each manifest's leader and moves leadership by transfers only: an
-        # election of the CI's load (a node's loop held past 0.5 s) would change its premise.
-        "RAFTLOG_RAFT__ELECTION_TICKS": "40",
+        **STEADY_ENV,  # the story names each manifest's leader, moved by transfers only
     }
     with LocalCluster(tmp_path / "cluster", replicas=3, durable=False, env=env) as cluster:
         cluster.wait_ready()
