@@ -100,21 +100,26 @@ def exchange(c: LocalCluster, data: bytes | list[bytes], answers: int) -> list[A
         buf = b""
         out: list[Answer] = []
         while len(out) < answers:
-            while b"\r\n\r\n" not in buf:
-                more = s.recv(65536)
-                assert more, f"closed after {len(out)} answers: {buf!r}"
-                buf += more
-            head, _, buf = buf.partition(b"\r\n\r\n")
-            line, *lines = head.decode().split("\r\n")
-            headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
-            length = int(headers["content-length"])
-            while len(buf) < length:
-                more = s.recv(65536)
-                assert more
-                buf += more
-            out.append((int(line.split()[1]), headers, buf[:length]))
-            buf = buf[length:]
+            answer, buf = read_answer(s, buf)
+            out.append(answer)
         return out
+
+
+def read_answer(s: socket.socket, buf: bytes = b"") -> tuple[Answer, bytes]:
+    """The next answer on `s` (after the bytes already read, `buf`), and the bytes after it."""
+    while b"\r\n\r\n" not in buf:
+        more = s.recv(65536)
+        assert more, f"closed before an answer: {buf!r}"
+        buf += more
+    head, _, buf = buf.partition(b"\r\n\r\n")
+    line, *lines = head.decode().split("\r\n")
+    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
+    length = int(headers["content-length"])
+    while len(buf) < length:
+        more = s.recv(65536)
+        assert more, "closed in the answer's body"
+        buf += more
+    return (int(line.split()[1]), headers, buf[:length]), buf[length:]
 
 
 def append_request(body: bytes, partition: int = 1, extra: bytes = b"") -> bytes:
@@ -180,22 +185,6 @@ def test_a_request_in_pieces_is_answered(nodes):
     assert [a[0] for a in answers] == [200, 200]
 
 
-def read_answer(s: socket.socket) -> Answer:
-    buf = b""
-    while b"\r\n\r\n" not in buf:
-        more = s.recv(65536)
-        assert more, f"closed before an answer: {buf!r}"
-        buf += more
-    head, _, body = buf.partition(b"\r\n\r\n")
-    line, *lines = head.decode().split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (h.partition(":") for h in lines)}
-    while len(body) < int(headers["content-length"]):
-        more = s.recv(65536)
-        assert more, "closed in the answer's body"
-        body += more
-    return int(line.split()[1]), headers, body
-
-
 @pytest.mark.parametrize(
     "request_bytes",
     [
@@ -212,7 +201,7 @@ def test_a_request_then_a_half_close_is_answered(nodes, request_bytes):
         with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=10) as s:
             s.sendall(request_bytes)
             s.shutdown(socket.SHUT_WR)
-            status, _, body = read_answer(s)
+            (status, _, body), _ = read_answer(s)
             assert status == 200, body
             if request_bytes.startswith(b"POST"):
                 assert json.loads(body)["last_index"] >= 1
