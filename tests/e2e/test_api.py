@@ -7,7 +7,9 @@ import contextlib
 import json
 import time
 import urllib.request
+from typing import Any
 
+import aiohttp
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -137,6 +139,13 @@ def test_max_bytes_bounds_the_answer_as_sent_not_the_records_bytes(node):
 
 def test_bad_reads(node):
     assert node.get("n1", "/v1/partitions/0/records?from=abc")[0] == 400
+    mark = node.status("n1")["partitions"][0]["high_water_mark"]
+    for path in ("records", "columns"):  # one past this replica's mark: behind, not less
+        code, reply = node.get("n1", f"/v1/partitions/0/{path}?min_index={mark + 1}")
+        assert code == 503 and reply["error"] == "behind", (path, reply)
+        url = f"{node.nodes['n1'].url}/v1/partitions/0/{path}?min_index={mark}"
+        with urllib.request.urlopen(url, timeout=10) as r:
+            assert r.status == 200
     # What int() would take but is not a number here: "1_0", " +5", an Arabic-Indic one.
     for field, raw in (("from", "1_0"), ("limit", "%20%2B5"), ("from", "%D9%A1"), ("wait_ms", "")):
         code, reply = node.get("n1", f"/v1/partitions/0/records?{field}={raw}")
@@ -225,6 +234,8 @@ def test_idempotent_appends_land_once(node):
     assert last_index(node) == before
     code, reply = send(5, ["c"])
     assert code == 409 and reply["error"] == "sequence_conflict" and "expected 2" in reply["reason"]
+    code, reply = send(1, ["b", "c"])  # overlaps what was applied: neither appended nor a retry
+    assert code == 409 and reply["error"] == "sequence_conflict", reply
     assert last_index(node) == before
     code, nxt = send(2, ["c"])
     assert code == 200 and nxt["first_index"] == first["last_index"] + 1
@@ -232,6 +243,48 @@ def test_idempotent_appends_land_once(node):
     assert code == 400 and reply["field"] == "sequence"
     code, other = send(0, ["z"], producer="p-2")  # producers are independent
     assert code == 200 and not other["duplicate"]
+
+
+def test_a_retry_of_a_batch_larger_than_the_producers_memory_is_already_appended(node):
+    """Its first sequences are past the last 64 remembered: 409 `already_appended`, in the log
+    once."""
+    body = {
+        "producer_id": "big",
+        "sequence": 0,
+        "records": [{"value": f"b{i}"} for i in range(100)],
+    }
+    raw = json.dumps(body).encode()
+    code, first = post(node, "/v1/partitions/1/records", raw)
+    assert code == 200, first
+    before = last_index(node)
+    code, again = post(node, "/v1/partitions/1/records", raw)
+    assert code == 409 and again["error"] == "already_appended", again
+    assert last_index(node) == before
+
+
+def test_concurrent_copies_of_one_producers_append_land_once(node):
+    """Sent at once (a client's retry racing its first attempt): one is appended, the others
+    are answered as duplicates or 503 `producer_busy` (retried), never 409 nor appended again."""
+    body = json.dumps({"producer_id": "racer", "sequence": 0, "value": "raced"}).encode()
+    url = node.nodes["n1"].url + "/v1/partitions/1/records"
+
+    async def race() -> list[tuple[int, dict[str, Any]]]:
+        async with aiohttp.ClientSession() as http:
+
+            async def one() -> tuple[int, dict[str, Any]]:
+                headers = {"Content-Type": "application/json"}
+                async with http.post(url, data=body, headers=headers) as r:
+                    return r.status, await r.json()
+
+            return await asyncio.gather(*(one() for _ in range(20)))
+
+    answers = asyncio.run(race())
+    assert {code for code, _ in answers} <= {200, 503}, answers
+    assert all(a["error"] == "producer_busy" for code, a in answers if code == 503), answers
+    assert any(code == 200 for code, _ in answers), answers
+    first = min(a["first_index"] for code, a in answers if code == 200)
+    code, page = node.get("n1", f"/v1/partitions/1/records?from={first}&limit=10000")
+    assert code == 200 and [r["value"] for r in page["records"]].count("raced") == 1, page
 
 
 def test_a_retry_of_a_producer_the_table_forgot_is_not_appended_again(node):
