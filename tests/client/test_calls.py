@@ -64,6 +64,25 @@ def test_an_append_follows_the_leader_hint_at_once_and_remembers_the_leader():
     assert [s.base for s in sends(steps)] == [C], "the leader is remembered"
 
 
+def test_a_leader_found_by_trying_is_remembered_and_forgotten_once_it_fails():
+    """A down, B leading: found by trying, then asked first; once B answers nothing, the next
+    append goes back to trying the endpoints (a crashed leader is not asked forever)."""
+    c = calls(A, B, C)
+    down = {A}
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]] | None:
+        return None if s.base in down else appended()
+
+    run(c.append(0, [{"value": "v"}]), answer)
+    _, steps = run(c.append(0, [{"value": "w"}]), answer)
+    assert [s.base for s in sends(steps)] == [B], "the leader found is asked first"
+    down.add(B)
+    _, steps = run(c.append(0, [{"value": "x"}]), answer)
+    assert sends(steps)[0].base == B and sends(steps)[-1].base == C, steps
+    _, steps = run(c.append(0, [{"value": "y"}]), answer)
+    assert [s.base for s in sends(steps)] == [C], "the new one remembered in turn"
+
+
 @pytest.mark.parametrize("status", [421, 502, 503, 504, NO_ANSWER])
 def test_passing_failures_are_retried_after_a_pause_on_the_next_endpoint(status):
     failures = iter([True, True])
