@@ -125,11 +125,22 @@ def test_header_damage(tmp_path):
     with pytest.raises(WalCorruption, match="bad magic"):
         Wal.open(str(tmp_path), segment_bytes=2048)
     Path(segs[0]).write_bytes(raw)
-    # A header torn while the newest segment was being created is a crash, not damage.
-    new = tmp_path / "00000000000000ff-0000000000000100.wal"
-    new.write_bytes(fmt.encode_header(61, 1, 0)[:10])
-    w = Wal.open(str(tmp_path), segment_bytes=2048)
-    assert w.last_index() == 60 and not new.exists()
+    # A flipped bit in a sealed segment's previous term (or first index, or flags): its
+    # header's checksum says so, the log is not read under wrong indexes.
+    sealed = Path(segs[1]).read_bytes()
+    Path(segs[1]).write_bytes(sealed[:16] + bytes([sealed[16] ^ 1]) + sealed[17:])
+    with pytest.raises(WalCorruption, match="header checksum"):
+        Wal.open(str(tmp_path), segment_bytes=2048)
+    Path(segs[1]).write_bytes(sealed)
+    # A header torn while the newest segment was being created is a crash, not damage: cut
+    # short, or whole in length with its last bytes not written.
+    header = fmt.encode_header(61, 1, 0)
+    for torn in (header[:10], header[:-1] + bytes([header[-1] ^ 0xFF])):
+        new = tmp_path / "00000000000000ff-0000000000000100.wal"
+        new.write_bytes(torn)
+        w = Wal.open(str(tmp_path), segment_bytes=2048)
+        assert w.last_index() == 60 and not new.exists()
+        w.close()
 
 
 @pytest.mark.parametrize("damaged", [2, 3, 10])

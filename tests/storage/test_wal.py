@@ -70,6 +70,28 @@ def test_truncation_replaces_a_divergent_tail_durably(tmp_path):
     assert w2.commit == 20, "the commit record cut with the tail is written again"
 
 
+def test_the_last_committed_entry_is_never_truncated(tmp_path):
+    w = open_wal(tmp_path)
+    w.append(ents(1, 10, 1))
+    w.append_commit(7)
+    with pytest.raises(SafetyViolation, match="committed"):
+        w.truncate_from(7)
+    w.truncate_from(8)
+    assert w.last_index() == 7
+
+
+def test_a_commit_record_past_the_last_entry_is_taken_down_to_it_on_open(tmp_path):
+    """Even one past: a mark naming an entry that is not there would be served as committed."""
+    w = open_wal(tmp_path)
+    w.append(ents(1, 10, 1))
+    w.append_commit(11)  # the WAL writes what it is given; open must not trust it
+    w.sync()
+    w.close()
+    w2 = open_wal(tmp_path)
+    assert w2.commit == 10
+    assert any("past the last entry" in m for m in w2.recovery), w2.recovery
+
+
 def test_commit_is_recovered_from_the_wal(tmp_path):
     w = open_wal(tmp_path)
     w.append(ents(1, 10, 1))
