@@ -79,6 +79,27 @@ def test_replay_keeps_what_is_there_replaces_above_the_commit_and_drops_the_stal
     w.close()
 
 
+def test_replay_at_the_edges_of_the_log_and_of_its_commit(tmp_path):
+    w = Wal.open(str(tmp_path / "wal"), durable=False)
+    w.append(ents(1, 10, 1))
+    w.append_commit(5)
+    notes = replay_into(
+        w,
+        [
+            frames(ents(5, 5, 2)),  # differs at the commit index itself: stale, dropped
+            frames(ents(12, 12, 1)),  # a gap of one (11 never came): cut, dropped
+            frames([], commit=30),  # past the last entry kept: taken down to it
+        ],
+    )
+    assert terms(w) == [(i, 1) for i in range(1, 11)]
+    assert w.commit == 10
+    assert notes == [
+        "1 journal records cut by a later truncation or install",
+        "1 journal records overwritten later",
+    ]
+    w.close()
+
+
 def test_a_replayed_reset_discards_what_came_before_it(tmp_path):
     w = Wal.open(str(tmp_path / "wal"), durable=False)
     w.append(ents(1, 5, 1))
