@@ -13,7 +13,7 @@ from tests.storage.helpers import ents, records_end
 from raftlog.node.core.types import Entry
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.errors import WalCorruption
-from raftlog.node.storage.recovery import list_segments
+from raftlog.node.storage.recovery import analyze_wal, list_segments
 from raftlog.node.storage.wal import Wal
 
 
@@ -100,6 +100,21 @@ def test_bit_flip_before_the_tail_refuses_with_file_offset_and_index(tmp_path, s
     assert path in str(err) and f"offset {off}" in str(err) and f"log index {index}" in str(err)
     assert "refusing to start" in str(err)
     assert Path(path).read_bytes() == bytes(raw), "nothing is changed on a refused open"
+
+
+def test_damage_at_the_journal_checkpoints_last_index_is_not_a_replayable_tail(tmp_path):
+    """Entries past the journal's last checkpoint (`trusted_last`) are in the journal, so damage
+    there is a tail to replay; the entry at `trusted_last` itself was durable only here."""
+    segs, (_, offsets) = build(tmp_path)
+    index = 58  # in the newest segment, valid records after it
+    path, off = offsets[index]
+    assert path == segs[-1]
+    raw = bytearray(Path(path).read_bytes())
+    raw[off + 12] ^= 0x10  # a byte of its body
+    Path(path).write_bytes(bytes(raw))
+    assert analyze_wal(str(tmp_path), trusted_last=index - 1).corruption is None
+    damage = analyze_wal(str(tmp_path), trusted_last=index).corruption
+    assert damage is not None and damage.index == index, damage
 
 
 def test_torn_tail_of_a_sealed_segment_is_corruption(tmp_path):
