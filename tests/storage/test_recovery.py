@@ -102,6 +102,25 @@ def test_bit_flip_before_the_tail_refuses_with_file_offset_and_index(tmp_path, s
     assert Path(path).read_bytes() == bytes(raw), "nothing is changed on a refused open"
 
 
+@pytest.mark.parametrize(
+    ("records", "reason"),
+    [
+        ([(1, 0), (2, 0), (4, 0), (5, 0)], "entry 4 where 3 belongs"),  # a gap
+        ([(1, 0), (2, 0), (2, 0), (3, 0)], "entry 2 where 3 belongs"),  # a repeat
+        ([(1, 0), (2, 3), (3, 0)], "unknown entry kind 3"),
+    ],
+)
+def test_records_whose_checksums_hold_but_not_their_order_or_kind_are_refused(
+    tmp_path, records, reason
+):
+    raw = fmt.encode_header(1, 0, fmt.FLAG_RESET) + b"".join(
+        fmt.encode_entry(Entry(i, 1, kind=kind, data=b"x")) for i, kind in records
+    )
+    (tmp_path / "0000000000000001-0000000000000001.wal").write_bytes(raw)
+    with pytest.raises(WalCorruption, match=reason):
+        Wal.open(str(tmp_path))
+
+
 def test_damage_at_the_journal_checkpoints_last_index_is_not_a_replayable_tail(tmp_path):
     """Entries past the journal's last checkpoint (`trusted_last`) are in the journal, so damage
     there is a tail to replay; the entry at `trusted_last` itself was durable only here."""
