@@ -424,12 +424,20 @@ def test_snapshot_required_schedules_an_install_from_an_eligible_follower():
     [
         ({"recent_active": False}, "unresponsive"),
         ({"match": 400}, "its match is below what the target needs"),
+        ({"match": 498}, "one short of the floor's entry before it (499)"),
         ({"snapshot_required": True, "state": "snapshot"}, "it needs a snapshot itself"),
     ],
 )
 def test_an_ineligible_follower_leaves_the_install_to_the_leader(follower, why):
     plan = step(running_status(MEMBERS), snapshot_world(**follower))
     assert isinstance(plan.action, InstallSnapshot) and plan.action.source == "leader", why
+
+
+def test_a_follower_holding_exactly_the_entry_before_the_floor_may_stream():
+    """The target needs the snapshot and then the entries from the floor on: a follower whose
+    match is the floor's entry before (499) holds all it needs to be sent."""
+    plan = step(running_status(MEMBERS), snapshot_world(match=499))
+    assert plan.action == InstallSnapshot(1, "c-0", "c-2", "c-1")
 
 
 def test_the_leader_policy_always_uses_the_leader():
@@ -448,6 +456,9 @@ def test_a_failed_install_is_retried_with_back_off_then_given_up_and_reported():
         st, _ = record_outcome(plan.status, plan.action, Outcome(False, "HTTP 503: reset"), now)
         inst = st.snapshot_installs[0]
         assert inst.attempts == attempt and inst.last_error == "HTTP 503: reset"
+        if attempt < INSTALL_MAX_ATTEMPTS:  # 2 s after the first failure, doubled after each
+            wait = {1: 2.0, 2: 4.0, 3: 8.0, 4: 16.0}[attempt]
+            assert inst.next_attempt_at == pytest.approx(now + wait), (attempt, inst)
         plan = step(st, w, now=now + 0.1)
         seen += [e.reason for e in plan.events]
         if attempt < INSTALL_MAX_ATTEMPTS:
