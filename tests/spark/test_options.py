@@ -156,6 +156,19 @@ def test_bad_options_fail_at_planning_with_a_clear_message(spark, cluster, optio
 
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["raftlog", "raftlog-jvm"])
+def test_an_end_one_past_the_mark_plus_one_fails_at_planning(spark, cluster, fmt):
+    """`endingOffsets` is exclusive: the mark + 1 reads everything committed, one more is an
+    uncommitted index and refused at once (not waited for)."""
+    hwm = cluster.status("n1")["partitions"][0]["high_water_mark"]
+    df = load(spark, fmt, endpoints=cluster.endpoints[0], endingOffsets=f'{{"0": {hwm + 1}}}')
+    assert df.where("partition = 0").count() == 5
+    df = load(spark, fmt, endpoints=cluster.endpoints[0], endingOffsets=f'{{"0": {hwm + 2}}}')
+    with pytest.raises(Exception, match="past the high-water mark"):
+        df.collect()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["raftlog", "raftlog-jvm"])
 def test_unreachable_endpoints_fail_at_planning_naming_them(spark, fmt):
     ports = free_ports(2)
     endpoints = ",".join(f"http://127.0.0.1:{p}" for p in ports)
