@@ -13,13 +13,14 @@ from typing import Any
 
 import msgspec
 import pytest
+from aiohttp.test_utils import TestClient, TestServer
 
 from raftlog.node.core.messages import AppendRequest
 from raftlog.node.core.types import Entry, EntryKind, Membership, SnapshotMeta
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server import columnar
 from raftlog.node.server.api_common import ApiError
-from raftlog.node.server.app import _record_json
+from raftlog.node.server.app import _record_json, build_app
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
@@ -339,3 +340,23 @@ def test_a_record_whose_timestamp_is_past_int64_is_a_raw_row_and_the_page_is_bui
 def test_the_json_read_of_a_record_with_a_string_that_is_not_utf8_is_its_raw_bytes():
     bad = b"\x93\xc4\x01k\xc4\x01v\x81\xa2\xff\xfe\xa1x"
     assert _record_json(7, 2, bad) == {"index": 7, "term": 2, "raw_b64": "k8QBa8QBdoGi//6heA=="}
+
+
+def test_a_json_page_names_the_commit_as_its_mark_never_the_last_entry_held(tmp_path):
+    """A replica holding entries past its commit (20 held, 10 committed) serves records up to
+    10 only, and names 10 as the page's high-water mark."""
+
+    async def run() -> None:
+        node = await follower_of(tmp_path, 20, 10)
+        try:
+            async with TestClient(TestServer(build_app(node))) as client:
+                r = await client.get("/v1/partitions/0/records?from=1&limit=100")
+                page = await r.json()
+            assert r.status == 200, page
+            assert page["high_water_mark"] == 10, page
+            assert [rec["index"] for rec in page["records"]] == list(range(2, 11))
+            assert page["next"] == 11
+        finally:
+            await node.close()
+
+    asyncio.run(run())
