@@ -6,14 +6,17 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from typing import Any
 
 import pytest
 from tests.server.helpers import offer_empty_snapshot, until
 
 from raftlog.node.core.config import RaftConfig
+from raftlog.node.core.errors import ProposalRefused
 from raftlog.node.core.messages import AppendRequest, PreVoteResponse, VoteResponse
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry
+from raftlog.node.record import Record, encode_record
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.errors import StorageFailed
@@ -179,6 +182,38 @@ def test_a_leader_whose_storage_fails_steps_down_and_is_not_ready(tmp_path):
             reason = node.not_ready()
             assert reason is not None and "[0] stopped writing" in reason and "ENOSPC" in reason
             assert node.not_live() == reason  # restarted by a liveness probe: reopened
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_producers_append_refused_by_the_leader_may_be_sent_again(tmp_path):
+    """Refused (a transfer under way, say), the batch is not in the log: its sequences are free
+    again, and the same append sent again lands (not `producer_busy` for the rest of the
+    term)."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path)
+        await node.start()
+        try:
+            d = node.drivers[0]
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            await until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
+            real, refused = d.propose, list[list[bytes]]()
+
+            async def refuse_once(records: list[bytes], timeout: float = float("inf")) -> Any:
+                if not refused:
+                    refused.append(records)
+                    raise ProposalRefused("leadership is being transferred")
+                return await real(records, timeout)
+
+            d.propose = refuse_once  # type: ignore[method-assign]
+            batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=0))]
+            with pytest.raises(ProposalRefused):
+                await d.propose_idempotent("p", 0, batch)
+            done = await asyncio.wait_for(d.propose_idempotent("p", 0, batch), 10)
+            assert not done.duplicate and d.table.last_sequence("p") == 0
         finally:
             await node.close()
 
