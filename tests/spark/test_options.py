@@ -9,8 +9,9 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.harness.local import LocalCluster, free_ports
+from raftlog.spark.nodes import PartitionView, Replica
 from raftlog.spark.options import OptionError, parse
-from raftlog.spark.source import LogSplit, spread
+from raftlog.spark.source import LogSplit, log_splits, spread
 from tests.spark.helpers import append, records
 
 pytestmark = [pytest.mark.spark]
@@ -118,6 +119,19 @@ def test_good_options_parse():
     assert o.mode == "log" and o.prefer_followers and o.fail_on_data_loss
     assert parse(EP, streaming=False).starting == "earliest"
     assert parse(EP, streaming=True).starting == "latest"
+
+
+def test_a_split_is_read_first_from_the_replicas_that_hold_all_of_it():
+    """Followers first (`preferFollowers`), but one whose mark is below the split's last index
+    goes after those that hold it (the leader included), and one exactly at it before."""
+    opts = parse({**EP, "preferFollowers": "true"}, streaming=False)
+    view = PartitionView(0, [
+        Replica("http://lagging:1", False, 99, 1),
+        Replica("http://even:1", False, 100, 1),  # the split's last index exactly
+        Replica("http://leader:1", True, 120, 1),
+    ])  # fmt: skip
+    (split,) = log_splits(opts, view, 1, 101)
+    assert split.replicas == ["http://even:1", "http://leader:1", "http://lagging:1"]
 
 
 @pytest.fixture(scope="module")
