@@ -18,6 +18,7 @@ from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server.node import Node
+from raftlog.node.server.partition import ProducerBusy
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.errors import StorageFailed
 
@@ -214,6 +215,31 @@ def test_a_producers_append_refused_by_the_leader_may_be_sent_again(tmp_path):
                 await d.propose_idempotent("p", 0, batch)
             done = await asyncio.wait_for(d.propose_idempotent("p", 0, batch), 10)
             assert not done.duplicate and d.table.last_sequence("p") == 0
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_new_leader_takes_no_producers_append_before_its_log_is_applied(tmp_path):
+    """Until its own term's first entry is applied, its table may lack a producer's last
+    sequences (committed under the leader before): `producer_busy`, retried, not a guess."""
+
+    async def run() -> None:
+        # n2 and n3 never answer after the election: n1's no-op never commits.
+        node = _single_node(tmp_path, "n1", PEERS, check_quorum=False)
+        await node.start()
+        try:
+            d = node.drivers[0]
+            d.call(d.raft.hup)
+            await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
+            d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
+            await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
+            d.step(VoteResponse("n2", "n1", d.raft.term, True))
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=0))]
+            with pytest.raises(ProducerBusy, match="still applying"):
+                await d.propose_idempotent("p", 0, batch, timeout=1)
         finally:
             await node.close()
 
