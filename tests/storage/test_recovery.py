@@ -121,6 +121,20 @@ def test_records_whose_checksums_hold_but_not_their_order_or_kind_are_refused(
         Wal.open(str(tmp_path))
 
 
+def test_a_whole_record_right_after_a_damaged_byte_is_not_a_torn_tail(tmp_path):
+    """One stray byte before the newest segment's last record: that record was written after
+    it, so this is damage (refused), not a torn tail whose cut would drop a good entry."""
+    raw = (
+        fmt.encode_header(1, 0, fmt.FLAG_RESET)
+        + b"".join(fmt.encode_entry(Entry(i, 1, data=b"x" * 20)) for i in (1, 2, 3))
+        + b"\xff"
+        + fmt.encode_entry(Entry(4, 1, data=b"x" * 20))
+    )
+    (tmp_path / "0000000000000001-0000000000000001.wal").write_bytes(raw)
+    with pytest.raises(WalCorruption):
+        Wal.open(str(tmp_path))
+
+
 def test_damage_at_the_journal_checkpoints_last_index_is_not_a_replayable_tail(tmp_path):
     """Entries past the journal's last checkpoint (`trusted_last`) are in the journal, so damage
     there is a tail to replay; the entry at `trusted_last` itself was durable only here."""
