@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
+from tests.spark.helpers import JVM_ENV
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 def test_demo_tells_the_whole_story():
     r = subprocess.run(
-        [sys.executable, "-m", "raftlog.demo"], capture_output=True, text=True, timeout=420
-    )
+        [sys.executable, "-m", "raftlog.demo"], capture_output=True, text=True, timeout=420,
+        env={**os.environ, **JVM_ENV},  # its Spark read: a short-lived JVM, as the tests' own
+    )  # fmt: skip
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = r.stdout
     for needle in (
