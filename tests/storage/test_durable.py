@@ -170,6 +170,30 @@ def test_crash_between_snapshot_rename_and_log_reset_is_finished_on_open(tmp_pat
     assert again.initial_state()[0].commit == 300
 
 
+def test_an_interrupted_install_whose_index_is_inside_the_log_is_finished_on_open(tmp_path):
+    """The snapshot's index is held by the log, but in another term: the entries above it
+    (term 1, not the leader's) must not survive the install."""
+    _, data = leader_with_snapshot(tmp_path / "src")
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    dst.save(HardState(2, "a", 20), ents(1, 40, 1))
+    dst.snapshots.save(SnapshotMeta(30, 2, ABC), data)  # the crash comes before the reset
+    dst.close()
+    again = open_storage(tmp_path / "dst")
+    assert any("interrupted snapshot install" in r for r in again.recovery)
+    assert (again.first_index(), again.last_index(), again.term(30)) == (31, 30, 2)
+
+
+def test_a_vote_in_a_term_already_saved_is_saved_too(tmp_path):
+    """Term 3 saved with no vote (a candidate refused), then a vote in term 3: a restart must
+    still know it, or the member could vote twice in one term (two leaders)."""
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(3, None, 0), [])
+    s.save(HardState(3, "b", 0), [])
+    s.close()
+    hard = open_storage(tmp_path).initial_state()[0]
+    assert (hard.term, hard.vote) == (3, "b")
+
+
 def test_compaction_never_passes_a_live_retention_hold(tmp_path):
     now = [1000.0]
     s = open_storage(tmp_path, bootstrap=ABC, clock=lambda: now[0])
