@@ -11,6 +11,7 @@ from raftlog.node.core.messages import (
     AppendResponse,
     HeartbeatRequest,
     HeartbeatResponse,
+    InstallSnapshot,
     PreVoteRequest,
     PreVoteResponse,
     TimeoutNow,
@@ -20,7 +21,7 @@ from raftlog.node.core.messages import (
 from raftlog.node.core.partition_host import PartitionHost
 from raftlog.node.core.progress import ProgressState
 from raftlog.node.core.raft import Raft, Ready, Role
-from raftlog.node.core.types import Entry, EntryKind, HardState, Membership
+from raftlog.node.core.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
 from raftlog.node.storage.memory import MemoryStorage
 from tests.core.helpers import CFG, drain, sent, storage_with
 
@@ -127,6 +128,13 @@ def test_stale_term_messages_are_answered_with_the_current_term_and_ignored() ->
         (AppendRequest("a", "b", 3, 1, 1, [Entry(2, 3)], 0), "entries"),  # type: ignore[arg-type]
         (VoteRequest("a", "b", 3, 1, 7), "last_term"),
         ("not a message", "type"),
+        (AppendRequest("", "b", 3, 1, 1, (), 0), "src"),
+        (AppendRequest("b", "b", 3, 1, 1, (), 0), "src"),  # from itself
+        (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 3), Entry(3, 2)), 0), "entries[1].term"),
+        (InstallSnapshot("a", "b", 3, SnapshotMeta(5, 2, Membership())), "meta.membership"),
+        (VoteRequest("a", "b", True, 0, 0), "term"),  # a bool is not a term
+        (HeartbeatRequest("a", "b", 3, 0, 0, quiesce=1), "quiesce"),  # type: ignore[arg-type]
+        (AppendResponse("a", "b", 3, False, 1, hint_index=-1), "hint_index"),
     ],
 )
 def test_malformed_messages_are_rejected_with_a_reason_and_change_nothing(
