@@ -20,6 +20,9 @@ def test_defaults_are_the_source_documents_values() -> None:
         ("max_backfill_entries_per_round", 0, "greater than or equal to 1"),
         ("election_ticks", "soon", "valid integer"),
         ("compact_every_operations", 0, "greater than or equal to 1"),
+        ("election_ticks", 2, "greater than or equal to 3"),
+        ("heartbeat_ticks", 0, "greater than or equal to 1"),
+        ("compact_number_entries", -1, "greater than or equal to 0"),
     ],
 )
 def test_bad_value_names_field_and_reason(field: str, value: object, reason: str) -> None:
@@ -48,3 +51,14 @@ def test_the_promotion_window_is_not_a_node_setting() -> None:
     with pytest.raises(ValidationError) as info:
         RaftConfig(learner_promotion_stable_window=3.0)  # type: ignore[call-arg]
     assert "learner_promotion_stable_window: Extra inputs" in describe_validation_error(info.value)
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"snapshot_retry_ticks": 20, "snapshot_retry_max_ticks": 20},  # no back-off growth
+        {"max_append_bytes": 4096, "max_message_bytes": 4096},  # an append as large as allowed
+    ],
+)
+def test_limits_that_meet_are_allowed(settings: dict[str, int]) -> None:
+    RaftConfig(**settings)
