@@ -120,3 +120,10 @@ def test_ratis_2428_ranking() -> None:
         "same-match-lower-commit",
         "behind",
     ]
+
+
+def test_a_pass_that_may_remove_exactly_one_entry_removes_it() -> None:
+    cfg = RaftConfig(compact_number_entries=0)
+    assert compaction_floor(first_index=1, snapshot_index=1, applied=1, config=cfg) == 2
+    one = RaftConfig(compact_number_entries=0, max_entries_per_compaction=1)
+    assert compaction_floor(first_index=5, snapshot_index=100, applied=100, config=one) == 6
