@@ -127,3 +127,9 @@ def test_a_pass_that_may_remove_exactly_one_entry_removes_it() -> None:
     assert compaction_floor(first_index=1, snapshot_index=1, applied=1, config=cfg) == 2
     one = RaftConfig(compact_number_entries=0, max_entries_per_compaction=1)
     assert compaction_floor(first_index=5, snapshot_index=100, applied=100, config=one) == 6
+
+
+def test_a_follower_that_answered_at_tick_zero_may_serve() -> None:
+    """Tick 0 is a tick (a cluster's first); -1 says it never answered."""
+    assert rank(follower("early", 60, 60, 0), now=5) == ["early"]
+    assert rank(follower("never", 60, 60, -1), now=5) == []
