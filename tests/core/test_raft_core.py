@@ -178,6 +178,7 @@ def test_leader_commits_only_entries_of_its_own_term_by_counting() -> None:
     r.step(AppendResponse("b", "a", r.term, True, 2))
     drain(r, s)
     assert r.commit == 0  # index 2 is on a majority but of term 1: not committed by counting
+    assert r.follower_lag("b") == 0  # ahead of the commit is not a negative lag
     r.step(AppendResponse("b", "a", r.term, True, 3))
     drain(r, s)
     assert r.commit == 3
