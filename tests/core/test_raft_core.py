@@ -555,3 +555,15 @@ def test_a_leader_that_steps_down_hands_over_to_its_most_caught_up_voter() -> No
     assert [(m.dst, type(m).__name__) for m in handoff] == [("c", "TimeoutNow")]
     assert r.role == Role.FOLLOWER and r.leader is None and r.term == handoff[0].term
     assert r.step_down("again") == []  # a follower hands nothing over
+
+
+def test_a_follower_that_installs_a_snapshot_commits_up_to_it_and_says_so() -> None:
+    """Its mark is the snapshot's index at once (not at the next heartbeat), and its answer
+    tells the leader so (the leader ranks snapshot sources by it)."""
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", CFG, s)
+    r.step(InstallSnapshot("a", "b", 2, SnapshotMeta(10, 2, Membership.of(["a", "b", "c"]))))
+    rd = drain(r, s)
+    assert r.commit == 10
+    (answer,) = [m for m in rd.messages if isinstance(m, AppendResponse)]
+    assert answer.success and answer.index == 10 and answer.commit == 10, answer
