@@ -159,6 +159,18 @@ def test_oversized_append_is_rejected() -> None:
     assert "max_message_entries=2" in rd.events[0].detail["reason"]
 
 
+def test_an_append_exactly_at_its_limits_is_taken() -> None:
+    """As many entries as `max_message_entries`, as many bytes as `max_message_bytes` (an
+    entry's size is its data and 24 bytes): both limits are inclusive."""
+    cfg = RaftConfig(max_message_entries=2, max_message_bytes=1024, max_append_bytes=1024)
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", cfg, s)
+    full = (Entry(2, 1, data=b"x" * 488), Entry(3, 1, data=b"y" * 488))  # 2 x 512 bytes
+    r.step(AppendRequest("a", "b", 1, 1, 1, full, 0))
+    rd = drain(r, s)
+    assert s.last_index() == 3, [e.detail for e in rd.events]
+
+
 def test_follower_learns_the_high_water_mark_but_never_above_its_matching_entries() -> None:
     s = storage_with([(1, 1)], term=1)
     r = Raft("b", CFG, s)
