@@ -18,7 +18,7 @@ from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server.node import Node
-from raftlog.node.server.partition import ProducerBusy
+from raftlog.node.server.partition import PartitionDriver, ProducerBusy
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.errors import StorageFailed
 
@@ -68,6 +68,16 @@ def _single_node(
     )
 
 
+async def elect_n1_by_hand(d: PartitionDriver) -> None:
+    """n2's pre-vote and vote are all n1 needs of three."""
+    d.call(d.raft.hup)
+    await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
+    d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
+    await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
+    d.step(VoteResponse("n2", "n1", d.raft.term, True))
+    await until(lambda: d.raft.role == Role.LEADER, "election")
+
+
 def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tmp_path):
     """Proposals that arrive together become one Raft batch (one write, one fsync), and each
     appender is answered with exactly its own contiguous indexes, in arrival order."""
@@ -108,13 +118,7 @@ def test_an_append_not_committed_in_time_is_told_timeout_and_others_are_not(tmp_
         await node.start()
         try:
             d = node.drivers[0]
-            # Elect n1 by hand: n2's pre-vote and vote are all it needs of three.
-            d.call(d.raft.hup)
-            await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
-            d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
-            await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
-            d.step(VoteResponse("n2", "n1", d.raft.term, True))
-            await until(lambda: d.raft.role == Role.LEADER, "election")
+            await elect_n1_by_hand(d)
             started = time.monotonic()
             slow = asyncio.ensure_future(d.propose([b"never"], timeout=0.1))
             patient = asyncio.ensure_future(d.propose([b"later"], timeout=60))
@@ -231,12 +235,7 @@ def test_a_new_leader_takes_no_producers_append_before_its_log_is_applied(tmp_pa
         await node.start()
         try:
             d = node.drivers[0]
-            d.call(d.raft.hup)
-            await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
-            d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
-            await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
-            d.step(VoteResponse("n2", "n1", d.raft.term, True))
-            await until(lambda: d.raft.role == Role.LEADER, "election")
+            await elect_n1_by_hand(d)
             batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=0))]
             with pytest.raises(ProducerBusy, match="still applying"):
                 await d.propose_idempotent("p", 0, batch, timeout=1)
