@@ -27,16 +27,16 @@ class AnswerBudget:
         self.timed_out = 0
 
     def _take(self, n: int) -> bool:
-        # One answer alone always fits: a limit below the largest page must not refuse it forever.
-        if self.held and self.held + n > self.limit:
-            self.refused += 1
+        if not self.may_take(n):
             return False
         self.held += n
         return True
 
     def may_take(self, up_to: int) -> bool:
         """Whether an answer of up to `up_to` bytes would fit: checked before a read is made,
-        as refused only once made, four 384 MiB answers were built before three were refused."""
+        as refused only once made, four 384 MiB answers were built before three were refused.
+        One answer alone always fits: a limit below the largest page must not refuse it
+        forever."""
         if up_to > SMALL and self.held and self.held + up_to > self.limit:
             self.refused += 1
             return False
