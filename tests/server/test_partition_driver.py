@@ -4,8 +4,11 @@ appends coalesced into one batch; append deadlines."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -68,14 +71,37 @@ def _single_node(
     )
 
 
-async def elect_n1_by_hand(d: PartitionDriver) -> None:
-    """n2's pre-vote and vote are all n1 needs of three."""
-    d.call(d.raft.hup)
-    await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
-    d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
-    await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
-    d.step(VoteResponse("n2", "n1", d.raft.term, True))
-    await until(lambda: d.raft.role == Role.LEADER, "election")
+@contextlib.asynccontextmanager
+async def _leading(tmp_path: Path) -> AsyncIterator[PartitionDriver]:
+    """A single node's partition 0, once it leads and has applied its no-op."""
+    node = _single_node(tmp_path)
+    await node.start()
+    try:
+        d = node.drivers[0]
+        await until(lambda: d.raft.role == Role.LEADER, "election")
+        await until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
+        yield d
+    finally:
+        await node.close()
+
+
+@contextlib.asynccontextmanager
+async def _elected_by_hand(tmp_path: Path) -> AsyncIterator[PartitionDriver]:
+    """n1 of three, elected by n2's pre-vote and vote (all it needs of three); n2 and n3 never
+    answer after that, and without check-quorum n1 stays leader."""
+    node = _single_node(tmp_path, "n1", PEERS, check_quorum=False)
+    await node.start()
+    try:
+        d = node.drivers[0]
+        d.call(d.raft.hup)
+        await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
+        d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
+        await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
+        d.step(VoteResponse("n2", "n1", d.raft.term, True))
+        await until(lambda: d.raft.role == Role.LEADER, "election")
+        yield d
+    finally:
+        await node.close()
 
 
 def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tmp_path):
@@ -83,12 +109,7 @@ def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tm
     appender is answered with exactly its own contiguous indexes, in arrival order."""
 
     async def run() -> None:
-        node = _single_node(tmp_path)
-        await node.start()
-        try:
-            d = node.drivers[0]
-            await until(lambda: d.raft.role == Role.LEADER, "election")
-            await until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
+        async with _leading(tmp_path) as d:
             start = d.raft.log.last_index() + 1
             syncs = d.group.fsyncs
             sizes = [1 + (i * 7) % 5 for i in range(40)]
@@ -102,8 +123,6 @@ def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tm
                 index += len(b)
             got = d.raft.read_committed(start, index)
             assert [e.data for e in got] == [r for b in batches for r in b]
-        finally:
-            await node.close()
 
     asyncio.run(run())
 
@@ -114,11 +133,7 @@ def test_an_append_not_committed_in_time_is_told_timeout_and_others_are_not(tmp_
     async def run() -> None:
         # n2 and n3 never answer; without check-quorum n1 stays leader (a deposed leader would
         # answer at once, `leader_lost`), so only the deadline can answer.
-        node = _single_node(tmp_path, "n1", PEERS, check_quorum=False)
-        await node.start()
-        try:
-            d = node.drivers[0]
-            await elect_n1_by_hand(d)
+        async with _elected_by_hand(tmp_path) as d:
             started = time.monotonic()
             slow = asyncio.ensure_future(d.propose([b"never"], timeout=0.1))
             patient = asyncio.ensure_future(d.propose([b"later"], timeout=60))
@@ -129,8 +144,6 @@ def test_an_append_not_committed_in_time_is_told_timeout_and_others_are_not(tmp_
             assert time.monotonic() - started >= 0.1
             assert not patient.done()
             patient.cancel()
-        finally:
-            await node.close()
 
     asyncio.run(run())
 
@@ -199,12 +212,7 @@ def test_a_producers_append_refused_by_the_leader_may_be_sent_again(tmp_path):
     term)."""
 
     async def run() -> None:
-        node = _single_node(tmp_path)
-        await node.start()
-        try:
-            d = node.drivers[0]
-            await until(lambda: d.raft.role == Role.LEADER, "election")
-            await until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
+        async with _leading(tmp_path) as d:
             real, refused = d.propose, list[list[bytes]]()
 
             async def refuse_once(records: list[bytes], timeout: float = float("inf")) -> Any:
@@ -219,8 +227,6 @@ def test_a_producers_append_refused_by_the_leader_may_be_sent_again(tmp_path):
                 await d.propose_idempotent("p", 0, batch)
             done = await asyncio.wait_for(d.propose_idempotent("p", 0, batch), 10)
             assert not done.duplicate and d.table.last_sequence("p") == 0
-        finally:
-            await node.close()
 
     asyncio.run(run())
 
@@ -231,15 +237,9 @@ def test_a_new_leader_takes_no_producers_append_before_its_log_is_applied(tmp_pa
 
     async def run() -> None:
         # n2 and n3 never answer after the election: n1's no-op never commits.
-        node = _single_node(tmp_path, "n1", PEERS, check_quorum=False)
-        await node.start()
-        try:
-            d = node.drivers[0]
-            await elect_n1_by_hand(d)
+        async with _elected_by_hand(tmp_path) as d:
             batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=0))]
             with pytest.raises(ProducerBusy, match="still applying"):
                 await d.propose_idempotent("p", 0, batch, timeout=1)
-        finally:
-            await node.close()
 
     asyncio.run(run())
