@@ -11,6 +11,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,6 +50,9 @@ class LocalCluster:
     auth_token_file: Path | None = None
     tls: tuple[Path, Path, Path] | None = None  # certificate, key, CA: the nodes serve https
     env: dict[str, str] = field(default_factory=dict)  # more RAFTLOG_ settings
+    # Where a node reaches a peer, (node, peer) -> URL: the peer's own URL by default; a test
+    # of network faults gives each ordered pair a proxy it can cut (tests/e2e/links.py).
+    peer_url: Callable[[str, str], str] | None = None
     nodes: dict[str, LocalNode] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -78,6 +82,15 @@ class LocalCluster:
     def peers(self) -> str:
         return ",".join(f"{n.name}={n.url}" for n in self.nodes.values())
 
+    def peers_of(self, name: str) -> str:
+        """The `--peers` of node `name`: its own URL, and where it reaches each other node."""
+        if self.peer_url is None:
+            return self.peers
+        return ",".join(
+            f"{n.name}={n.url if n.name == name else self.peer_url(name, n.name)}"
+            for n in self.nodes.values()
+        )
+
     @property
     def endpoints(self) -> list[str]:
         return [n.url for n in self.nodes.values()]
@@ -89,7 +102,8 @@ class LocalCluster:
             node.data_dir.mkdir(parents=True, exist_ok=True)
             cmd = [
                 sys.executable, "-m", "raftlog.node.server.main",
-                "--node-id", node.name, "--peers", self.peers, "--port", str(node.port),
+                "--node-id", node.name, "--peers", self.peers_of(node.name),
+                "--port", str(node.port),
                 "--data-dir", str(node.data_dir), "--partitions", str(self.partitions),
                 "--tick-ms", str(self.tick_ms),
             ]  # fmt: skip
