@@ -258,6 +258,13 @@ def test_a_scale_down_removes_the_named_member_first() -> None:
     assert plan.action == TransferLeader(0, "c-0", "c-2")  # c-0 leads: its leadership first
 
 
+def test_named_members_are_removed_in_the_order_listed() -> None:
+    s = spec(replicas=2, removeMembers=["c-1", "c-2"])
+    plan = run(running_status(MEMBERS), settled(s), s)
+    assert [m.role for m in plan.status.members] == ["voter", "removing", "voter"]
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-1")
+
+
 def test_raising_replicas_back_cancels_a_removal_no_partition_has_made() -> None:
     s = spec(replicas=3)
     st = running_status(MEMBERS)
@@ -266,6 +273,17 @@ def test_raising_replicas_back_cancels_a_removal_no_partition_has_made() -> None
     assert plan.status.members[2].role == "voter"
     assert "RemovalCancelled" in reasons(plan)
     assert plan.action is None
+
+
+def test_raising_replicas_back_does_not_cancel_the_removal_of_an_unready_member() -> None:
+    s = spec(replicas=3)
+    st = running_status(MEMBERS)
+    st.members[2].role = "removing"
+    w = settled(s)
+    w.leaderless.add(("c-2", 1))  # answering, but not ready
+    plan = run(st, w, s)
+    assert plan.status.members[2].role == "removing" and "RemovalCancelled" not in reasons(plan)
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-2")
 
 
 def test_a_removal_a_partition_already_made_is_not_cancelled() -> None:
@@ -312,6 +330,16 @@ def test_fencing_is_refused_while_it_would_leave_no_ready_majority() -> None:
     plan = run(running_status(MEMBERS), w, s)
     assert isinstance(plan.action, Wait) and "refused" in plan.action.reason
     assert not plan.status.members[1].fenced
+
+
+def test_a_fenced_member_does_not_hold_up_a_scale_up() -> None:
+    s = spec(replicas=4, fencedMembers=["c-1"])
+    st = running_status(MEMBERS)
+    st.members[1].fenced = True
+    w = settled(s)
+    w.pods["c-1"] = "missing"  # fenced: stopped on purpose, not waited for
+    plan = run(st, w, s)
+    assert plan.action == CreateMembers(("c-3",), join=True)
 
 
 def test_fencing_an_unknown_member_is_a_problem_not_an_action() -> None:

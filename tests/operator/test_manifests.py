@@ -3,15 +3,25 @@
 
 from __future__ import annotations
 
-from typing import Any
+import asyncio
+import base64
+import json
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any, cast
 
 import kubernetes_validate
 import pytest
+from kubernetes.client import ApiClient
+from tests.operator.test_reconciler import T0, World, running_status
 
 from raftlog.operator import manifests
-from raftlog.operator.models import RaftClusterSpec
+from raftlog.operator.actions import ChangeMembership
+from raftlog.operator.kube import KubeRuntime
+from raftlog.operator.models import MemberStatus, RaftClusterSpec
 from raftlog.operator.node_launch import node_env
-from raftlog.operator.reconciler import config_hash
+from raftlog.operator.reconciler import config_hash, decide
+from raftlog.operator.safety import majority
 
 VERSIONS = ["1.28", "1.37"]
 PEERS = {f"c-{i}": manifests.member_url(manifests.DEFAULT_MEMBER_URL, "c", "ns", f"c-{i}")
@@ -155,4 +165,66 @@ def test_members_are_reached_over_https_when_the_cluster_has_tls():
     # A template without {scheme} (another cluster domain, say) is used as it is.
     assert manifests.member_url("http://{member}.x:{port}", "c", "ns", "c-0", tls=True) == (
         "http://c-0.x:7002"
+    )
+
+
+class _Applied:
+    """The API calls `KubeRuntime.ensure_shared` makes: every applied body, kept; the auth
+    Secret read back with a token."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict[str, Any]] = []
+
+    def patch(self, name: str, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self.bodies.append(body)
+
+    patch_namespaced_service = patch
+    patch_namespaced_pod_disruption_budget = patch
+
+    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> Any:
+        token = base64.b64encode(b"t").decode()
+        return SimpleNamespace(data=json.dumps({"data": {"token": token}}).encode())
+
+
+def applied_budget(s: RaftClusterSpec, members: Sequence[MemberStatus] = ()) -> dict[str, Any]:
+    """The PodDisruptionBudget the Kubernetes runtime applies for spec `s` and the status's
+    `members`."""
+    runtime = KubeRuntime(ApiClient(), "ns", "c", adopt=lambda body: None)
+    api = _Applied()
+    runtime.core = runtime.policy = cast(Any, api)  # the calls it makes, answered here
+    asyncio.run(runtime.ensure_shared(s, members))
+    return next(b for b in api.bodies if b["kind"] == "PodDisruptionBudget")
+
+
+@pytest.mark.parametrize(("replicas", "min_available"), [(1, 1), (3, 2), (5, 3)])
+def test_the_budget_applied_keeps_a_majority_of_a_settled_cluster(
+    replicas: int, min_available: int
+) -> None:
+    budget = applied_budget(RaftClusterSpec(replicas=replicas))
+    assert budget["spec"]["minAvailable"] == min_available
+
+
+def test_during_a_scale_down_the_budget_keeps_a_majority_of_the_voters_still_there() -> None:
+    members = ["c-0", "c-1", "c-2", "c-3", "c-4"]
+    s = RaftClusterSpec(replicas=3, partitions=2)
+    w = World(members)
+    status = running_status(members)
+    plan = decide("c", s, status, w.observed(), T0)
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-4")  # still a voter
+    voters = len(w.voters[0])
+    budget = applied_budget(s, status.members)["spec"]["minAvailable"]
+    evictable = len(members) - budget  # every pod up
+    assert voters - evictable >= majority(voters), (voters, evictable)
+
+
+def test_a_learners_pod_counts_on_top_of_the_voters_majority() -> None:
+    # Scaling 4 -> 5: four voters and a learner. Two evictions of voters would leave 2 of 4.
+    status = running_status(["c-0", "c-1", "c-2", "c-3", "c-4"])
+    status.members[4].role = "learner"
+    budget = applied_budget(RaftClusterSpec(replicas=5), status.members)["spec"]
+    assert budget["minAvailable"] == 4  # a majority of 4 voters, and the learner
+    # A member joining or being removed is counted as not a voter: never fewer kept.
+    status.members[3].role = "removing"
+    assert (
+        applied_budget(RaftClusterSpec(replicas=5), status.members)["spec"]["minAvailable"] == 2 + 2
     )

@@ -353,6 +353,169 @@ def test_scale_up_waits_for_unready_members():
     assert isinstance(plan.action, Wait) and "c-1" in plan.action.reason
 
 
+def test_a_joining_member_becomes_a_learner_only_once_its_pod_runs() -> None:
+    w, st, s = scaled_up_world()
+    w.pods["c-3"] = "pending"
+    plan = step(st, w, s)
+    assert plan.action == Wait("c-3 is starting")  # nothing asked of the leaders yet
+    w.pods["c-3"] = "running"
+    for p in (0, 1):
+        plan = step(plan.status, w, s)
+        assert plan.action == ChangeMembership(p, "c-0", "add_learner", "c-3")
+        w.learners[p].add("c-3")
+    plan = step(plan.status, w, s)
+    assert plan.status.member("c-3").role == "learner"  # type: ignore[union-attr]
+    assert [e.message for e in plan.events if e.reason == "LearnerAdded"] == [
+        "c-3 is a learner of every partition; catching up"
+    ]
+
+
+def test_a_starting_member_does_not_count_toward_the_voters_quorum() -> None:
+    w, st, s = scaled_up_world()
+    w.pods["c-3"] = "pending"
+    w.silent.add("c-1")  # 2 of the 3 voters ready: a majority of the voters
+    plan = step(st, w, s)
+    available = {c.type: c for c in plan.status.conditions}["Available"]
+    assert available.status == "True" and available.reason == "QuorumAvailable"
+
+
+def test_each_new_member_takes_the_next_ordinal() -> None:
+    w, st, _ = scaled_up_world()
+    assert st.next_ordinal == 4
+    st.member("c-3").role = "voter"  # type: ignore[union-attr]
+    w.voters = {p: {*MEMBERS, "c-3"} for p in (0, 1)}
+    plan = step(st, w, spec(replicas=5))
+    assert plan.action == CreateMembers(("c-4",), join=True)
+    assert [m.name for m in plan.status.members] == ["c-0", "c-1", "c-2", "c-3", "c-4"]
+    assert plan.status.next_ordinal == 5
+
+
+def test_scaling_events_count_the_members_there_will_be() -> None:
+    plan = step(running_status(MEMBERS), World(MEMBERS), spec(replicas=4))
+    assert [e.message for e in plan.events if e.reason == "ScalingUp"] == ["adding c-3 (4 of 4)"]
+    plan = step(running_status(MEMBERS), World(MEMBERS), spec(replicas=2))
+    assert [e.message for e in plan.events if e.reason == "ScalingDown"] == [
+        "removing c-2 (2 of the members left)"
+    ]
+
+
+def test_a_changed_promotion_window_applies_to_the_learner_already_in_one() -> None:
+    w, st, _ = learner_world(lag=3)
+    longer = spec(replicas=4, raft={"learnerPromotionStableWindow": 30})
+    plan = step(st, w, longer, now=T0 + 3)
+    assert plan.action == Wait("c-3 within learnerPromotionLag for 3.0 of 30 s")
+    assert plan.status.member("c-3").promotion.window_seconds == 30  # type: ignore[union-attr]
+    plan = step(plan.status, w, longer, now=T0 + 29.9)
+    assert isinstance(plan.action, Wait)
+    plan = step(plan.status, w, longer, now=T0 + 30)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
+
+
+def test_every_excursion_restarts_the_window_from_zero_and_is_counted() -> None:
+    w, st, s = learner_world(lag=3)
+    plan = step(st, w, s, now=T0 + 2)
+    assert plan.status.member("c-3").promotion.elapsed_seconds == 2.0  # type: ignore[union-attr]
+    for n, start in ((1, T0 + 3), (2, T0 + 6)):
+        w.follower(1, fv("c-3", lag=11, learner=True))
+        plan = step(plan.status, w, s, now=start)
+        pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+        assert pr is not None and pr.restarts == n
+        assert pr.window_started_at is None and pr.elapsed_seconds == 0.0  # status says 0, not 2
+        w.follower(1, fv("c-3", lag=2, learner=True))
+        plan = step(plan.status, w, s, now=start + 2)
+        pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+        assert pr is not None and pr.window_started_at == start + 2 and pr.restarts == n
+
+
+def test_a_partition_losing_its_leader_restarts_the_learners_window() -> None:
+    w, st, s = learner_world(lag=3)
+    plan = step(st, w, s, now=T0 + 2)
+    w.leader[1] = None  # an election in partition 1: nobody reports the learner's lag there
+    plan = step(plan.status, w, s, now=T0 + 2.5)
+    assert plan.action == Wait("no leader for partitions [1]")
+    pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+    assert pr is not None and pr.window_started_at is None and pr.restarts == 1
+    assert [e.message for e in plan.events if e.reason == "PromotionWindowRestarted"] == [
+        "c-3: lag unknown in partitions [1]; its promotion window starts again"
+    ]
+
+
+def test_a_learner_whose_lag_no_leader_knows_shows_no_lag() -> None:
+    w, st, s = learner_world(lag=3)
+    for p in (0, 1):
+        w.follower(p, fv("c-3", lag=None, learner=True))
+    plan = step(st, w, s, now=T0 + 1)
+    pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+    assert pr is not None and pr.max_lag is None  # shown as "lag ?", never as 0
+
+
+def test_a_promotion_the_leader_accepts_goes_on_to_the_next_partition_at_once() -> None:
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    plan = step(st, w, s, now=T0 + window)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
+    st2, events = record_outcome(plan.status, plan.action, Outcome(True), T0 + window)
+    assert events == []
+    pr = st2.member("c-3").promotion  # type: ignore[union-attr]
+    assert pr is not None and pr.window_started_at == T0 and pr.restarts == 0
+    w.learners[0].discard("c-3")
+    w.voters[0].add("c-3")
+    plan = step(st2, w, s, now=T0 + window + 0.2)
+    assert plan.action == ChangeMembership(1, "c-0", "promote", "c-3")
+    w.learners[1].discard("c-3")
+    w.voters[1].add("c-3")
+    plan = step(plan.status, w, s, now=T0 + window + 0.4)
+    m = plan.status.member("c-3")
+    assert m is not None and m.role == "voter" and m.promotion is None  # no window left shown
+
+
+def test_a_learner_being_removed_gets_no_promotion_window_events() -> None:
+    w, st, _ = learner_world(lag=3)
+    s3 = spec(replicas=3)
+    plan = step(st, w, s3, now=T0 + 1)
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-3")
+    w.learners[0].discard("c-3")  # out of partition 0: no lag reported there any more
+    plan = step(plan.status, w, s3, now=T0 + 2)
+    assert plan.action == ChangeMembership(1, "c-0", "remove", "c-3")
+    assert "PromotionWindowRestarted" not in [e.reason for e in plan.events]
+
+
+def test_the_promotion_window_follows_learner_promotion_lag_not_the_backfill_threshold() -> None:
+    w, st, _ = learner_world(lag=3)
+    s = spec(replicas=4, raft={"learnerPromotionLag": 5, "backfillThreshold": 50})
+    for p in (0, 1):
+        w.follower(p, fv("c-3", lag=7, learner=True))
+    plan = step(st, w, s, now=T0 + 1)
+    assert plan.action == Wait("c-3: lags by 7, more than learnerPromotionLag=5")
+    assert plan.status.member("c-3").promotion.restarts == 1  # type: ignore[union-attr]
+
+
+def test_a_learner_is_not_promoted_even_a_moment_before_its_window_ends() -> None:
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    plan = step(st, w, s, now=T0 + window - 0.01)
+    assert isinstance(plan.action, Wait) and "within learnerPromotionLag" in plan.action.reason
+    pr = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+    assert pr is not None and pr.elapsed_seconds == pytest.approx(window - 0.01)
+
+
+def test_a_joining_member_is_added_as_a_learner_before_it_knows_any_leader() -> None:
+    """Not in any partition's configuration yet, it hears from no leader, so it is not ready;
+    running is enough (waiting for ready would wait for good)."""
+    w, st, s = scaled_up_world()
+    w.leaderless |= {("c-3", 0), ("c-3", 1)}
+    plan = step(st, w, s)
+    assert plan.action == ChangeMembership(0, "c-0", "add_learner", "c-3")
+
+
+def test_a_scale_up_waiting_for_an_unready_member_says_scaling() -> None:
+    w = World(MEMBERS)
+    w.silent.add("c-1")
+    plan = step(running_status(MEMBERS), w, spec(replicas=4))
+    assert isinstance(plan.action, Wait) and "scaling up waits for c-1" in plan.action.reason
+    assert plan.status.phase == "Scaling"
+
+
 # ===================================================================== scale down
 def test_scale_down_transfers_leadership_away_then_removes_one_voter_then_deletes():
     w = World(MEMBERS)
@@ -399,6 +562,58 @@ def test_no_transfer_without_a_caught_up_successor():
     w.follower(0, fv("c-1", recent_active=False))
     plan = step(running_status(MEMBERS), w, spec(replicas=2))
     assert isinstance(plan.action, Wait) and "no caught-up voter" in plan.action.reason
+
+
+def test_scale_down_of_three_waits_while_the_one_left_ready_is_no_majority() -> None:
+    w = World(MEMBERS)
+    w.silent.add("c-1")  # c-0 and c-1 would stay: only c-0 ready
+    plan = step(running_status(MEMBERS), w, spec(replicas=2))
+    assert plan.action == Wait(
+        "partition 0: removing c-2 would leave 1 ready of 2 voters, below a majority"
+    )
+
+
+def test_scale_down_of_four_goes_ahead_while_the_three_left_keep_a_ready_majority() -> None:
+    members = ["c-0", "c-1", "c-2", "c-3"]
+    w = World(members)
+    w.silent.add("c-1")  # c-0 and c-2 ready of the three that stay: a majority of them
+    plan = step(running_status(members), w, spec(replicas=3))
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-3")
+
+
+def test_scale_down_hands_over_every_partition_the_member_leads_not_only_the_first() -> None:
+    w = World(MEMBERS)
+    w.leader = {0: "c-0", 1: "c-2"}
+    w.follower(1, fv("c-0", lag=3, match=97))
+    plan = step(running_status(MEMBERS), w, spec(replicas=2))
+    assert plan.action == TransferLeader(1, "c-2", "c-1")
+    assert plan.status.member("c-2").role == "removing"  # type: ignore[union-attr]
+
+
+def test_during_a_scale_down_the_status_counts_the_members_staying_and_says_scaling() -> None:
+    plan = step(running_status(MEMBERS), World(MEMBERS), spec(replicas=2))
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-2")
+    assert plan.status.replicas == 2 and plan.status.ready_replicas == 2
+    assert plan.status.phase == "Scaling"
+
+
+def test_a_member_whose_deletion_failed_stays_in_the_status() -> None:
+    st = running_status(MEMBERS)
+    st.members[2].role = "removing"
+    action = DeleteMember("c-2", delete_volume=True)
+    st2, events = record_outcome(st, action, Outcome(False, "HTTP 500: etcd timeout"), T0)
+    assert [m.name for m in st2.members] == MEMBERS  # the next pass deletes it again
+    assert [e.reason for e in events] == ["StepFailed"]
+
+
+def test_scale_down_hands_the_leadership_to_a_ready_voter_only() -> None:
+    w = World(MEMBERS)
+    w.leader = {0: "c-2", 1: "c-0"}
+    w.follower(0, fv("c-0", lag=5, match=95))
+    w.follower(0, fv("c-1", lag=0, match=100))  # further along, but not ready:
+    w.leaderless.add(("c-1", 1))  # it knows no leader of partition 1
+    plan = step(running_status(MEMBERS), w, spec(replicas=2))
+    assert plan.action == TransferLeader(0, "c-2", "c-0")
 
 
 # ===================================================================== snapshot installs

@@ -144,7 +144,9 @@ async def reconcile(
             controls = parse_controls(meta.get("annotations"))
             try:
                 # Paused: the shared objects are read, not applied (nothing is changed).
-                token = await runtime.ensure_shared(desired, apply=not controls.paused)
+                token = await runtime.ensure_shared(
+                    desired, current.members, apply=not controls.paused
+                )
                 tls = await runtime.member_tls(desired)
                 if node_api is None or (token, tls) != node_api_for:
                     if node_api is not None:

@@ -14,7 +14,7 @@ import contextlib
 import json
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from kubernetes import client as k8s
@@ -26,6 +26,7 @@ from raftlog.operator.cluster_views import PodState
 from raftlog.operator.models import (
     ACCESS_KEY_ID_KEY,
     SECRET_ACCESS_KEY_KEY,
+    MemberStatus,
     RaftClusterSpec,
     RaftClusterStatus,
 )
@@ -109,14 +110,20 @@ class KubeRuntime:
         return out
 
     # ----------------------------------------------------------------- shared objects
-    async def ensure_shared(self, spec: RaftClusterSpec, apply: bool = True) -> str:
+    async def ensure_shared(
+        self, spec: RaftClusterSpec, members: Sequence[MemberStatus] = (), apply: bool = True
+    ) -> str:
         """Services and the PodDisruptionBudget as the spec wants them now (made again when
-        deleted, put back when edited, the budget following `replicas`), and the auth secret;
-        returns the token. `apply=False` (a paused cluster) only reads the token."""
+        deleted, put back when edited), and the auth secret; returns the token. The budget
+        follows the voters there are (`members`, the status's), not `replicas`: during a scale
+        from 5 to 3 the five are voters until each is removed. `apply=False` (a paused cluster)
+        only reads the token."""
         self.tls = spec.tls_secret_name is not None
+        voters = sum(1 for m in members if m.role == "voter") if members else spec.replicas
+        others = len(members) - voters if members else 0
         shared = [
             *manifests.services(self.cluster, self.namespace),
-            manifests.pdb(self.cluster, self.namespace, spec.replicas),
+            manifests.pdb(self.cluster, self.namespace, voters, others),
         ]
         for body in shared if apply else []:
             self.adopt(body)

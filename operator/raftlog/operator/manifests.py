@@ -262,15 +262,17 @@ def services(cluster: str, namespace: str) -> list[dict[str, Any]]:
     return [headless, client]
 
 
-def pdb(cluster: str, namespace: str, replicas: int) -> dict[str, Any]:
-    """Voluntary evictions never take the cluster below a majority of its voters (with 1 or 2
-    members: none at all, as losing one would cost the quorum)."""
+def pdb(cluster: str, namespace: str, voters: int, others: int = 0) -> dict[str, Any]:
+    """Voluntary evictions never take the cluster below a majority of its `voters` (with 1 or
+    2: none at all, as losing one would cost the quorum). The budget selects every member's
+    pod, so the `others` (learners, members joining or being removed) are counted on top: the
+    evictions it allows may all fall on voters."""
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
         "metadata": {"name": cluster, "namespace": namespace, "labels": labels(cluster)},
         "spec": {
-            "minAvailable": majority(replicas),
+            "minAvailable": majority(voters) + others,
             "selector": {"matchLabels": selector(cluster)},
         },
     }
