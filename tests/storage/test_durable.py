@@ -4,18 +4,26 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
+from pathlib import Path
 
 import pytest
-from tests.storage.helpers import ents
+from tests.storage.helpers import ents, records_end
 
 from raftlog.node.core.errors import Compacted, SafetyViolation
-from raftlog.node.core.types import HardState, Membership, SnapshotMeta
+from raftlog.node.core.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
 from raftlog.node.record import Record, encode_record
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.durable import DurableStorage
-from raftlog.node.storage.errors import CorruptFile, SnapshotCorruption, StorageFailed
+from raftlog.node.storage.errors import (
+    CorruptFile,
+    SnapshotCorruption,
+    StorageFailed,
+    WalCorruption,
+)
 from raftlog.node.storage.fileio import FileOps
-from raftlog.node.storage.snapshots import Chunk
+from raftlog.node.storage.segment import encode_commit
+from raftlog.node.storage.snapshots import Chunk, SnapshotStore, snapshot_name
 
 ABC = Membership.of(["a", "b", "c"])
 
@@ -359,4 +367,405 @@ def test_wal_stays_bounded_when_a_segment_holds_more_than_one_pass_removes(tmp_p
     assert s.compaction_floor() >= last - cfg.compact_number_entries - 100
     segments = len(os.listdir(tmp_path / "wal"))
     assert segments <= 3, f"{segments} segments kept for a floor at {s.compaction_floor()}"
+    s.close()
+
+
+# ---- the snapshot file and its transfer ------------------------------------------------------
+
+
+def snapshot_file(s: DurableStorage) -> Path:
+    assert s.snapshots.file is not None
+    return Path(s.snapshots.file)
+
+
+def _header_length(raw: bytes) -> int:
+    return int.from_bytes(raw[8:12], "little")
+
+
+@pytest.mark.parametrize(
+    ("damage", "reason"),
+    [
+        pytest.param(lambda raw: raw[:7] + b"2" + raw[8:], "bad magic", id="magic"),
+        pytest.param(lambda raw: raw[:10], "cut short in the header", id="cut-in-length"),
+        pytest.param(
+            lambda raw: raw[: 12 + _header_length(raw) + 2],
+            "cut short in the header",
+            id="cut-in-header-checksum",
+        ),
+        pytest.param(
+            lambda raw: raw.replace(b'"index": 300', b'"index": 301', 1),
+            "header checksum mismatch",
+            id="header-edited",
+        ),
+        pytest.param(lambda raw: raw[:-1], "data is {n_minus_1} bytes", id="data-cut"),
+        pytest.param(lambda raw: raw + b"\0", "data is {n_plus_1} bytes", id="data-extended"),
+        pytest.param(
+            lambda raw: raw[:-1] + bytes([raw[-1] ^ 1]), "data checksum mismatch", id="data-flip"
+        ),
+    ],
+)
+def test_a_damaged_snapshot_file_refuses_to_open_naming_the_damage(
+    tmp_path: Path, damage: Callable[[bytes], bytes], reason: str
+) -> None:
+    src, data = leader_with_snapshot(tmp_path)
+    file = snapshot_file(src)
+    src.close()
+    file.write_bytes(damage(file.read_bytes()))
+    n = len(data)
+    expected = reason.format(n_minus_1=n - 1, n_plus_1=n + 1)
+    with pytest.raises(SnapshotCorruption) as info:
+        open_storage(tmp_path)
+    assert info.value.reason.startswith(expected)
+    assert info.value.path == str(file)
+
+
+def test_a_snapshot_keeps_the_learners_of_its_membership(tmp_path: Path) -> None:
+    members = Membership.of(["a", "b", "c"], learners=("d", "e"))
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 10), ents(1, 10, 1))
+    s.create_snapshot(SnapshotMeta(10, 1, members), b"table")
+    s.close()
+    again = open_storage(tmp_path)
+    assert again.snapshot_meta() == SnapshotMeta(10, 1, members)
+    again.close()
+
+
+def test_a_snapshot_write_cut_short_leaves_no_file_behind_after_a_restart(tmp_path: Path) -> None:
+    open_storage(tmp_path, bootstrap=ABC).close()
+    leftover = tmp_path / "snap" / (snapshot_name(10, 1) + ".tmp")
+    leftover.write_bytes(b"the first half of a snapshot")  # the crash came during the write
+    again = open_storage(tmp_path)
+    assert not leftover.exists()
+    assert again.snapshot_meta() == SnapshotMeta(0, 0, ABC)
+    again.close()
+
+
+def test_peek_reads_the_newest_of_two_snapshot_files_left_by_a_crash(tmp_path: Path) -> None:
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 20), ents(1, 20, 1))
+    s.create_snapshot(SnapshotMeta(10, 1, ABC), b"old")
+    s.write_snapshot_file(SnapshotMeta(20, 1, ABC), b"new")  # the crash comes before adopting it
+    s.close()
+    assert len(list((tmp_path / "snap").glob("*.snap"))) == 2
+    assert SnapshotStore.peek(str(tmp_path / "snap")) == SnapshotMeta(20, 1, ABC)
+    again = open_storage(tmp_path)
+    assert (again.snapshot_meta(), again.snapshot_data()) == (SnapshotMeta(20, 1, ABC), b"new")
+    again.close()
+
+
+def test_reading_a_snapshot_whose_file_vanished_reports_the_missing_file(tmp_path: Path) -> None:
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 10), ents(1, 10, 1))
+    s.create_snapshot(SnapshotMeta(10, 1, ABC), b"table")
+    assert s.snapshots.read_latest() == (SnapshotMeta(10, 1, ABC), b"table")
+    file = snapshot_file(s)
+    file.unlink()  # removed behind the node's back, not replaced by a newer snapshot
+    with pytest.raises(FileNotFoundError) as info:
+        s.snapshots.read_latest()
+    assert info.value.filename == str(file)
+    s.close()
+
+
+def test_adopting_a_local_file_of_the_snapshot_just_installed_keeps_that_snapshot(
+    tmp_path: Path,
+) -> None:
+    """A local snapshot at 20 is written while the leader installs its own at 20: both have the
+    same file name. The local one is not adopted, and the installed one must stay."""
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 20), ents(1, 20, 1))
+    meta = SnapshotMeta(20, 1, ABC)
+    path = s.write_snapshot_file(meta, b"table at 20")
+    s.install_snapshot(meta, b"table at 20")
+    assert s.adopt_snapshot(meta, path) is False
+    assert s.snapshot_data() == b"table at 20"
+    s.close()
+    again = open_storage(tmp_path)
+    assert (again.snapshot_meta(), again.snapshot_data()) == (meta, b"table at 20")
+    again.close()
+
+
+def test_a_transfer_resumed_from_the_bytes_received_installs_the_snapshot(tmp_path: Path) -> None:
+    src, data = leader_with_snapshot(tmp_path / "src")
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 2)
+    for c in list(src.snapshots.chunks(chunk_bytes=1000))[:3]:
+        rx.write(c)
+    rx = dst.snapshots.receiver(300, 2)  # the next attempt asks how much is already here
+    resumed = list(src.snapshots.chunks(chunk_bytes=1000, start=rx.received))
+    assert resumed[0].offset == rx.received == 3000
+    assert all(rx.write(c) for c in resumed)
+    meta, got = rx.verify()
+    assert (meta, got) == (SnapshotMeta(300, 2, ABC), data)
+    dst.install_received(rx, meta)
+    assert dst.snapshot_data() == data
+
+
+def test_a_chunk_one_byte_past_what_was_received_is_refused(tmp_path: Path) -> None:
+    src, _ = leader_with_snapshot(tmp_path / "src")
+    raw = snapshot_file(src).read_bytes()
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 2)
+    assert rx.write(Chunk.of(raw, 0, 1000))
+    with pytest.raises(SnapshotCorruption, match="chunk at offset 1001, expected 1000"):
+        rx.write(Chunk.of(raw, 1001, 1000))
+    assert rx.received == dst.snapshots.receiver(300, 2).received == 1000
+
+
+def test_a_received_snapshot_of_the_right_index_but_another_term_is_refused(
+    tmp_path: Path,
+) -> None:
+    src, _ = leader_with_snapshot(tmp_path / "src")  # index 300, term 2
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 3)
+    for c in src.snapshots.chunks(chunk_bytes=1000):
+        rx.write(c)
+    with pytest.raises(SnapshotCorruption, match="holds index 300 term 2, expected 300 3"):
+        rx.verify()
+    assert dst.snapshot_meta().index == 0
+
+
+def test_after_a_transfer_fails_verification_the_next_starts_from_nothing_and_installs(
+    tmp_path: Path,
+) -> None:
+    src, data = leader_with_snapshot(tmp_path / "src")
+    raw = snapshot_file(src).read_bytes()
+    rotten = raw[:-1] + bytes([raw[-1] ^ 1])  # each chunk's checksum holds, the file's does not
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 2)
+    for offset in range(0, len(rotten), 1000):
+        rx.write(Chunk.of(rotten, offset, 1000))
+    with pytest.raises(SnapshotCorruption, match="data checksum mismatch"):
+        rx.verify()
+    rx = dst.snapshots.receiver(300, 2)  # the sender asks again how much is here
+    assert rx.received == 0
+    for c in src.snapshots.chunks(chunk_bytes=1000):
+        rx.write(c)
+    meta, got = rx.verify()
+    assert (meta.index, got) == (300, data)
+
+
+def test_an_aborted_transfer_is_discarded(tmp_path: Path) -> None:
+    src, _ = leader_with_snapshot(tmp_path / "src")
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 2)
+    for c in list(src.snapshots.chunks(chunk_bytes=1000))[:2]:
+        rx.write(c)
+    rx.abort()
+    assert dst.snapshots.receiver(300, 2).received == 0
+    assert not list((tmp_path / "dst" / "snap").glob("*.partial"))
+
+
+# ---- opening: the WAL against the snapshot ---------------------------------------------------
+
+
+def test_a_wal_starting_one_entry_past_the_snapshot_s_next_refuses_to_open(tmp_path: Path) -> None:
+    """The snapshot ends at F-2 and the WAL starts at F: entry F-1 is in neither, and opening
+    must say so rather than start with a hole in the log."""
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 200), ents(1, 200, 1))
+    s.create_snapshot(SnapshotMeta(150, 1, ABC), b"")
+    s.compact(151)
+    s.close()
+    reopened = open_storage(tmp_path)
+    first = reopened.first_index()  # the oldest segment kept
+    reopened.close()
+    assert first > 2
+    for f in (tmp_path / "snap").glob("*.snap"):
+        f.unlink()
+    SnapshotStore(str(tmp_path / "snap")).save(SnapshotMeta(first - 2, 1, ABC), b"")
+    with pytest.raises(WalCorruption, match=f"entries {first - 1}..{first - 1} are missing"):
+        open_storage(tmp_path)
+
+
+def test_a_snapshot_durable_before_the_commit_record_it_covers_restarts_committed_up_to_it(
+    tmp_path: Path,
+) -> None:
+    """Group commit writes the commit record and syncs it later; a snapshot at the new commit
+    index is synced on its own. A crash in between loses the record but not the snapshot: what
+    the snapshot covers is committed all the same."""
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 100), ents(1, 200, 1))
+    s.write(HardState(1, "a", 150), [])  # the commit record, not synced yet
+    s.create_snapshot(SnapshotMeta(150, 1, ABC), b"table at 150")
+    s.close()
+    last = sorted((tmp_path / "wal").glob("*.wal"))[-1]
+    end = records_end(str(last))
+    record = encode_commit(150)
+    raw = bytearray(last.read_bytes())
+    assert raw[end - len(record) : end] == record
+    raw[end - len(record) : end] = bytes(len(record))  # the crash lost it with the page cache
+    last.write_bytes(bytes(raw))
+    again = open_storage(tmp_path)
+    assert again.snapshot_meta().index == 150
+    assert again.initial_state()[0].commit == 150
+    again.close()
+
+
+def test_the_floor_below_the_snapshot_keeps_the_term_before_it_and_nothing_older(
+    tmp_path: Path,
+) -> None:
+    """Compaction keeps the most recent entries, so the floor sits below the snapshot, here
+    inside the only segment. The term of the entry just before the floor stays known (a
+    leader's previous entry for a follower there); anything older reads as compacted, however
+    it is read."""
+    s = open_storage(tmp_path, bootstrap=ABC, segment_bytes=64 * 1024)
+    s.save(HardState(3, "a", 300), ents(1, 100, 1) + ents(101, 200, 2) + ents(201, 300, 3))
+    s.create_snapshot(SnapshotMeta(300, 3, ABC), b"")
+    assert s.compact(101) == 100
+    assert s.first_index() == 101
+    assert (s.term(100), s.term(101)) == (1, 2)
+    with pytest.raises(Compacted):
+        s.term(99)
+    with pytest.raises(Compacted):
+        s.entries(100, 102)
+    with pytest.raises(Compacted):
+        s.read_raw(100, 102, 1 << 20)
+    assert [(r.first, list(r.terms)) for r in s.read_raw(101, 103, 1 << 20)] == [(101, [2, 2])]
+    s.close()
+
+
+def test_a_membership_change_right_after_the_snapshot_is_known_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    abcd = Membership.of(["a", "b", "c", "d"])
+    s = open_storage(tmp_path, bootstrap=ABC)
+    change = Entry(11, 1, EntryKind.CONFIG, abcd.encode())
+    s.save(HardState(1, "a", 11), [*ents(1, 10, 1), change, *ents(12, 12, 1)])
+    s.create_snapshot(SnapshotMeta(10, 1, ABC), b"")
+    s.close()
+    again = open_storage(tmp_path)
+    assert again.config_entries(again.snapshot_meta().index + 1) == [change]
+    again.close()
+
+
+class FlakyDisk(FileOps):
+    """Fails the next fsync once `armed`, then is healthy again."""
+
+    def __init__(self) -> None:
+        self.armed = False
+
+    def fsync(self, fd: int) -> None:
+        if self.armed:
+            self.armed = False
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        super().fsync(fd)
+
+    def fdatasync(self, fd: int) -> None:
+        self.fsync(fd)
+
+
+def test_after_one_failed_fsync_no_snapshot_is_written_even_if_the_disk_recovers(
+    tmp_path: Path,
+) -> None:
+    disk = FlakyDisk()
+    s = open_storage(tmp_path, bootstrap=ABC, ops=disk)
+    s.save(HardState(1, "a", 30), ents(1, 30, 1))
+    disk.armed = True
+    with pytest.raises(StorageFailed) as info:
+        s.save(HardState(1, "a", 40), ents(31, 40, 1))
+    with pytest.raises(StorageFailed) as again:
+        s.create_snapshot(SnapshotMeta(30, 1, ABC), b"table at 30")
+    assert again.value is info.value
+    assert s.snapshot_meta().index == 0
+    s.close()
+    assert open_storage(tmp_path).snapshot_meta().index == 0
+
+
+def test_a_failed_snapshot_write_is_a_storage_failure_that_stops_the_partition(
+    tmp_path: Path,
+) -> None:
+    disk = FlakyDisk()
+    s = open_storage(tmp_path, bootstrap=ABC, ops=disk)
+    s.save(HardState(1, "a", 30), ents(1, 30, 1))
+    disk.armed = True  # the snapshot's own fsync fails
+    with pytest.raises(StorageFailed) as info:
+        s.create_snapshot(SnapshotMeta(30, 1, ABC), b"table at 30")
+    assert info.value.errno == errno.EIO
+    assert s.failed is info.value
+    with pytest.raises(StorageFailed):
+        s.save(HardState(1, "a", 40), ents(31, 40, 1))
+    s.close()
+
+
+def test_a_snapshot_older_than_the_latest_is_ignored(tmp_path: Path) -> None:
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 200), ents(1, 200, 1))
+    s.create_snapshot(SnapshotMeta(150, 1, ABC), b"table at 150")
+    s.compact(151)
+    s.create_snapshot(SnapshotMeta(100, 1, ABC), b"table at 100")  # e.g. a pass started earlier
+    assert (s.snapshot_meta().index, s.snapshot_data()) == (150, b"table at 150")
+    s.close()
+    again = open_storage(tmp_path)
+    assert (again.snapshot_meta().index, again.snapshot_data()) == (150, b"table at 150")
+    again.close()
+
+
+def test_a_snapshot_one_past_the_commit_index_is_refused_created_or_adopted(
+    tmp_path: Path,
+) -> None:
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 5), ents(1, 10, 1))
+    past = SnapshotMeta(6, 1, ABC)
+    with pytest.raises(SafetyViolation, match="above the commit index 5"):
+        s.create_snapshot(past, b"")
+    path = s.write_snapshot_file(past, b"")
+    with pytest.raises(SafetyViolation, match="above the commit index 5"):
+        s.adopt_snapshot(past, path)
+    assert s.snapshot_meta().index == 0
+    s.create_snapshot(SnapshotMeta(5, 1, ABC), b"")  # at the commit index: taken
+    assert s.snapshot_meta().index == 5
+    s.close()
+
+
+def test_a_failed_snapshot_file_write_stops_the_partition_and_the_first_failure_stays(
+    tmp_path: Path,
+) -> None:
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 30), ents(1, 30, 1))
+    first = s.snapshot_write_failed(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)))
+    assert first.errno == errno.ENOSPC
+    assert s.failed is first
+    with pytest.raises(StorageFailed):
+        s.save(HardState(1, "a", 40), ents(31, 40, 1))
+    later = s.snapshot_write_failed(OSError(errno.EIO, os.strerror(errno.EIO)))
+    assert later is first and s.failed is first, "the cause is the first failure"
+    s.close()
+
+
+def test_a_hold_at_the_floor_is_taken_and_a_bad_hold_below_it_is_a_bad_request(
+    tmp_path: Path,
+) -> None:
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 400), ents(1, 400, 1))
+    s.create_snapshot(SnapshotMeta(400, 1, ABC), b"")
+    s.compact(201)
+    floor = s.compaction_floor()
+    assert floor == 201
+    assert s.set_hold("spark-archive", floor, ttl_seconds=30).min_index == floor
+    with pytest.raises(ValueError, match="ttl_seconds"):  # a 400, not a 410 for the index
+        s.set_hold("late", floor - 1, ttl_seconds=0)
+    s.close()
+
+
+def test_a_hold_on_the_first_entry_keeps_the_whole_log(tmp_path: Path) -> None:
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(1, "a", 400), ents(1, 400, 1))
+    s.create_snapshot(SnapshotMeta(400, 1, ABC), b"")
+    s.set_hold("spark-archive", 1, ttl_seconds=30)
+    assert s.compact(401) == 0
+    assert s.compaction_floor() == 1
+    assert s.entries(1, 401) == ents(1, 400, 1)
+    s.close()
+
+
+def test_a_pass_reports_the_floor_the_storage_kept_under_its_own_hold(tmp_path: Path) -> None:
+    from raftlog.node.core.config import RaftConfig
+    from raftlog.node.server.compaction_pass import compact_behind
+
+    s = open_storage(tmp_path, bootstrap=ABC, segment_bytes=64 * 1024)
+    s.save(HardState(1, "a", 200), ents(1, 200, 1))
+    s.create_snapshot(SnapshotMeta(200, 1, ABC), b"")
+    s.set_hold("spark-archive", 120, ttl_seconds=30)
+    done = compact_behind(s, 200, 200, RaftConfig(compact_number_entries=0))
+    assert (done.dropped, done.floor) == (119, 120) == (119, s.compaction_floor())
     s.close()

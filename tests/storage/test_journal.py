@@ -329,6 +329,25 @@ def test_a_snapshot_install_is_journaled_before_the_reset(tmp_path):
     close_node(j, storages)
 
 
+def test_entries_a_snapshot_install_discarded_are_not_replayed_from_the_journal(
+    tmp_path: Path,
+) -> None:
+    """Entries 41..60 of term 1 are in the journal when a snapshot at 50 of term 2 replaces the
+    log: a restart replays the journal, and must not put 51..60 back behind the snapshot."""
+    j, storages = open_node(tmp_path, n=1)
+    s = storages[0]
+    s.write(HardState(1, None, 40), ents(1, 60, 1))
+    j.sync()
+    s.install_snapshot(SnapshotMeta(50, 2, ABC), b"")
+    j.sync()
+    close_node(j, storages)
+    power_loss(tmp_path, n=1)
+    j, storages = open_node(tmp_path, n=1)
+    s = storages[0]
+    assert (s.first_index(), s.last_index(), s.term(50)) == (51, 50, 2)
+    close_node(j, storages)
+
+
 def test_wal_check_reads_the_journal(tmp_path, capsys):
     j, storages = open_node(tmp_path)
     storages[1].write(HardState(1, None, 0), ents(1, 4, 1))
