@@ -174,3 +174,59 @@ def test_a_compacted_record_far_ahead_costs_no_scan_and_is_reported(tmp_path, mo
             await node.close()
 
     asyncio.run(run())
+
+
+async def _check_flag(
+    d: PartitionDriver, index: timeindex.TimeIndex, appended: list[tuple[int, int]], t: int
+) -> None:
+    """The answer's first record is the scan's, and `compacted` is set whenever a record the
+    floor passed is stamped at or after `t` (it may be set otherwise too: "may have been")."""
+    floor = d.raft.log.first_index()
+    answer = await index.lookup(d, t)
+    assert answer.first == _expected(appended, floor, t), f"time {t} (floor {floor})"
+    lost = [(i, ts) for i, ts in appended if i < floor and ts and ts >= t]
+    assert answer.compacted or not lost, f"time {t}: {lost[:3]} compacted, flag not set"
+
+
+def test_the_compacted_flag_is_set_whenever_a_compacted_record_reaches_the_time(
+    tmp_path, monkeypatch
+):
+    """Times taken from the compacted records' own stamps (the edge: exactly at the time),
+    over two compactions, the second removing records stamped lower than the first's; and an
+    index built for the first time after compaction (what it lost before is unknown)."""
+    monkeypatch.setattr(timeindex, "SAMPLE_EVERY", 16)
+    rng = random.Random(5)
+
+    async def run() -> None:
+        node = compacting_node(tmp_path, every=10**9)
+        try:
+            d = await _leader(node)
+            index = timeindex.of(d)
+            appended = await _append(d, _stamps(rng, 200, 9_000_000))  # high stamps first
+            await index.lookup(d, 0)  # built before any compaction
+            await d.compact_now()
+            appended += await _append(d, _stamps(rng, 200, 1_000_000))  # then lower ones
+            floor = d.raft.log.first_index()
+            assert floor > 1, "the test needs records compacted"
+            times = sorted({ts for i, ts in appended if i < floor and ts})
+            for t in [*rng.sample(times, 30), times[-1]]:
+                await _check_flag(d, index, appended, t)
+            await d.compact_now()
+            appended += await _append(d, _stamps(rng, 100, 5_000_000))
+            floor = d.raft.log.first_index()
+            times = sorted({ts for i, ts in appended if i < floor and ts})
+            for t in [*rng.sample(times, 30), times[-1], times[-1] + 1]:
+                await _check_flag(d, index, appended, t)
+            # A new index over a log that starts past 1 cannot know what was compacted.
+            fresh = timeindex.TimeIndex()
+            for t in [1, times[0], times[-1]]:
+                await _check_flag(d, fresh, appended, t)
+            # The last record alone reaches the highest time: found at the index's very end.
+            top = max(ts for _, ts in appended) + 1
+            appended += await _append(d, [top])
+            await _check_flag(d, index, appended, top)
+            await _check_flag(d, fresh, appended, top)
+        finally:
+            await node.close()
+
+    asyncio.run(run())
