@@ -168,6 +168,9 @@ def test_the_limits_are_inclusive() -> None:
         (b'{"value": "a", "timestamp_ms": 18446744073709551616}', 400, "records[0].timestamp_ms"),
         (b'{"value": "a", "timestamp_ms": 9223372036854775808}', 400, "records[0].timestamp_ms"),
         (b'{"value": "a", "timestamp_ms": NaN}', 400, "records[0].timestamp_ms"),
+        # A record's field beside `records` would be dropped without a word: refused instead.
+        (b'{"records": [{"value": "a"}], "timestamp_ms": 5}', 400, "timestamp_ms"),
+        (b'{"records": [{"value": "a"}], "headers": {"h": "v"}}', 400, "headers"),
         (
             b'{"records": [{"value": "a"}, {"value": "b", "timestamp_ms": 2e400}]}',
             400,
@@ -180,6 +183,14 @@ def test_bad_bodies_are_errors_naming_the_field(raw: bytes, status: int, field: 
         parse_append(raw, LIMIT, MAX_RECORDS)
     assert (e.value.status, e.value.body["field"]) == (status, field), e.value.body
     assert e.value.body["reason"]
+
+
+def test_a_producers_records_take_the_sequences_from_the_first_on() -> None:
+    body = {"records": [{"value": "a"}, {"value": "b"}, {"value": "c"}]}
+    for first in (0, 7):
+        data, producer, sequence = parse({**body, "producer_id": "p", "sequence": first})
+        assert (producer, sequence) == ("p", first)
+        assert [decode_record(d).sequence for d in data] == [first, first + 1, first + 2]
 
 
 def test_the_largest_timestamp_is_taken() -> None:
