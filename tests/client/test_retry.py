@@ -59,6 +59,14 @@ def test_pauses_grow_to_the_cap_with_jitter():
         assert max(pauses) - min(pauses) > 0.2 * nominal, "jittered"
 
 
+def test_a_calls_pauses_start_at_the_base_and_double():
+    for _ in range(50):
+        tries = RetryPolicy(base_s=0.1, cap_s=10.0, retries=3).start()
+        first, second, third = tries.again(), tries.again(), tries.again()
+        assert first is not None and second is not None and third is not None
+        assert 0.05 <= first < 0.15 and 0.1 <= second < 0.3 and 0.2 <= third < 0.6
+
+
 def test_tries_end_after_the_retries_or_the_time_allowed():
     tries = RetryPolicy(retries=2).start()
     assert tries.again() is not None and tries.again() is not None
