@@ -37,6 +37,8 @@ NO_HOST = APPEND + b"\r\nContent-Length: 3"
         (b"POST /v1/partitions/0/records HTTP/1.1\r\nHost: x\r\nContent-Length: 1", (0, 1, False)),
         (APPEND + b"\r\nHost: x\r\nX-Tab:\ta\tb\r\nContent-Length: 3", (1, 3, False)),
         (APPEND + b"\r\nHost: x\r\nContent-Length: 3" + b"\r\nX: y" * 126, (1, 3, False)),
+        (APPEND + b"\r\nHost: x\r\nContent-Length:\t7\t", (1, 7, False)),  # tabs are spaces
+        (APPEND + b"\r\nHost: x\r\nContent-Length: 999999999999", (1, 10**12 - 1, False)),
     ],
 )
 def test_the_heads_it_answers(head, parsed):
@@ -60,6 +62,9 @@ def test_the_heads_it_answers(head, parsed):
         HOST + b"\r\nContent-Length: 3\r\n folded",  # obsolete line folding
         HOST + b"\r\nContent-Length: 3\r\nBad Name: x",
         HOST + b"\r\nContent-Length: 3\r\nX: a\x01b",
+        HOST + b"\r\nContent-Length: 3\r\nX: a\x7fb",  # DEL is a control character too
+        HOST + b"\r\nContent-Length: 3\r\nTrailer: X-Sum",
+        HOST + b"\r\nContent-Length: 1000000000000",  # 13 digits: aiohttp's to refuse
         HOST + b"\r\nContent-Length: 3\r\nno colon",
         b"POST /v1/partitions/1/records HTTP/1.0\r\nHost: x\r\nContent-Length: 3",
         b"POST /v1/partitions/01/records HTTP/1.1\r\nHost: x\r\nContent-Length: 3",
