@@ -298,6 +298,7 @@ def test_json_view_is_the_documented_object() -> None:
         (300, 700, "300/700 B (42%)"),
         (3 * 1024**3, 6 * 1024**3, "3.0/6.0 GiB (50%)"),
         (0, 0, "0/0 B (100%)"),
+        (512, 1024 * 1024, "0.0/1.0 MiB (0%)"),  # exactly a MiB is counted in MiB
     ],
 )
 def test_install_progress_text(done: int | None, total: int | None, shown: str) -> None:
@@ -344,6 +345,51 @@ def test_a_learner_catching_up_shows_its_lag_and_window() -> None:
     assert "412/snapshot*" in text  # and per partition, as for every member
     learner.promotion = Promotion(window_seconds=3.0)
     assert "learner (lag ?, window 0.0/3 s)" in raftview.render(raftview.view(resource(st)))
+
+
+def test_a_learner_at_lag_0_and_a_member_asked_to_leave_say_so() -> None:
+    st = status_model()
+    learner = st.member("orders-1")
+    assert learner is not None
+    learner.role = "learner"
+    learner.promotion = Promotion(window_seconds=3.0, elapsed_seconds=2.0, max_lag=0)
+    text = raftview.render(raftview.view(resource(st, removeMembers=["orders-2"])))
+    assert "learner (lag 0, window 2.0/3 s)" in text, text
+    assert "orders-2   voter (remove requested)" in text, text
+
+
+def test_the_list_names_a_partition_without_a_leader_and_counts_those_past_three() -> None:
+    st = status_model()
+    st.leaders = {"0": "orders-0", "1": "orders-1", "2": "orders-2"}
+    line = raftview.render_list([raftview.view(resource(st, partitions=3))], False).splitlines()[1]
+    assert "orders-0,orders-1,orders-2 " in line and "+" not in line
+    st.leaders = {"0": "orders-0", "1": "orders-1", "3": "orders-2"}  # 2 has none
+    line = raftview.render_list([raftview.view(resource(st, partitions=4))], False).splitlines()[1]
+    assert "orders-0,orders-1,none,+1" in line, line
+
+
+def test_a_backup_asked_while_others_are_listed_is_shown_as_not_picked_up() -> None:
+    obj = resource(restored_status(), archive=ARCHIVE)
+    obj["metadata"]["annotations"][controls.BACKUP] = "brand-new"
+    text = raftview.render(raftview.view(obj))
+    assert "\nBackup brand-new: requested, not picked up by the operator yet\n" in text
+
+
+def test_the_archive_table_names_the_other_members_failing_and_cuts_long_errors() -> None:
+    v = raftview.view(resource())
+    entry = {"partition": 0, "archivedIndex": 7, "lagEntries": 3, "lastUploadAt": None}
+    v["archive"] = {
+        "url": "s3://b/c",
+        "partitions": [
+            {**entry, "lastError": "e" * 80, "failingOn": ["orders-0", "orders-1"],
+             "reportedBy": "orders-0"},
+            {**entry, "partition": 1, "lastError": "x" * 81, "failingOn": [],
+             "reportedBy": "orders-2"},
+        ],
+    }  # fmt: skip
+    rows = raftview.render(v).split("Archive to s3://b/c:\n", 1)[1].splitlines()
+    assert rows[1].endswith("e" * 80 + "; failing on orders-1"), rows[1]  # not its reporter
+    assert rows[2].endswith("x" * 77 + "..."), rows[2]  # 80 characters at most
 
 
 @pytest.mark.parametrize(
