@@ -19,7 +19,7 @@ from raftlog.operator.actions import (
     Wait,
 )
 from raftlog.operator.cluster_views import Observed
-from raftlog.operator.controls import NONE, PAUSE, RESTART, SWITCHOVER, Controls, parse
+from raftlog.operator.controls import BACKUP, NONE, PAUSE, RESTART, SWITCHOVER, Controls, parse
 from raftlog.operator.models import RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.reconciler import (
     SWITCHOVER_TIMEOUT_S,
@@ -64,6 +64,7 @@ def settled(s: RaftClusterSpec, restart: str | None = None) -> World:
         ({PAUSE: "True"}, True, None),
         ({PAUSE: "false"}, False, None),
         ({PAUSE: "maybe"}, False, PAUSE),
+        ({PAUSE: " TRUE\n"}, True, None),  # as `kubectl annotate` or YAML may leave it
     ],
 )
 def test_pause_annotation(annotations: dict[str, str], paused: bool, problem: str | None) -> None:
@@ -80,20 +81,28 @@ def test_pause_annotation(annotations: dict[str, str], paused: bool, problem: st
         ("c-2:3,0,3", "c-2", (0, 3)),
         ("c-2@2026-11-25T15:00:00Z", "c-2", None),
         ("c-2:0@again", "c-2", (0,)),
+        (" c-2:1 \n", "c-2", (1,)),
     ],
 )
 def test_switchover_annotation(value: str, target: str, partitions: tuple[int, ...] | None) -> None:
     c = parse({SWITCHOVER: value})
     assert c.switchover is not None and not c.problems
     assert (c.switchover.target, c.switchover.partitions) == (target, partitions)
-    assert c.switchover.request == value
+    assert c.switchover.request == value.strip()
 
 
-@pytest.mark.parametrize("value", ["C-2", "c-2:", "c-2:x", ":1", "c-2:1;2"])
+@pytest.mark.parametrize("value", ["C-2", "c-2:", "c-2:x", ":1", "c-2:1;2", "c-2:0,", "c-:1"])
 def test_a_switchover_that_cannot_be_read_is_named_with_its_form(value: str) -> None:
     c = parse({SWITCHOVER: value})
     assert c.switchover is None
     assert len(c.problems) == 1 and "<member>[:<partition>,...]" in c.problems[0]
+
+
+def test_a_backup_and_a_restart_annotation_are_read_as_asked() -> None:
+    c = parse({BACKUP: " nightly-1\n", RESTART: ""})
+    assert (c.backup, c.restart, c.problems) == ("nightly-1", None, ())  # empty: no restart
+    bad = parse({BACKUP: "Nightly"})
+    assert bad.backup is None and len(bad.problems) == 1 and bad.problems[0].startswith(BACKUP)
 
 
 def test_an_unreadable_annotation_is_a_problem_in_status_with_one_event() -> None:
