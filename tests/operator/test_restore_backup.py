@@ -247,3 +247,85 @@ def test_a_backup_left_pending_by_an_operator_that_stopped_is_asked_again() -> N
         later.status, later.action, Outcome(True, "t", indexes={0: 5, 1: 6}), T0 + 601
     )
     assert [(b.name, b.state) for b in st2.backups] == [("b1", "done")]
+
+
+def test_a_plan_that_succeeds_after_failing_shows_no_failure() -> None:
+    s = restored_spec()
+    plan = run(RaftClusterStatus(), Observed({}), s)
+    st, _ = record_outcome(plan.status, PlanRestore(), Outcome(False, "the store is down"), T0)
+    again = run(st, Observed({}), s, T0 + RESTORE_RETRY_S + 1)
+    assert again.action == PlanRestore()
+    st, events = record_outcome(
+        again.status, PlanRestore(), Outcome(True, "latest", indexes={1: 7, 0: 41}), T0 + 32
+    )
+    assert st.restore is not None
+    assert (st.restore.state, st.restore.message, st.restore.at) == ("planned", None, T0 + 32)
+    assert [(p.partition, p.index) for p in st.restore.partitions] == [(0, 41), (1, 7)]
+    assert "partition@index 0@41, 1@7" in events[0].message
+
+
+def test_a_backup_records_when_it_finished_and_its_partitions_in_order() -> None:
+    s = spec(archive=ARCHIVE)
+    st, w = settled(s)
+    plan = run(st, w.observed(), s, controls=parse({BACKUP: "b1"}))
+    assert isinstance(plan.action, TakeBackup)
+    st2, events = record_outcome(
+        plan.status, plan.action, Outcome(True, "t", indexes={1: 80, 0: 120}), T0 + 2
+    )
+    b = st2.backups[0]
+    assert (b.finished_at, [(p.partition, p.index) for p in b.partitions]) == (
+        T0 + 2,
+        [(0, 120), (1, 80)],
+    )
+    plan = run(st2, w.observed(), s, T0 + 3, controls=parse({BACKUP: "b2"}))
+    assert isinstance(plan.action, TakeBackup)
+    _, events = record_outcome(plan.status, plan.action, Outcome(True, "t", indexes={}), T0 + 4)
+    assert events[0].message.endswith("partition@index none")
+
+
+def test_a_name_asked_again_after_another_one_is_not_taken_twice() -> None:
+    s = spec(archive=ARCHIVE)
+    st, w = settled(s)
+    for name in ("a", "b"):
+        plan = run(st, w.observed(), s, controls=parse({BACKUP: name}))
+        assert isinstance(plan.action, TakeBackup)
+        st, _ = record_outcome(plan.status, plan.action, Outcome(True, "t", indexes={}), T0)
+    again = run(st, w.observed(), s, T0 + 5, controls=parse({BACKUP: "a"}))
+    assert not isinstance(again.action, TakeBackup)
+    assert [b.name for b in again.status.backups] == ["a", "b"]
+
+
+def test_a_backup_asked_by_name_does_not_move_the_schedule() -> None:
+    s = spec(archive={**ARCHIVE, "backupIntervalMinutes": 60})
+    st, w = settled(s)
+    plan = run(st, w.observed(), s)
+    assert isinstance(plan.action, TakeBackup)
+    st, _ = record_outcome(plan.status, plan.action, Outcome(True, "t", indexes={}), T0)
+    asked = parse({BACKUP: "manual"})
+    plan = run(st, w.observed(), s, T0 + 30 * 60, controls=asked)
+    assert isinstance(plan.action, TakeBackup) and plan.action.name == "manual"
+    st, _ = record_outcome(plan.status, plan.action, Outcome(True, "t", indexes={}), T0 + 1800)
+    due = run(st, w.observed(), s, T0 + 60 * 60, controls=asked)
+    assert isinstance(due.action, TakeBackup) and due.action.name.startswith("scheduled-")
+
+
+def test_a_resumed_backup_is_asked_again_once_not_at_every_pass() -> None:
+    s = spec(archive=ARCHIVE)
+    st, w = settled(s)
+    asked = parse({BACKUP: "b1"})
+    plan = run(st, w.observed(), s, controls=asked)
+    later = run(plan.status, w.observed(), s, T0 + BACKUP_STALLED_S, controls=asked)
+    assert isinstance(later.action, TakeBackup) and later.action.resume
+    after = run(later.status, w.observed(), s, T0 + BACKUP_STALLED_S + 1, controls=asked)
+    assert not isinstance(after.action, TakeBackup)
+
+
+def test_a_backup_left_pending_is_not_asked_again_once_the_archive_is_gone() -> None:
+    s = spec(archive=ARCHIVE)
+    st, w = settled(s)
+    plan = run(st, w.observed(), s, controls=parse({BACKUP: "b1"}))
+    assert isinstance(plan.action, TakeBackup)
+    bare = spec()
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(bare))
+    later = run(plan.status, w.observed(), bare, T0 + BACKUP_STALLED_S)
+    assert not isinstance(later.action, TakeBackup)

@@ -43,6 +43,10 @@ class ManifestError(ValueError):
     """A manifest that cannot be read: names the key and what is wrong."""
 
 
+class _BadField(ValueError):
+    """A field of the wrong type or range; `from_json` names the manifest's key with it."""
+
+
 @dataclass(frozen=True, slots=True)
 class ArchivedSegment:
     first_index: int
@@ -146,6 +150,8 @@ class Manifest:
             )
         except ManifestError:
             raise
+        except _BadField as e:
+            raise ManifestError(f"{key}: {e}") from None
         except (ValueError, KeyError, TypeError) as e:
             raise ManifestError(f"{key}: not a manifest ({type(e).__name__}: {e})") from None
         m.segments.sort(key=lambda s: s.first_index)
@@ -156,7 +162,7 @@ class Manifest:
 def _int(doc: Any, name: str) -> int:
     v = doc[name]
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-        raise ManifestError(f"{name}: {v!r} is not a non-negative integer")
+        raise _BadField(f"{name}: {v!r} is not a non-negative integer")
     return v
 
 
