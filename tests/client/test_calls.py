@@ -171,6 +171,31 @@ def test_an_admin_call_goes_to_the_leader_the_statuses_name_and_is_tried_once():
     assert got == [Request("POST", transfer, {"target": "n2"})]
 
 
+def test_an_archive_flush_is_asked_again_at_the_leader_until_it_is_done():
+    """A backup point: the leader answers "ask again" when its leadership moved during the
+    flush; raftctl's flush follows the hint and asks again. The operator's, at an endpoint it
+    names, is tried once (its next pass asks again)."""
+    flush = "/v1/admin/partitions/0/archive"
+    at_b: list[tuple[int, dict[str, Any]]] = [
+        (503, {"error": "archive_failed", "reason": "archived up to 0, below the read point 64"}),
+        (200, {"partition": 0, "archived_index": 70, "commit": 64}),
+    ]
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]]:
+        assert s.request.path == flush
+        if s.base == A:
+            return 421, {"error": "not_leader", "leader": "n2", "leader_url": B}
+        return at_b.pop(0)
+
+    reply, steps = run(calls(A, B).archive_flush(0), answer)
+    assert reply["archived_index"] == 70 and not at_b
+    assert [s.base for s in sends(steps)] == [A, B, A, B]
+    failing = {"error": "archive_failed", "reason": "ask again"}
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B).archive_flush(0, endpoint=B), lambda s: (503, failing))
+    assert e.value.status == 503
+
+
 def test_no_leader_found_is_a_503_no_leader():
     follower = {"partitions": [{"partition": 0, "role": "follower"}]}
     with pytest.raises(ClientError) as e:

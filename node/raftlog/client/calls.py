@@ -189,7 +189,10 @@ class Calls:
     `endpoint` given, and the admin calls on a partition at its leader (`endpoint`, else the
     leader found among `endpoints`). Those are not retried here: a membership change or a
     transfer that timed out may still happen, and the caller (a person, the operator's next
-    pass, a reader's loop over replicas) knows better whether to ask again.
+    pass, a reader's loop over replicas) knows better whether to ask again. The one exception
+    is the archive flush at a leader this client finds: asking again is always safe (it
+    archives what is committed then), and a leader answers "ask again" when its leadership
+    moved during the flush.
     """
 
     def __init__(self, endpoints: Sequence[str], retry: RetryPolicy, idempotent: bool) -> None:
@@ -459,8 +462,11 @@ class Calls:
         self, partition: int, *, endpoint: str | None = None, timeout_s: float | None = None
     ) -> Plan[dict[str, Any]]:
         """Have the partition's leader archive everything committed now (a backup point): its
-        `archived_index`, at least the `commit` it read when asked."""
-        path = f"/v1/admin/partitions/{partition}/archive"
-        return (
-            yield from self._at_leader(partition, endpoint, Request("POST", path, {}, timeout_s))
-        )
+        `archived_index`, at least the `commit` it read when asked. Without `endpoint`, retried
+        under the client's policy at the leader found (`raftctl backup create`); at an
+        `endpoint` (the operator's pass), one try."""
+        request = Request("POST", f"/v1/admin/partitions/{partition}/archive", {}, timeout_s)
+        if endpoint:
+            return (yield from self._at_leader(partition, endpoint, request))
+        reply = yield from self._retried(request, self._targets(), leader_of=partition)
+        return reply.json()
