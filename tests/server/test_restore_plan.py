@@ -144,6 +144,11 @@ async def test_a_backup_name_is_taken_once_unless_the_same_backup_is_resumed() -
             "time 1970-01-01T00:00:01.250000+00:00",
         ),
         ("backup:nightly_1.b-2", Target("backup", backup="nightly_1.b-2"), "backup nightly_1.b-2"),
+        (  # a time whose float product with 1000 falls just below the millisecond
+            "time:1987-05-10T10:40:21.915Z",
+            Target("time", time_ms=547_641_621_915),
+            "time 1987-05-10T10:40:21.915000+00:00",
+        ),
     ],
 )
 def test_a_target_is_read_to_the_millisecond_and_described_as_read(

@@ -9,6 +9,7 @@ import os
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -19,6 +20,9 @@ from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.client import AsyncClient
 from raftlog.harness.local import LocalCluster
+from raftlog.node.core.types import Entry
+from raftlog.node.server import columnar
+from raftlog.node.storage.segment import Rows
 from raftlog.spark.session import local_session
 
 # (partition, index, term, key, value, headers, timestamp) as the source returns it
@@ -165,6 +169,8 @@ class FakeNode:
 
     def __init__(self, answer: Answer, piece: int = 0, chunked: bool = False) -> None:
         self.requests: list[str] = []
+        self.authorizations: list[str | None] = []  # each request's Authorization header
+        self.puts: list[tuple[str, bytes]] = []  # (path, body) of each PUT, answered as a GET
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -173,6 +179,7 @@ class FakeNode:
             def do_GET(self) -> None:
                 n = len(fake.requests)
                 fake.requests.append(self.path)
+                fake.authorizations.append(self.headers.get("Authorization"))
                 got = answer(self.path, n)
                 if got is None:
                     self.close_connection = True
@@ -194,6 +201,11 @@ class FakeNode:
                 if chunked:
                     self.wfile.write(b"0\r\n\r\n")
 
+            def do_PUT(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                fake.puts.append((self.path, body))
+                self.do_GET()
+
             def log_message(self, *args: object) -> None:
                 """Silent: the test reads the requests recorded above, not a log."""
 
@@ -210,3 +222,31 @@ class FakeNode:
 def error(status: int, code: str, **extra: object) -> tuple[int, str, bytes]:
     body = {"error": code, "reason": f"{code} (fake)", **extra}
     return status, "application/json", json.dumps(body).encode()
+
+
+def column_page(
+    partition: int, entries: list[Entry], start: int, nxt: int, floor: int = 1
+) -> bytes:
+    """The column page a node makes of `entries` [start, nxt) (all committed)."""
+    rows = Rows()
+    rows.add_entries([e for e in entries if start <= e.index < nxt])
+    hwm = entries[-1].index if entries else 0
+    return columnar.record_page(partition, rows, high_water_mark=hwm, next_index=nxt, floor=floor)
+
+
+def serving(
+    entries: list[Entry], floor: int = 1, partition: int = 0
+) -> Callable[[str, int], tuple[int, str, bytes]]:
+    """A replica holding `entries` (all committed) from `floor` on: their column pages, as a
+    node answers `/columns`, and 410 `compacted` below its floor."""
+    hwm = entries[-1].index if entries else 0
+
+    def answer(path: str, n: int) -> tuple[int, str, bytes]:
+        q = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(path).query))
+        start = int(q["from"])
+        if start < floor:
+            return error(410, "compacted", compaction_floor=floor)
+        nxt = min(int(q["to"]), start + int(q["limit"]), hwm + 1)
+        return 200, columnar.CONTENT_TYPE, column_page(partition, entries, start, nxt, floor)
+
+    return answer

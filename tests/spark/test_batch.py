@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import msgspec
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.harness.local import LocalCluster
-from tests.spark.helpers import append, raftlog_df, records, rows_of, wait_replicated
+from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.record import Record, encode_record
+from raftlog.spark import arrow
+from tests.spark.helpers import append, column_page, raftlog_df, records, rows_of, wait_replicated
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -93,3 +99,51 @@ def test_leader_first_or_a_subset_of_endpoints_reads_the_same_records(spark, clu
             .load()
         )
         assert rows_of(df) == cluster.acked
+
+
+def at_ms(ms: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(milliseconds=ms)
+
+
+def entry(index: int, term: int, record: Record) -> Entry:
+    return Entry(index, term, EntryKind.NORMAL, encode_record(record))
+
+
+PAGE = [
+    entry(10, 7, Record(b"k", b"v", {"h": "1", "g": "2"}, 1_700_000_000_123)),
+    Entry(11, 7, EntryKind.NOOP, b""),  # not a record: no row
+    entry(12, 8, Record(None, b"no key", {}, 0)),  # no timestamp: null
+    entry(13, 8, Record(b"gone", None, {}, -5)),  # a tombstone, stamped before 1970
+    entry(14, 8, Record(b"", b"", [("t", b"a"), ("b", b"\x00x"), ("t", b"b")], 1)),
+]
+
+
+@pytest.mark.parametrize("include_headers", [False, True], ids=["map", "kafka"])
+def test_a_page_reads_as_its_records_with_nulls_times_and_headers(include_headers: bool) -> None:
+    """A column page as a node makes it (records of partition 2 in two terms, a no-op entry
+    between), read as the tasks read it (no Spark): every column as written, a missing key or
+    value null, a missing time null and one before 1970 kept, headers in their order."""
+    page = msgspec.msgpack.decode(column_page(2, PAGE, 10, 15))
+    batch = arrow.page_to_batch(page, include_headers)
+    batch.validate(full=True)
+    assert batch.schema == (arrow.KAFKA_ARROW_SCHEMA if include_headers else arrow.ARROW_SCHEMA)
+
+    def headers(pairs: list[tuple[str, bytes]]) -> list[Any]:
+        if include_headers:
+            return [{"key": k, "value": v} for k, v in pairs]
+        return [(k, v.decode()) for k, v in pairs]
+
+    assert batch.to_pylist() == [
+        {"partition": 2, "index": 10, "term": 7, "key": b"k", "value": b"v",
+         "headers": headers([("h", b"1"), ("g", b"2")]), "timestamp": at_ms(1_700_000_000_123)},
+        {"partition": 2, "index": 12, "term": 8, "key": None, "value": b"no key",
+         "headers": [], "timestamp": None},
+        {"partition": 2, "index": 13, "term": 8, "key": b"gone", "value": None,
+         "headers": [], "timestamp": at_ms(-5)},
+        {"partition": 2, "index": 14, "term": 8, "key": b"", "value": b"",
+         "headers": headers([("t", b"a"), ("b", b"\x00x"), ("t", b"b")]), "timestamp": at_ms(1)},
+    ]  # fmt: skip
+    assert (batch["key"].null_count, batch["value"].null_count) == (1, 1)
+    # A page whose every key is null (records without keys only).
+    unkeyed = arrow.page_to_batch(msgspec.msgpack.decode(column_page(2, PAGE, 12, 13)))
+    assert unkeyed["key"].to_pylist() == [None]

@@ -7,13 +7,26 @@ from __future__ import annotations
 
 import json
 import random
+import urllib.parse
 from datetime import UTC
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.harness.local import LocalCluster
-from tests.spark.helpers import Row, append, raftlog_df, rows_of, wait_replicated, wait_until
+from raftlog.spark.nodes import PartitionView, Replica, client, index_for_time
+from raftlog.spark.options import parse
+from tests.spark.helpers import (
+    Answer,
+    FakeNode,
+    Row,
+    append,
+    error,
+    raftlog_df,
+    rows_of,
+    wait_replicated,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -148,3 +161,42 @@ def test_a_stream_starts_at_a_time_and_goes_on_with_new_records(spark, cluster, 
     finally:
         query.stop()
     assert rows_of(spark.table(name)) == sorted(want, key=lambda r: (r[0], r[1]))
+
+
+def finds(index: int | None, hwm: int, compacted: bool = False) -> Answer:
+    """A replica whose mark is `hwm` that finds `index` for any time (503 `behind` when asked
+    for a mark above its own, as a node answers)."""
+
+    def answer(path: str, n: int) -> tuple[int, str, bytes]:
+        q = dict(urllib.parse.parse_qsl(urllib.parse.urlsplit(path).query))
+        if int(q["min_index"]) > hwm:
+            return error(503, "behind", high_water_mark=hwm)
+        body = json.dumps({"index": index, "compacted": compacted}).encode()
+        return 200, "application/json", body
+
+    return answer
+
+
+def test_the_index_for_a_time_is_asked_of_the_replica_holding_most_and_not_of_one_behind():
+    """Without Spark: a replica that compacted past the time's first record would answer a
+    later index, one behind the planned mark would find no record (its log ends before the
+    one sought): the answer is the replica's with the lowest floor among those at the mark."""
+    nodes = [FakeNode(finds(None, 40)), FakeNode(finds(30, 50, True)), FakeNode(finds(12, 50))]
+    try:
+        view = PartitionView(0, [
+            Replica(nodes[0].url, False, 40, 1),  # behind
+            Replica(nodes[1].url, True, 50, 20),  # compacted up to 20
+            Replica(nodes[2].url, False, 50, 5),
+        ])  # fmt: skip
+        reader = client(parse({"endpoints": nodes[0].url}, streaming=False))
+        try:
+            assert index_for_time(reader, view, BASE) == (12, False)
+            # Only the compacted replica left: its answer says records may be gone.
+            alone = PartitionView(0, [Replica(nodes[1].url, True, 50, 20)])
+            assert index_for_time(reader, alone, BASE) == (30, True)
+        finally:
+            reader.close()
+    finally:
+        for n in nodes:
+            n.close()
+    assert all("min_index=50" in p for p in nodes[0].requests)

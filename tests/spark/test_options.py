@@ -4,15 +4,19 @@ same messages for the JVM reader (`raftlog-jvm`) as for the Python source, where
 from __future__ import annotations
 
 import itertools
+import json
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from raftlog.harness.local import LocalCluster, free_ports
-from raftlog.spark.nodes import PartitionView, Replica
+from raftlog.node.storage.archive_manifest import ArchivedSegment
+from raftlog.spark.archived import Tier
+from raftlog.spark.nodes import PartitionView, Replica, client, survey
 from raftlog.spark.options import OptionError, parse
 from raftlog.spark.source import LogSplit, log_splits, spread
-from tests.spark.helpers import append, records
+from tests.spark.helpers import FakeNode, append, records
 
 pytestmark = [pytest.mark.spark]
 
@@ -230,3 +234,61 @@ def test_min_partitions_halves_the_largest_splits_and_covers_the_same_indexes():
     assert all(a[1] == b[0] for a, b in itertools.pairwise(zero))  # no gap, no overlap
     assert spread([], 5) == []
     assert len(spread([LogSplit(0, 1, 4, ["a"])], 10)) == 3  # one index each at most
+
+
+def status_of(*partitions: dict[str, Any]) -> FakeNode:
+    body = json.dumps({"partitions": list(partitions)}).encode()
+    return FakeNode(lambda path, n: (200, "application/json", body))
+
+
+def part(
+    p: int, role: str, hwm: int, floor: int, readable_from: int | None = None
+) -> dict[str, Any]:
+    return {"partition": p, "role": role, "high_water_mark": hwm, "compaction_floor": floor,
+            "readable_from": readable_from}  # fmt: skip
+
+
+def test_the_survey_makes_each_partitions_view_of_what_its_replicas_answer():
+    """Without Spark: a partition's mark is the highest a replica answered, its floor the
+    lowest, what it serves from the lowest a replica serves (below its floor with tiered
+    reads); followers are read first, the leader last; a node down is named; `partitions`
+    keeps those asked for; nodes that disagree on the number of partitions are refused."""
+    a = status_of(part(0, "leader", 50, 10, 3), part(1, "follower", 7, 1))
+    b = status_of(part(0, "follower", 48, 20), part(1, "leader", 9, 2, 0))
+    odd = status_of(part(0, "leader", 50, 10))
+    down = "http://127.0.0.1:1"
+    try:
+        for extra, want in [({}, [0, 1]), ({"partitions": "1"}, [1])]:
+            opts = parse({"endpoints": f"{a.url},{b.url},{down}", **extra}, streaming=False)
+            nodes = client(opts)
+            try:
+                view = survey(nodes, opts)
+            finally:
+                nodes.close()
+            assert sorted(view.partitions) == want and list(view.unreachable) == [down]
+        p1 = view.partitions[1]
+        assert (p1.high_water_mark, p1.floor, p1.readable_from, p1.earliest) == (9, 1, 1, 1)
+        assert p1.read_order(prefer_followers=True) == [a.url, b.url]
+        assert p1.read_order(prefer_followers=False) == [b.url, a.url]
+        opts = parse({"endpoints": f"{a.url},{b.url}"}, streaming=False)
+        nodes = client(opts)
+        try:
+            p0 = survey(nodes, opts).partitions[0]
+        finally:
+            nodes.close()
+        assert (p0.high_water_mark, p0.floor, p0.readable_from, p0.earliest) == (50, 10, 3, 3)
+        # With archiveUrl: the earliest is the archive's first index, or the floor without one.
+        p0.tier = Tier("s3://b/p", "p/0/manifest.json", True, (ArchivedSegment(1, 9, "s", 9, ""),))
+        assert p0.earliest == 1
+        p0.tier = Tier("s3://b/p", "p/0/manifest.json", False, ())
+        assert p0.earliest == 10
+        opts = parse({"endpoints": f"{a.url},{odd.url}"}, streaming=False)
+        nodes = client(opts)
+        try:
+            with pytest.raises(OptionError, match=r"disagree on the number of partitions \[1, 2\]"):
+                survey(nodes, opts)
+        finally:
+            nodes.close()
+    finally:
+        for n in (a, b, odd):
+            n.close()

@@ -5,6 +5,7 @@ or with failOnDataLoss=false skips them and says so."""
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -12,9 +13,14 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from raftlog.harness.local import LocalCluster
+from raftlog.spark.options import parse
+from raftlog.spark.source import RaftlogStreamReader
 from tests.spark.helpers import (
+    Answer,
+    FakeNode,
     Row,
     append,
+    error,
     raftlog_df,
     records,
     rows_of,
@@ -166,3 +172,44 @@ def test_a_stream_below_the_compaction_floor_fails_or_skips_and_says_so(
 
     # A Python worker's stderr reaches the log through the JVM's own thread: wait for it.
     wait_until(f"{said!r} in Spark's log", lambda: said in logged_since(), timeout=30)
+
+
+def holding(refuse: bool) -> Answer:
+    """A replica of one partition that takes retention holds (or answers 410 `compacted`)."""
+    status = {"partitions": [{"partition": 0, "role": "leader", "high_water_mark": 30,
+                              "compaction_floor": 1}]}  # fmt: skip
+
+    def answer(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", json.dumps(status).encode()
+        assert "/holds/" in path, path
+        if refuse:
+            return error(410, "compacted", compaction_floor=25)
+        return 200, "application/json", b"{}"
+
+    return answer
+
+
+def test_the_hold_is_the_next_index_to_read_moves_only_up_and_is_renewed():
+    """Without Spark (the stream reader's commits called directly): the hold is placed at the
+    committed offset (the next index the stream reads), never moved down, renewed once a
+    quarter of its TTL has passed; a replica that answers 410 is logged, not a failure."""
+    keeps, compacted = FakeNode(holding(refuse=False)), FakeNode(holding(refuse=True))
+    try:
+        opts = parse(
+            {"endpoints": f"{keeps.url},{compacted.url}", "retentionHold": "job",
+             "retentionHoldTtlSeconds": "1"},
+            streaming=True,
+        )  # fmt: skip
+        reader = RaftlogStreamReader(opts)
+        for offset in (10, 20, 15):
+            reader.commit({"0": offset})
+        time.sleep(0.4)
+        reader.commit({"0": 20})
+    finally:
+        keeps.close()
+        compacted.close()
+    held = [(path, json.loads(body)) for path, body in keeps.puts]
+    assert [b["min_index"] for _, b in held] == [10, 20, 20]
+    assert all(p == "/v1/admin/partitions/0/holds/job" for p, _ in held)
+    assert len(compacted.puts) == 3

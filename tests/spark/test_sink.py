@@ -5,12 +5,14 @@ had appended part of its rows and a micro-batch replayed after the query died in
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,9 +20,20 @@ import pytest
 from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from raftlog.harness.local import LocalCluster
 from raftlog.node.routing import partition_for
+from raftlog.spark import sink
+from raftlog.spark.options import OptionError
 from tests.spark.helpers import JVM_ENV
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -273,3 +286,124 @@ def test_a_stream_replays_the_batch_it_died_in_and_lands_each_row_once(
         f"streamed-{n}-{i}" for n in range(3) for i in range(rows_per_batch)
     )
     assert got == expected, (killed_at, sorted(v for v, c in got.items() if c > 1)[:5])
+
+
+class OneTask:
+    """Spark's TaskContext of a write task, for calling a writer without Spark."""
+
+    @staticmethod
+    def get() -> OneTask:
+        return OneTask()
+
+    def partitionId(self) -> int:
+        return 0
+
+
+SCHEMA = StructType(
+    [
+        StructField("partition", IntegerType()),
+        StructField("key", BinaryType()),
+        StructField("value", StringType()),
+        StructField("headers", MapType(StringType(), StringType())),
+        StructField("timestamp", TimestampType()),
+    ]
+)
+
+
+def test_a_writers_rows_land_with_their_columns_routed_as_the_node_routes(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Spark (the task's context faked): binary keys route as the node routes their
+    bytes, a null key or a null partition is no route (partition 0, or the key's), chunks of
+    `batchRecords` follow each other, and headers and timestamps are the records'."""
+    monkeypatch.setattr(sink, "TaskContext", OneTask)
+    eps = ",".join(cluster.endpoints)
+    key = b"\x00\xffkey"
+    at = dt.datetime(2026, 1, 2, 3, 4, 5, 678000, tzinfo=dt.UTC)
+    rows: list[dict[str, Any]] = [
+        {"partition": None, "key": key, "value": f"sunk-{i}", "headers": {"h": str(i)},
+         "timestamp": at}
+        for i in range(5)
+    ] + [{"partition": None, "key": None, "value": "sunk-nokey", "headers": None,
+          "timestamp": None}]  # fmt: skip
+    writer = sink.writer({"endpoints": eps, "batchRecords": "2", "writeId": "sunk"}, SCHEMA)
+    done = writer.write(iter(rows))
+    assert done.records == 6
+    got = written(cluster, "sunk-")
+    p = partition_for(key, 3)
+    assert [r["value"] for r in got[p]] == [f"sunk-{i}" for i in range(5)]
+    assert all(r["key_b64"] == "AP9rZXk=" for r in got[p])
+    assert [r.get("headers") for r in got[p]] == [{"h": str(i)} for i in range(5)]
+    assert all(r.get("timestamp_ms") == int(at.timestamp() * 1000) for r in got[p])
+    assert any(r["value"] == "sunk-nokey" and r.get("key") is None for r in got[0])
+    refused: list[tuple[dict[str, Any], str]] = [
+        ({"partition": 3, "key": None, "value": "v"}, "3 is not a partition of the cluster"),
+        ({"partition": None, "key": None, "value": "v", "headers": {"a": "1", "b": None}},
+         "has a null value"),
+    ]  # fmt: skip
+    for bad, reason in refused:
+        with pytest.raises(ValueError, match=reason):
+            writer.write(iter([{"headers": None, "timestamp": None, **bad}]))
+
+
+def test_write_options_take_their_bounds_and_name_a_read_option_as_such():
+    """Without Spark: batchRecords 1..10000 and writeId of 1..100 characters are taken, one
+    past is refused; a read option given to a write is named as one; every column a write
+    takes is taken."""
+    ep = {"endpoints": "http://127.0.0.1:1"}
+    assert sink.parse_write({**ep, "batchRecords": "10000"}).batch_records == 10_000
+    assert sink.parse_write({**ep, "writeId": "w" * 100}).write_id == "w" * 100
+    with pytest.raises(OptionError, match="between 1 and 10000, got 10001"):
+        sink.parse_write({**ep, "batchRecords": "10001"})
+    with pytest.raises(OptionError, match="1 to 100 characters"):
+        sink.parse_write({**ep, "writeId": "w" * 101})
+    with pytest.raises(OptionError, match="is a read option; a write takes"):
+        sink.parse_write({**ep, "startingoffsets": "earliest"})
+    with pytest.raises(OptionError, match="is not an option; a write takes"):
+        sink.parse_write({**ep, "nosuch": "1"})
+    sink.writer(ep, SCHEMA)
+    sink.stream_writer(ep, SCHEMA)
+
+
+def test_a_rerun_under_a_write_id_with_other_chunks_fails_rather_than_dropping_rows(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Spark: a write run again under its `writeId` lands what its first run did not,
+    once; when its chunks no longer line up with the first run's (other rows, another
+    `batchRecords`), the node's sequence conflict fails the write: no row is dropped as if
+    it were a duplicate."""
+    monkeypatch.setattr(sink, "TaskContext", OneTask)
+    eps = ",".join(cluster.endpoints)
+
+    def rows(n: int) -> Iterator[dict[str, Any]]:
+        return iter({"partition": 1, "value": f"rerun-{i}"} for i in range(n))
+
+    fields = StructType(
+        [StructField("partition", IntegerType()), StructField("value", StringType())]
+    )
+    options = {"endpoints": eps, "batchRecords": "2", "writeId": "rerun"}
+    sink.writer(options, fields).write(rows(3))
+    sink.writer(options, fields).write(rows(3))  # all of it again: duplicates
+    assert [r["value"] for r in written(cluster, "rerun-")[1]] == [f"rerun-{i}" for i in range(3)]
+    with pytest.raises(RuntimeError, match="sequence_conflict"):
+        sink.writer(options, fields).write(rows(5))  # chunks [0, 1], [2, 3]: 2 is in the log
+
+
+def test_a_timestamp_lands_at_its_exact_millisecond(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Spark: a row's timestamp is the record's `timestamp_ms` to the millisecond
+    (what a read gives back as the `timestamp` column)."""
+    monkeypatch.setattr(sink, "TaskContext", OneTask)
+    ms = 547_641_621_915
+    at = dt.datetime(1970, 1, 1, tzinfo=dt.UTC) + dt.timedelta(milliseconds=ms)
+    fields = StructType(
+        [StructField("partition", IntegerType()), StructField("value", StringType()),
+         StructField("timestamp", TimestampType())]
+    )  # fmt: skip
+    options = {"endpoints": ",".join(cluster.endpoints), "writeId": "exact-ms"}
+    sink.writer(options, fields).write(
+        iter([{"partition": 2, "value": "exact-ms", "timestamp": at}])
+    )
+    (record,) = written(cluster, "exact-ms")[2]
+    assert record["timestamp_ms"] == ms

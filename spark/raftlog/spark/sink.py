@@ -33,6 +33,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import BinaryType, StringType, StructType
 
 from raftlog.client import ClientError
+from raftlog.node.record import epoch_ms
 from raftlog.node.routing import partition_for
 from raftlog.spark.nodes import client
 from raftlog.spark.options import READ_OPTIONS, OptionError, Options, parse
@@ -139,7 +140,7 @@ def _record(row: Any, fields: set[str]) -> dict[str, Any]:
                 r["headers"].append(h)
     if "timestamp" in fields and row["timestamp"] is not None:
         ts: dt.datetime = row["timestamp"]
-        r["timestamp_ms"] = int(ts.timestamp() * 1000)
+        r["timestamp_ms"] = epoch_ms(ts)
     return r
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from raftlog.node.record import epoch_ms
+
 
 @dataclass(frozen=True)
 class Target:
@@ -65,7 +67,7 @@ def parse_time_ms(value: str) -> int:
         raise ValueError(f"time {value!r}: not an ISO 8601 time nor milliseconds") from None
     if t.tzinfo is None:
         raise ValueError(f"time {value!r}: give a zone (Z or +hh:mm): a restore point is exact")
-    return int(t.timestamp() * 1000)
+    return epoch_ms(t)
 
 
 def _non_negative(name: str, v: str) -> int:
