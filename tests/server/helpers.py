@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import types
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from raftlog.node.core.config import RaftConfig
+from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Membership, SnapshotMeta
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.statemachine import KeyedTable
+from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.snapshots import Chunk, encode_snapshot
 
 
@@ -52,3 +56,26 @@ def offer_empty_snapshot(d: PartitionDriver, index: int, term: int, voters: set[
     assert rx.write(Chunk.of(raw, 0, len(raw)))
     got, data = rx.verify()
     d.snapshot_received("n1", term, rx, got, data)
+
+
+class LeadingDriver:
+    """A partition driver as the archiver sees it (`server/archive.py`): leading `storage` in
+    `term` with `commit` committed. Its read point is the commit index at the time it is asked,
+    unless `point` fixes one (a quorum that confirmed less)."""
+
+    archive_floor = 1
+
+    def __init__(
+        self, storage: DurableStorage, commit: int, term: int = 1, point: int | None = None
+    ) -> None:
+        self.storage = storage
+        self.raft = types.SimpleNamespace(role=Role.LEADER, term=term, commit=commit, leader="n1")
+        self._point = point
+
+    async def linearizable_point(self) -> int:
+        return int(self.raft.commit) if self._point is None else self._point
+
+
+def archiving_node(driver: LeadingDriver) -> Any:
+    """The node an `Archiver` of partition 0 reads: its drivers and its id."""
+    return types.SimpleNamespace(drivers={0: driver}, id="n1")

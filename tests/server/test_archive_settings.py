@@ -13,6 +13,7 @@ import msgspec
 import pytest
 from crc32c import crc32c
 from pydantic import ValidationError
+from tests.server.helpers import LeadingDriver, archiving_node
 
 from raftlog.node.core.errors import NotLeader
 from raftlog.node.core.raft import Role
@@ -318,19 +319,11 @@ async def test_a_flush_archives_exactly_up_to_the_commit_index_across_sealed_seg
         commit >= storage.wal.active_segment().first_index
     )
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(role=Role.LEADER, term=1, commit=commit, leader="n1")
+    d = LeadingDriver(storage, commit)
 
-        def __init__(self) -> None:
-            self.storage = storage
-
-        async def linearizable_point(self) -> int:
-            return commit
-
-    node = types.SimpleNamespace(drivers={0: Driver()}, id="n1")
+    node = archiving_node(d)
     store = MemoryStore()
-    a = archive.Archiver(node, store, "x", 3600)  # type: ignore[arg-type]
+    a = archive.Archiver(node, store, "x", 3600)
     periodic = await _archived_after(a, store, flush=False)
     assert periodic <= commit
     assert await a.flush(0) == commit
@@ -360,18 +353,10 @@ async def archive_of(tmp_path: Path, n: int) -> tuple[MemoryStore, list[Entry]]:
     for lo in range(0, n, 7):
         storage.save(HardState(1, None, min(lo + 7, n)), entries[lo : lo + 7])
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(role=Role.LEADER, term=1, commit=n, leader="n1")
-
-        def __init__(self) -> None:
-            self.storage = storage
-
-        async def linearizable_point(self) -> int:
-            return n
+    d = LeadingDriver(storage, n)
 
     store = MemoryStore()
-    a = archive.Archiver(types.SimpleNamespace(drivers={0: Driver()}, id="n1"), store, "x", 3600)  # type: ignore[arg-type]
+    a = archive.Archiver(archiving_node(d), store, "x", 3600)
     assert await a.flush(0) == n
     storage.close()
     return store, entries
@@ -677,18 +662,10 @@ async def test_a_snapshot_is_archived_once_with_its_index_and_term(tmp_path: Pat
     entries = [Entry(i, 1 if i <= 20 else 3, EntryKind.NORMAL, b"x" * 40) for i in range(1, 61)]
     storage.save(HardState(3, None, 60), entries)
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(role=Role.LEADER, term=3, commit=60, leader="n1")
-
-        def __init__(self) -> None:
-            self.storage = storage
-
-        async def linearizable_point(self) -> int:
-            return 60
+    d = LeadingDriver(storage, 60, term=3)
 
     store = CountingStore()
-    a = archive.Archiver(types.SimpleNamespace(drivers={0: Driver()}, id="n1"), store, "x", 3600)  # type: ignore[arg-type]
+    a = archive.Archiver(archiving_node(d), store, "x", 3600)
     try:
         assert await a.flush(0) == 60
         assert stored_manifest(store).snapshots == []
@@ -723,16 +700,10 @@ async def test_a_pass_archives_every_sealed_segment_up_to_one_ending_at_the_comm
     commit = sealed[1].last_index  # the second sealed segment's last entry
     storage.save(HardState(1, None, commit), [])
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(role=Role.LEADER, term=1, commit=commit, leader="n1")
+    d = LeadingDriver(storage, commit)
 
-        def __init__(self) -> None:
-            self.storage = storage
-
-    d = Driver()
     store = MemoryStore()
-    a = archive.Archiver(types.SimpleNamespace(drivers={0: d}, id="n1"), store, "x", 3600)  # type: ignore[arg-type]
+    a = archive.Archiver(archiving_node(d), store, "x", 3600)
     try:
         await a.pass_once()
         m = stored_manifest(store)
@@ -770,19 +741,10 @@ async def test_a_flush_cut_at_any_entry_of_a_segment_then_the_rest_archive_each_
     first_commit = seg.first_index if cut == "first" else seg.last_index - 1
     storage.save(HardState(16, None, first_commit), [])
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(role=Role.LEADER, term=16, commit=first_commit, leader="n1")
+    d = LeadingDriver(storage, first_commit, term=16)
 
-        def __init__(self) -> None:
-            self.storage = storage
-
-        async def linearizable_point(self) -> int:
-            return int(self.raft.commit)
-
-    d = Driver()
     store = MemoryStore()
-    a = archive.Archiver(types.SimpleNamespace(drivers={0: d}, id="n1"), store, "x", 3600)  # type: ignore[arg-type]
+    a = archive.Archiver(archiving_node(d), store, "x", 3600)
     try:
         assert await a.flush(0) == first_commit
         storage.save(HardState(16, None, 60), [])
@@ -819,18 +781,10 @@ async def test_a_gap_in_the_log_is_bridged_by_the_snapshot_just_below_it(tmp_pat
     sealed = storage.wal.sealed_segments()
     storage.save(HardState(1, None, sealed[0].last_index), [])
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(
-            role=Role.LEADER, term=1, commit=sealed[0].last_index, leader="n1"
-        )
+    d = LeadingDriver(storage, sealed[0].last_index)
 
-        def __init__(self) -> None:
-            self.storage = storage
-
-    d = Driver()
     store = MemoryStore()
-    a = archive.Archiver(types.SimpleNamespace(drivers={0: d}, id="n1"), store, "x", 3600)  # type: ignore[arg-type]
+    a = archive.Archiver(archiving_node(d), store, "x", 3600)
     try:
         await a.pass_once()
         assert stored_manifest(store).archived_index == sealed[0].last_index
@@ -862,17 +816,9 @@ def leader_over(tmp_path: Path, commit: int, point: int) -> tuple[DurableStorage
         [Entry(i, 2, EntryKind.NORMAL, b"x" * 40) for i in range(1, 61)],
     )
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(role=Role.LEADER, term=2, commit=commit, leader="n1")
+    d = LeadingDriver(storage, commit, term=2, point=point)
 
-        def __init__(self) -> None:
-            self.storage = storage
-
-        async def linearizable_point(self) -> int:
-            return point
-
-    return storage, Driver()
+    return storage, d
 
 
 @pytest.mark.asyncio

@@ -7,14 +7,13 @@ server are in tests/s3/test_backup_restore.py and tests/s3/test_local_restore.py
 from __future__ import annotations
 
 import json
-import types
 from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.server.helpers import LeadingDriver, archiving_node
 from tests.server.test_archive_settings import MemoryStore, forged
 
-from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server import archive, restore
@@ -34,19 +33,10 @@ async def archived(tmp_path: Path, entries: list[Entry], commit: int, *then: int
     )
     storage.save(HardState(1, None, commit), entries)
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(role=Role.LEADER, term=1, commit=commit, leader="n1")
-
-        def __init__(self) -> None:
-            self.storage = storage
-
-        async def linearizable_point(self) -> int:
-            return int(self.raft.commit)
+    d = LeadingDriver(storage, commit)
 
     store = MemoryStore()
-    d = Driver()
-    a = archive.Archiver(types.SimpleNamespace(drivers={0: d}, id="n1"), store, "x", 3600)  # type: ignore[arg-type]
+    a = archive.Archiver(archiving_node(d), store, "x", 3600)
     for c in (commit, *then):
         storage.save(HardState(1, None, c), [])
         d.raft.commit = c
@@ -283,21 +273,10 @@ async def archived_across_a_gap(tmp_path: Path) -> tuple[MemoryStore, int]:
     sealed = storage.wal.sealed_segments()
     storage.save(HardState(21, None, sealed[0].last_index), [])
 
-    class Driver:
-        archive_floor = 1
-        raft = types.SimpleNamespace(
-            role=Role.LEADER, term=21, commit=sealed[0].last_index, leader="n1"
-        )
+    d = LeadingDriver(storage, sealed[0].last_index, term=21)
 
-        def __init__(self) -> None:
-            self.storage = storage
-
-        async def linearizable_point(self) -> int:
-            return int(self.raft.commit)
-
-    d = Driver()
     store = MemoryStore()
-    a = archive.Archiver(types.SimpleNamespace(drivers={0: d}, id="n1"), store, "x", 3600)  # type: ignore[arg-type]
+    a = archive.Archiver(archiving_node(d), store, "x", 3600)
     await a.pass_once()
     below = sealed[2].first_index - 1
     storage.save(HardState(21, None, 60), [])
