@@ -28,6 +28,7 @@ import random
 import signal
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 import pytest
@@ -202,6 +203,24 @@ def next_target(rng: random.Random, nodes: dict[str, str], answer: object) -> st
     return nodes[leader] if leader in nodes else rng.choice(list(nodes.values()))
 
 
+async def call(
+    http: aiohttp.ClientSession, method: str, url: str, body: dict[str, str] | None = None
+) -> tuple[int, Any] | None:
+    """One request with the clients' 2 s time-out: its status and JSON answer, or None when no
+    answer came (refused, reset, timed out, cut off mid-answer: a fault of the schedule)."""
+    try:
+        async with http.request(
+            method,
+            url,
+            data=None if body is None else json.dumps(body),
+            headers={"Content-Type": "application/json"},
+            timeout=aiohttp.ClientTimeout(total=2),
+        ) as resp:
+            return resp.status, await resp.json(content_type=None)
+    except (aiohttp.ClientError, TimeoutError, ValueError):
+        return None
+
+
 async def writer(
     http: aiohttp.ClientSession,
     nodes: dict[str, str],
@@ -218,26 +237,24 @@ async def writer(
         seq += 1
         w = Write(partition, rng.choice(KEYS), f"w{wid}-{seq}", time.monotonic())
         out.append(w)
-        try:
-            async with http.post(
-                f"{target}/v1/partitions/{partition}/records",
-                data=json.dumps({"key": w.key, "value": w.value}),
-                headers={"Content-Type": "application/json"},
-                timeout=aiohttp.ClientTimeout(total=2),
-            ) as resp:
-                body = await resp.json(content_type=None)
-                w.answered = time.monotonic()
-                if resp.status == 200:
-                    w.outcome, w.index = "ok", int(body["last_index"])
-                    assert body["first_index"] == w.index, body
-                elif resp.status == 421:  # a follower refuses before proposing
-                    w.outcome = "failed"
-                    target = next_target(rng, nodes, body)
-                else:
-                    target = rng.choice(urls)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+        got = await call(
+            http, "POST", f"{target}/v1/partitions/{partition}/records",
+            {"key": w.key, "value": w.value},
+        )  # fmt: skip
+        if got is None:  # no answer: the outcome stays unknown
             target = rng.choice(urls)
             await asyncio.sleep(0.05)
+            continue
+        status, answer = got
+        w.answered = time.monotonic()
+        if status == 200:
+            w.outcome, w.index = "ok", int(answer["last_index"])
+            assert answer["first_index"] == w.index, answer
+        elif status == 421:  # a follower refuses before proposing
+            w.outcome = "failed"
+            target = next_target(rng, nodes, answer)
+        else:
+            target = rng.choice(urls)
 
 
 async def key_reader(
@@ -254,21 +271,19 @@ async def key_reader(
     while not stop.is_set():
         key = rng.choice(KEYS)
         sent = time.monotonic()
-        try:
-            async with http.get(
-                f"{target}/v1/partitions/{partition}/keys/{key}?consistency=linearizable",
-                timeout=aiohttp.ClientTimeout(total=2),
-            ) as resp:
-                body = await resp.json(content_type=None)
-                if resp.status in (200, 404) and isinstance(body, dict) and "found" in body:
-                    value = body.get("value") if body["found"] else None
-                    answered, applied = time.monotonic(), int(body["applied_index"])
-                    out.append(KeyRead(partition, key, sent, answered, value, applied))
-                else:  # as a client does, it stays with the node that answered until it fails
-                    target = next_target(rng, nodes, body)
-        except (aiohttp.ClientError, TimeoutError, ValueError):
+        path = f"/v1/partitions/{partition}/keys/{key}?consistency=linearizable"
+        got = await call(http, "GET", target + path)
+        if got is None:
             target = rng.choice(urls)
             await asyncio.sleep(0.05)
+            continue
+        status, answer = got
+        if status in (200, 404) and isinstance(answer, dict) and "found" in answer:
+            value = answer.get("value") if answer["found"] else None
+            answered, applied = time.monotonic(), int(answer["applied_index"])
+            out.append(KeyRead(partition, key, sent, answered, value, applied))
+        else:  # as a client does, it stays with the node that answered until it fails
+            target = next_target(rng, nodes, answer)
 
 
 async def record_reader(
@@ -282,19 +297,14 @@ async def record_reader(
     while not stop.is_set():
         name, p = rng.choice(list(nodes)), rng.choice(BUSY)
         start = rng.randint(1, top[p])
-        try:
-            async with http.get(
-                f"{nodes[name]}/v1/partitions/{p}/records?from={start}&limit=1000",
-                timeout=aiohttp.ClientTimeout(total=2),
-            ) as resp:
-                if resp.status == 200:
-                    page = await resp.json()
-                    mark = page["high_water_mark"]
-                    top[p] = max(top[p], mark)
-                    for r in page["records"]:
-                        out.append((p, name, r["index"], r["value"], mark))
-        except (aiohttp.ClientError, TimeoutError, ValueError):
-            pass
+        path = f"/v1/partitions/{p}/records?from={start}&limit=1000"
+        got = await call(http, "GET", nodes[name] + path)
+        if got is not None and got[0] == 200:  # a node cut off or down is asked again later
+            page = got[1]
+            mark = page["high_water_mark"]
+            top[p] = max(top[p], mark)
+            for r in page["records"]:
+                out.append((p, name, r["index"], r["value"], mark))
         await asyncio.sleep(0.1)
 
 
