@@ -300,6 +300,10 @@ class MemoryStore:
     async def get(self, key: str) -> bytes | None:
         return self.objects.get(key)
 
+    def manifest(self) -> Manifest:
+        """The manifest of partition 0 under the prefix "x", as written."""
+        return Manifest.from_json("m", self.objects["x/p0/manifest.json"])
+
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("commit", [5, 37, 58, 60])
@@ -327,7 +331,7 @@ async def test_a_flush_archives_exactly_up_to_the_commit_index_across_sealed_seg
     periodic = await _archived_after(a, store, flush=False)
     assert periodic <= commit
     assert await a.flush(0) == commit
-    m = Manifest.from_json("m", store.objects["x/p0/manifest.json"])
+    m = store.manifest()
     assert m.archived_index == commit
     got = [e.index for s in m.segments for e in object_entries(s.key, store.objects[s.key])]
     assert got == list(range(1, commit + 1))  # every committed entry once, nothing above
@@ -399,7 +403,7 @@ class Partition:
 
 
 def stored_manifest(store: MemoryStore) -> Manifest:
-    return Manifest.from_json("m", store.objects["x/p0/manifest.json"])
+    return store.manifest()
 
 
 @pytest.mark.asyncio

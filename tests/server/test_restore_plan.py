@@ -20,7 +20,7 @@ from raftlog.node.server import archive, restore
 from raftlog.node.server.restore_target import Target, check_backup_name, parse_target
 from raftlog.node.settings import NodeSettings
 from raftlog.node.statemachine import KeyedTable
-from raftlog.node.storage.archive_manifest import ArchivedSegment, ArchivedSnapshot, Manifest
+from raftlog.node.storage.archive_manifest import ArchivedSegment, ArchivedSnapshot
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import WalCorruption
 
@@ -178,7 +178,7 @@ def test_a_backup_name_is_1_to_128_safe_characters(name: str, ok: bool) -> None:
 # ---------------------------------------------------------------- resolving a target
 def with_manifest(store: MemoryStore, change: dict[str, Any], p: int = 0) -> None:
     """Partition `p`'s manifest made what `change` says (a copy of partition 0's as a base)."""
-    m = Manifest.from_json("m", store.objects["x/p0/manifest.json"])
+    m = store.manifest()
     for k, v in change.items():
         setattr(m, k, v)
     m.partition = p
@@ -189,7 +189,7 @@ def with_manifest(store: MemoryStore, change: dict[str, Any], p: int = 0) -> Non
 async def test_each_kind_of_target_resolves_to_its_index_per_partition(tmp_path: Path) -> None:
     store = await archived(tmp_path, blobs(60), 60)
     with_manifest(store, {}, p=1)
-    archived_index = Manifest.from_json("m", store.objects["x/p0/manifest.json"]).archived_index
+    archived_index = store.manifest().archived_index
     assert archived_index == 60
     assert await restore.resolve(store, "x", 2, Target("latest")) == {0: 60, 1: 60}
     assert await restore.resolve(store, "x", 2, Target("index", index=45)) == {0: 45, 1: 45}
@@ -210,7 +210,7 @@ async def test_an_index_no_archived_run_and_snapshot_reach_is_refused_when_plann
     """The archive begins above index 1 with no snapshot below its first entry: its entries
     are archived, but a restore could not start a log from them."""
     store = await archived(tmp_path, blobs(60), 60)
-    segments = Manifest.from_json("m", store.objects["x/p0/manifest.json"]).segments
+    segments = store.manifest().segments
     with_manifest(store, {"segments": segments[1:]})
     first = segments[1].first_index
     with pytest.raises(restore.RestoreError, match=f"archived entries start at {first}"):
@@ -296,7 +296,7 @@ async def archived_across_a_gap(tmp_path: Path) -> tuple[MemoryStore, int]:
     )
     await a.pass_once()
     storage.close()
-    m = Manifest.from_json("m", store.objects["x/p0/manifest.json"])
+    m = store.manifest()
     assert m.segments[1].first_index == below + 1 > m.segments[0].last_index + 1
     assert [s.index for s in m.snapshots] == [below, 58]
     return store, below
@@ -319,7 +319,7 @@ async def test_a_restore_across_a_gap_starts_from_the_snapshot_below_the_run(
     assert await restore.resolve(store, "x", 1, Target("latest")) == {0: 60}
     # An index a few entries into the object before the later snapshot at 58 (its term is
     # not the term of the object's first entry).
-    seg = Manifest.from_json("m", store.objects["x/p0/manifest.json"]).segments[-2]
+    seg = store.manifest().segments[-2]
     index = seg.first_index + 3
     assert below < seg.first_index and index <= seg.last_index and index < 58
     path = str(tmp_path / "dst" / "p0")
@@ -351,7 +351,7 @@ async def test_a_plan_needs_a_run_of_entries_from_1_or_from_just_above_a_snapsho
     tmp_path: Path,
 ) -> None:
     store = await archived(tmp_path, blobs(60), 60)
-    real = Manifest.from_json("m", store.objects["x/p0/manifest.json"]).segments
+    real = store.manifest().segments
     s0, s1, s2 = real[:3]
 
     async def plan(index: int) -> dict[int, int]:
@@ -378,7 +378,7 @@ async def test_a_restore_refuses_an_object_that_is_not_the_one_the_manifest_name
     tmp_path: Path,
 ) -> None:
     store = await archived(tmp_path, blobs(60), 60)
-    seg = Manifest.from_json("m", store.objects["x/p0/manifest.json"]).segments[1]
+    seg = store.manifest().segments[1]
     store.objects[seg.key] = forged(store.objects[seg.key])
     (tmp_path / "dst").mkdir()
     with pytest.raises(WalCorruption, match="differs from the manifest's"):
@@ -395,7 +395,7 @@ async def test_a_time_after_every_record_restores_all_even_a_last_object_of_one_
         for i in range(1, 31)
     ]
     store = await archived(tmp_path, entries, 29, 30)
-    last = Manifest.from_json("m", store.objects["x/p0/manifest.json"]).segments[-1]
+    last = store.manifest().segments[-1]
     assert (last.first_index, last.last_index) == (30, 30)
     assert await restore.resolve(store, "x", 1, Target("time", time_ms=10**6)) == {0: 30}
 
@@ -405,7 +405,7 @@ async def test_a_restore_reads_no_object_past_its_index_and_all_it_names_up_to_i
     tmp_path: Path,
 ) -> None:
     store = await archived(tmp_path, blobs(60), 60)
-    segments = Manifest.from_json("m", store.objects["x/p0/manifest.json"]).segments
+    segments = store.manifest().segments
     s1, s2 = segments[1], segments[2]
     (tmp_path / "dst").mkdir()
     # Up to the end of an object: the next one (damaged here) is not read.
