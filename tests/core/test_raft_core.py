@@ -135,6 +135,23 @@ def test_stale_term_messages_are_answered_with_the_current_term_and_ignored() ->
         (VoteRequest("a", "b", True, 0, 0), "term"),  # a bool is not a term
         (HeartbeatRequest("a", "b", 3, 0, 0, quiesce=1), "quiesce"),  # type: ignore[arg-type]
         (AppendResponse("a", "b", 3, False, 1, hint_index=-1), "hint_index"),
+        # Each field of the answer that the plain-int test checks at once.
+        (AppendResponse("a", "b", -1, True, 1), "term"),
+        (AppendResponse("a", "b", 3, True, -1), "index"),
+        (AppendResponse("a", "b", 3, True, True), "index"),  # a bool is not an index
+        (AppendResponse("a", "b", 3, True, 1, commit=-2), "commit"),
+        (AppendResponse("a", "b", 3, False, 1, hint_term=-1), "hint_term"),
+        (AppendResponse("a", "b", 3, True, 1.0), "index"),  # type: ignore[arg-type]
+        (AppendResponse("a", "b", 3.0, True, 1), "term"),  # type: ignore[arg-type]
+        (AppendResponse("a", "b", 3, True, 1, commit=1.5), "commit"),  # type: ignore[arg-type]
+        (AppendResponse("a", "b", 3, False, 1, hint_index=0.5), "hint_index"),  # type: ignore[arg-type]
+        (AppendResponse("a", "b", 3, False, 1, hint_term=0.5), "hint_term"),  # type: ignore[arg-type]
+        # Each test of the per-entry check, in an append of ordinary entries.
+        (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 3), Entry(4, 3)), 0), "entries[1].index"),
+        (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 3, data="s"),), 0), "entries[0].data"),  # type: ignore[arg-type]
+        (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 3, kind=7),), 0), "entries[0].kind"),  # type: ignore[arg-type]
+        (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 3), (3, 3)), 0), "entries[1]"),  # type: ignore[arg-type]
+        (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 0),), 0), "entries[0].term"),  # below prev
     ],
 )
 def test_malformed_messages_are_rejected_with_a_reason_and_change_nothing(
@@ -157,6 +174,28 @@ def test_oversized_append_is_rejected() -> None:
     rd = drain(r, s)
     assert s.last_index() == 1
     assert "max_message_entries=2" in rd.events[0].detail["reason"]
+
+
+def test_an_append_a_byte_over_its_limit_is_refused() -> None:
+    cfg = RaftConfig(max_message_entries=2, max_message_bytes=1024, max_append_bytes=1024)
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", cfg, s)
+    over = (Entry(2, 1, data=b"x" * 488), Entry(3, 1, data=b"y" * 489))  # 1,025 bytes
+    r.step(AppendRequest("a", "b", 1, 1, 1, over, 0))
+    rd = drain(r, s)
+    assert s.last_index() == 1
+    assert "1025 bytes exceed max_message_bytes=1024" in rd.events[0].detail["reason"]
+
+
+def test_an_append_with_a_noop_and_a_membership_is_taken() -> None:
+    """Entries other than records are checked one by one (a membership decoded) and taken."""
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("b", CFG, s)
+    config = Membership(frozenset({"a", "b", "c"})).encode()
+    entries = (Entry(2, 2, EntryKind.NOOP), Entry(3, 2, EntryKind.CONFIG, config), Entry(4, 2))
+    r.step(AppendRequest("a", "b", 2, 1, 1, entries, 0))
+    drain(r, s)
+    assert s.last_index() == 4 and r.membership.voters == {"a", "b", "c"}
 
 
 def test_an_append_exactly_at_its_limits_is_taken() -> None:

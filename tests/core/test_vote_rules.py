@@ -52,6 +52,31 @@ def test_one_vote_per_term_while_no_leader_is_known() -> None:
     assert s.hard_state.vote == "a"
 
 
+def test_a_vote_cast_in_a_term_already_reached_is_written_before_the_answer() -> None:
+    """Term 2 reached by a candidate refused for its short log, then a vote in term 2: only
+    the vote changed, and it must reach storage in the Ready that sends the grant (else a
+    restart forgets it and the node may vote again in term 2)."""
+    s = storage_with([(1, 1)], term=1)
+    b = Raft("b", CFG, s)
+    assert not vote_reply(b, s, VoteRequest("c", "b", 2, 0, 0))
+    assert b.term == 2 and s.hard_state.vote is None
+    b.step(VoteRequest("a", "b", 2, 1, 1))
+    rd = b.ready()
+    assert sent(rd, VoteResponse)[0].granted
+    assert rd.hard_state is not None and (rd.hard_state.term, rd.hard_state.vote) == (2, "a")
+
+
+def test_a_term_learned_without_a_vote_is_written_before_the_answer() -> None:
+    """A leader of term 3 heard by a node that never voted: only the term changed (the vote
+    stays None), and the answer claiming term 3 must not go out before it is stored."""
+    s = storage_with([(1, 1)], term=1)
+    b = Raft("b", CFG, s)
+    b.step(HeartbeatRequest("a", "b", 3, 0))
+    rd = b.ready()
+    assert rd.messages and rd.hard_state is not None
+    assert (rd.hard_state.term, rd.hard_state.vote) == (3, None)
+
+
 def test_a_lost_pre_vote_keeps_the_vote_of_the_term() -> None:
     """Back to follower in the same term after a lost pre-vote: the vote cast stays cast."""
     b, s = voter_that_voted_for_a()

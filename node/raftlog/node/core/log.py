@@ -152,6 +152,11 @@ class RaftLog:
         if not self.matches(prev_index, prev_term):
             return None
         last_new = prev_index + len(entries)
+        if entries and prev_index == self.last_index():
+            # The live case: every entry is new here. The loop below would find that out one
+            # entry at a time, each through an Unavailable raised and caught.
+            self.append(list(entries))
+            return last_new, entries[0].index
         written = 0
         floor = self.first_index()
         for i, e in enumerate(entries):
