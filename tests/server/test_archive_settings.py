@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import re
 import types
 from pathlib import Path
 from typing import Any
@@ -837,6 +839,25 @@ async def test_a_flush_below_the_read_point_fails_rather_than_answer_a_lower_poi
         with pytest.raises(RuntimeError, match="archived up to 40, below the read point 41"):
             await a.flush(0)
         assert a.partitions[0].last_error is not None
+    finally:
+        storage.close()
+
+
+@pytest.mark.asyncio
+async def test_a_segment_file_missing_from_the_log_is_named_not_passed_over(
+    tmp_path: Path,
+) -> None:
+    """A segment still in this member's log whose file is gone (deleted by hand, a damaged
+    disk): the flush fails naming the file, rather than stop as if nothing were left and
+    leave only "archived up to 0" to go on."""
+    storage, d = leader_over(tmp_path, commit=40, point=40)
+    first = storage.wal.sealed_segments()[0]
+    os.unlink(first.path)
+    a = archive.Archiver(types.SimpleNamespace(drivers={0: d}, id="n1"), MemoryStore(), "x", 3600)  # type: ignore[arg-type]
+    try:
+        with pytest.raises(RuntimeError, match=f"segment file {re.escape(first.path)} "):
+            await a.flush(0)
+        assert "is missing from this member's log" in (a.partitions[0].last_error or "")
     finally:
         storage.close()
 

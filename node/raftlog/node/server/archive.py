@@ -385,7 +385,14 @@ class Archiver:
                 data = await asyncio.to_thread(
                     _segment_object, seg.path, seg.first_index, start, offset, prev_term, end
                 )
-            except FileNotFoundError:
+            except FileNotFoundError as e:
+                if any(s is seg for s in (*wal.sealed_segments(), wal.active_segment())):
+                    # Still this log's segment, yet its file is gone: said, never passed over
+                    # as if nothing were left to archive.
+                    raise RuntimeError(
+                        f"segment file {seg.path} (entries {seg.first_index}.."
+                        f"{seg.last_index}) is missing from this member's log"
+                    ) from e
                 break  # removed meanwhile (a snapshot install reset the log): next pass
             digest = hashlib.sha256(data).hexdigest()
             key = segment_key(self.prefix, p, start, last, digest)
