@@ -80,6 +80,35 @@ def test_malformed_entries_are_refused_with_a_reason(entries: list[object]) -> N
     assert "AppendRequest" in e.value.reason
 
 
+@pytest.mark.parametrize(
+    ("item", "reason"),
+    [
+        ([0, 5, "b", "a", 4, True, 9, 0, 0], "AppendResponse has 8 fields, got 7"),
+        ([0, 5, "b", "a", 4, True, 9, 0, 0, 8, 1], "AppendResponse has 8 fields, got 9"),
+        ([0, 9, "a", "b", 4, [9, 4, ["a"]]], "malformed InstallSnapshot"),  # meta of 3
+        ([0, 9, "a", "b", 4, 17], "malformed InstallSnapshot"),  # meta not a list
+        ([0, 9, "a", "b", 4, [9, "x", ["a"], []]], "malformed InstallSnapshot"),
+        ([0, 99, "a"], "unknown message type 99"),
+        (["0", 5, "b"], "partition and type must be integers"),
+        ([0], "each message is [partition, type, fields...]"),
+    ],
+)
+def test_malformed_messages_are_refused_naming_what_is_wrong(
+    item: list[object], reason: str
+) -> None:
+    with pytest.raises(InvalidMessage) as e:
+        decode_frame(msgspec.msgpack.encode([item]))
+    assert reason in e.value.reason
+
+
+def test_each_field_lands_in_its_place() -> None:
+    """Fields are read by position: every one distinct, so a shift would show."""
+    m = AppendRequest("a", "b", 11, 12, 10, (Entry(13, 11, data=b"z"),), 12, True)
+    r = AppendResponse("b", "a", 21, False, 22, 23, 24, 25)
+    snap = InstallSnapshot("a", "b", 31, SnapshotMeta(32, 30, Membership.of(["a"], ("c",))))
+    assert decode_frame(encode_frame([(3, m), (4, r), (5, snap)])) == [(3, m), (4, r), (5, snap)]
+
+
 def test_queued_messages_go_out_in_frames_a_peer_takes_in_order() -> None:
     """A sender's queue (messages held while its stream was down) leaves in frames of at most
     its budget, or one message alone, oldest first: a peer refuses a frame over its limit."""

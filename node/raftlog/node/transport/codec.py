@@ -38,6 +38,8 @@ _FIELDS = {cls: [f.name for f in dataclasses.fields(cls)] for cls in MESSAGE_TYP
 # gives a tuple) rather than field by field in Python: fewer calls per message; the effect on
 # appends/s is within the bench's noise (bench/RESULTS.md, "Fewer calls per message").
 _VALUES = {cls: operator.attrgetter(*_FIELDS[cls]) for cls in MESSAGE_TYPES}
+_AT_ENTRIES = _FIELDS[AppendRequest].index("entries")
+_AT_META = _FIELDS[InstallSnapshot].index("meta")
 _ENTRIES = tuple[Entry, ...]
 _BYTES = (bytes,)
 _encoder = msgspec.msgpack.Encoder()
@@ -96,21 +98,22 @@ def _decode_one(item: Any) -> Item:
     names = _FIELDS[cls]
     if len(values) != len(names):
         raise InvalidMessage("frame", f"{cls.__name__} has {len(names)} fields, got {len(values)}")
-    kwargs = dict(zip(names, values, strict=True))
     try:
+        # The fields in their declared order, as the encoder wrote them: positional, with no
+        # keyword dict built per message.
         if cls is AppendRequest:
             # [index, term, kind, data] lists to Entries, each field type-checked, in C. Entry's
             # defaults for kind and data would take a shorter list, so every entry must have all
             # four fields; bytes as a builtin type keeps a str from being read as base64.
-            entries = kwargs["entries"]
+            entries = values[_AT_ENTRIES]
             if entries and min(map(len, entries)) != 4:
                 raise ValueError("each entry is [index, term, kind, data]")
-            kwargs["entries"] = msgspec.convert(entries, _ENTRIES, builtin_types=_BYTES)
-        if cls is InstallSnapshot:
-            i, t, voters, learners = kwargs["meta"]
-            kwargs["meta"] = SnapshotMeta(
+            values[_AT_ENTRIES] = msgspec.convert(entries, _ENTRIES, builtin_types=_BYTES)
+        elif cls is InstallSnapshot:
+            i, t, voters, learners = values[_AT_META]
+            values[_AT_META] = SnapshotMeta(
                 int(i), int(t), Membership(frozenset(voters), frozenset(learners))
             )
-        return partition, cls(**kwargs)
+        return partition, cls(*values)
     except (TypeError, ValueError, msgspec.ValidationError) as e:
         raise InvalidMessage("frame", f"malformed {cls.__name__}: {e}") from None
