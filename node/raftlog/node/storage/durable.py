@@ -216,12 +216,13 @@ class DurableStorage:
 
     def write(self, hard_state: HardState | None, entries: list[Entry]) -> None:
         """Write without waiting for the disk; `sync` (or group commit) makes it durable."""
-        if entries:
-            self.wal.append(entries)
-        if hard_state is not None:
-            if (hard_state.term, hard_state.vote) != (self.hard.term, self.hard.vote):
-                self._guard("hardstate", lambda: self.hard.save(hard_state.term, hard_state.vote))
-            self.wal.append_commit(hard_state.commit)
+        if hard_state is not None and (hard_state.term, hard_state.vote) != (
+            self.hard.term,
+            self.hard.vote,
+        ):
+            self._guard("hardstate", lambda: self.hard.save(hard_state.term, hard_state.vote))
+        # The commit index rides in the entries' write (after them), or alone.
+        self.wal.append(entries, hard_state.commit if hard_state is not None else 0)
 
     def sync(self) -> None:
         if self.journal is not None:
