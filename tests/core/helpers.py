@@ -5,7 +5,10 @@ from __future__ import annotations
 from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.messages import Message
 from raftlog.node.core.raft import Raft, Ready
+from raftlog.node.core.storage import WritableStorage
 from raftlog.node.core.types import Entry, EntryKind, HardState, Membership
+from raftlog.node.server.compaction_pass import CompactionPass, begin_snapshot, compact_behind
+from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.memory import MemoryStorage
 
 CFG = RaftConfig(election_ticks=10, heartbeat_ticks=1)
@@ -44,3 +47,21 @@ def drain(raft: Raft, storage: MemoryStorage) -> Ready:
 
 def sent(rd: Ready, kind: type) -> list[Message]:
     return [m for m in rd.messages if isinstance(m, kind)]
+
+
+def snapshot_and_compact(
+    storage: WritableStorage,
+    raft: Raft,
+    table: KeyedTable,
+    config: RaftConfig,
+    retention_hold: int | None = None,
+    force: bool = False,
+) -> CompactionPass | None:
+    """A whole snapshot-and-compaction pass at once if one is due, written in the caller's
+    thread (the node's driver and the simulator write the snapshot while the table goes on
+    applying instead: see `server.partition`). None when there is nothing to do."""
+    pending = begin_snapshot(storage, raft, table, config, force)
+    if pending is None:
+        return None
+    storage.create_snapshot(pending.meta, pending.capture.encode())
+    return compact_behind(storage, pending.meta.index, table.applied_index, config, retention_hold)

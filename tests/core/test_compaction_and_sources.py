@@ -7,13 +7,10 @@ from raftlog.node.core.raft import FollowerStatus, Raft
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
 from raftlog.node.record import Record, encode_record
-from raftlog.node.server.compaction_pass import (
-    compact_behind,
-    snapshot_and_compact,
-    snapshot_covering,
-)
+from raftlog.node.server.compaction_pass import compact_behind, snapshot_covering
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.memory import MemoryStorage
+from tests.core.helpers import snapshot_and_compact
 
 CFG = RaftConfig(
     compact_every_operations=100, compact_number_entries=20, max_entries_per_compaction=500

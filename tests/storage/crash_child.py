@@ -18,11 +18,12 @@ import os
 import random
 import sys
 
+from tests.core.helpers import snapshot_and_compact
+
 from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.raft import Raft, Role
 from raftlog.node.core.types import Membership
 from raftlog.node.record import Record, encode_record
-from raftlog.node.server.compaction_pass import snapshot_and_compact
 from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.group_commit import GroupCommit

@@ -82,21 +82,3 @@ def compact_behind(
     )
     dropped = storage.compact(floor) if floor is not None else 0
     return CompactionPass(snapshot_index, dropped, storage.first_index())
-
-
-def snapshot_and_compact(
-    storage: WritableStorage,
-    raft: Raft,
-    table: KeyedTable,
-    config: RaftConfig,
-    retention_hold: int | None = None,
-    force: bool = False,
-) -> CompactionPass | None:
-    """Run a whole pass at once if one is due (the node's driver and the simulator write the
-    snapshot while the table goes on applying instead: see `server.partition`). None when there
-    is nothing to do."""
-    pending = begin_snapshot(storage, raft, table, config, force)
-    if pending is None:
-        return None
-    storage.create_snapshot(pending.meta, pending.capture.encode())
-    return compact_behind(storage, pending.meta.index, table.applied_index, config, retention_hold)

@@ -169,9 +169,6 @@ class SnapshotStore:
                     raise
         raise SnapshotCorruption(self.path, "the latest snapshot kept being replaced while read")
 
-    def size(self) -> int:
-        return os.path.getsize(self.file) if self.file else 0
-
     def save(self, meta: SnapshotMeta, data: bytes) -> None:
         """Write a snapshot of local state atomically; it becomes the latest."""
         self._became_latest(meta, self.write_file(meta, data))
