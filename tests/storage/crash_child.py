@@ -1,13 +1,13 @@
 """Real single-voter partitions appending as fast as they can, to be killed with SIGKILL.
 
-Run as `python crash_child.py DIR SEED MODE`. MODE `wal`: one partition in DIR/p0 whose WAL
-syncs itself. MODE `journal`: PARTITIONS partitions in DIR/p0.. sharing the node's journal in
-DIR/journal (one group commit for all, checkpointed every CHECKPOINT_BYTES), as a node runs them.
-It recovers DIR, becomes leader of each, and proposes batches of records whose bytes are a
-function of their index (`expected_record`). After each entry is committed (its batch and the
-commit record fsynced) it prints `ack PARTITION INDEX TERM KIND`. It snapshots and compacts often,
-so kills land in every path: appends, group-commit fsyncs, segment roll-over, journal
-checkpoints, snapshot writes and segment deletion.
+Run as `python -m tests.storage.crash_child DIR SEED MODE` from the repository's root. MODE `wal`:
+one partition in DIR/p0 whose WAL syncs itself. MODE `journal`: PARTITIONS partitions in DIR/p0..
+sharing the node's journal in DIR/journal (one group commit for all, checkpointed every
+CHECKPOINT_BYTES), as a node runs them. It recovers DIR, becomes leader of each, and proposes
+batches of records whose bytes are a function of their index (`expected_record`). After each entry
+is committed (its batch and the commit record fsynced) it prints `ack PARTITION INDEX TERM KIND`.
+It snapshots and compacts often, so kills land in every path: appends, group-commit fsyncs, segment
+roll-over, journal checkpoints, snapshot writes and segment deletion.
 """
 
 from __future__ import annotations

@@ -100,6 +100,40 @@ def test_replay_at_the_edges_of_the_log_and_of_its_commit(tmp_path):
     w.close()
 
 
+def test_a_records_entries_and_the_commit_after_them_are_judged_as_its_entries_alone(tmp_path):
+    """A Ready's entries and its commit index travel in one record: cut or overwritten entries
+    are noted as such though a commit record follows them in the record."""
+    w = Wal.open(str(tmp_path / "wal"), durable=False)
+    w.append(ents(1, 10, 1))
+    w.append_commit(5)
+    notes = replay_into(
+        w,
+        [
+            frames(ents(20, 21, 2), commit=6),  # a gap: cut, dropped; its commit still taken
+            frames(ents(3, 4, 3), commit=7),  # below the commit and different: stale
+            frames(ents(11, 12, 1), commit=12),  # follows: applied, and the commit with it
+        ],
+    )
+    assert terms(w) == [(i, 1) for i in range(1, 13)]
+    assert w.commit == 12
+    assert notes == [
+        "1 journal records cut by a later truncation or install",
+        "1 journal records overwritten later",
+    ]
+    w.close()
+
+
+def test_a_ready_is_one_journal_record_with_its_commit(tmp_path):
+    j, st = open_node(tmp_path / "node", n=1)
+    st[0].write(HardState(1, None, 0), ents(1, 5, 1))
+    st[0].write(HardState(1, None, 5), ents(6, 7, 1))
+    st[0].write(HardState(1, None, 7), [])
+    j.sync()
+    close_node(j, st)
+    ops = read_journal(str(tmp_path / "node" / "journal")).ops[0]
+    assert ops == [frames(ents(1, 5, 1)), frames(ents(6, 7, 1), commit=5), frames([], commit=7)]
+
+
 def test_a_replayed_reset_discards_what_came_before_it(tmp_path):
     w = Wal.open(str(tmp_path / "wal"), durable=False)
     w.append(ents(1, 5, 1))

@@ -145,10 +145,11 @@ class DurableStorage:
     def _reconcile_term(self) -> None:
         """Never start with a term below the last logged entry's.
 
-        Entries and the hard state are written in the same save but by two files, so a crash
-        can leave entries of term T durable and the term still below T. No vote in those terms
-        was ever sent (a vote is durable before its answer goes out), so the term is raised to
-        T with no vote: a state the node did pass through.
+        The hard state is saved before the entries of the same Ready, so this node never leaves
+        entries of term T durable with its term below T; a data directory written by an older
+        version (entries first) or edited by hand can. No vote in those terms was ever sent (a
+        vote is durable before its answer goes out), so the term is raised to T with no vote:
+        a state the node did pass through.
         """
         last_term = self.term(self.last_index())
         if last_term > self.hard.term:

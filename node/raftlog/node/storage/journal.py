@@ -230,11 +230,13 @@ def replay_into(wal: ReplayTarget, ops: Iterable[Op]) -> list[str]:
             wal.reset(op.index, op.term)
             continue
         batch: list[Entry] = []
-        stale = False
+        stale = gap = False
         for body in fmt.iter_bodies(op, verify=True):
             if body[0] == fmt.T_COMMIT:
-                if batch:
-                    stale |= _replay_entries(wal, batch) == "stale"
+                if batch:  # a Ready's entries, its commit record after them in one record
+                    outcome = _replay_entries(wal, batch)
+                    gap |= outcome == "gap"
+                    stale |= outcome == "stale"
                     batch = []
                 commit = fmt.COMMIT_BODY.unpack_from(body)[1]
                 wal.append_commit(min(commit, wal.last_index()))
@@ -244,8 +246,9 @@ def replay_into(wal: ReplayTarget, ops: Iterable[Op]) -> list[str]:
                 batch.append(fmt.decode_entry_body(body))  # decoded only when not already there
         if batch:
             outcome = _replay_entries(wal, batch)
-            dropped_gap += outcome == "gap"
+            gap |= outcome == "gap"
             stale |= outcome == "stale"
+        dropped_gap += gap
         dropped_stale += stale
     if dropped_gap:
         notes.append(f"{dropped_gap} journal records cut by a later truncation or install")
