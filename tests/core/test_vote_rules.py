@@ -192,3 +192,21 @@ def test_a_follower_never_commits_past_what_this_leader_matched() -> None:
     b.step(HeartbeatRequest("a", "b", 2, 3))
     drain(b, s)
     assert b.commit == 1, "entries 2 and 3 may be a divergent tail of an older term"
+
+
+def test_an_answer_claiming_more_than_the_leader_holds_is_refused_and_counts_nothing() -> None:
+    """A success whose index is past the leader's last entry (a forged or confused follower):
+    refused and reported; it neither counts toward a quorum nor stops the partition, and the
+    follower's true answer counts after it."""
+    r, s = leader_of(FOUR)
+    noop = r.log.last_index()
+    r.step(AppendResponse("b", "a", 2, True, noop))
+    r.step(AppendResponse("c", "a", 2, True, noop + 5))
+    rd = drain(r, s)
+    assert r.commit < noop, "committed on a copy that does not exist"
+    assert r.progress["c"].match == 0 and r.rejected["answer beyond the leader's log"] == 1
+    reasons = [e.detail["reason"] for e in rd.events if e.kind == "message_rejected"]
+    assert reasons == [f"index: {noop + 5} is beyond this leader's last index {noop}"]
+    r.step(AppendResponse("c", "a", 2, True, noop))
+    drain(r, s)
+    assert r.progress["c"].match == noop and r.commit == noop

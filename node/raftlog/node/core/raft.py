@@ -1006,6 +1006,18 @@ class Raft:
         return pr
 
     def _on_append_response(self, m: AppendResponse) -> None:
+        if m.success and m.index > self.log.last_index() and self.role == Role.LEADER:
+            # A follower of this term cannot hold more than its leader sent: a confused or
+            # forged answer. Counting it as a match would offer the quorum an entry that
+            # does not exist; it is refused and reported, as a malformed message is.
+            self._count_rejected("answer beyond the leader's log")
+            self._event(
+                "message_rejected",
+                src=m.src,
+                reason=f"index: {m.index} is beyond this leader's last index "
+                f"{self.log.last_index()}",
+            )
+            return
         pr = self._responding(m)
         if pr is None:
             return
