@@ -185,6 +185,30 @@ def test_bad_bodies_are_errors_naming_the_field(raw: bytes, status: int, field: 
     assert e.value.body["reason"]
 
 
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (b'{"value": "a", "timestamp_ms": ' + b"9" * 5000 + b"}", "records[0].timestamp_ms"),
+        (b'{"value": "a", "timestamp_ms": -' + b"9" * 5000 + b"}", "records[0].timestamp_ms"),
+        (b'{"value": "a", "timestamp_ms": ' + b"1" + b"0" * 20 + b"}", "records[0].timestamp_ms"),
+        (b'{"value": "a", "producer_id": "p", "sequence": ' + b"7" * 4400 + b"}", "sequence"),
+        (
+            b'{"records": [{"value": "a"}, {"value": "b", "timestamp_ms": ' + b"5" * 4301 + b"}]}",
+            "records[1].timestamp_ms",
+        ),
+    ],
+)
+def test_an_integer_of_thousands_of_digits_is_out_of_range_not_invalid_json(
+    raw: bytes, field: str
+) -> None:
+    """Valid JSON whose integer has more digits than Python converts (4,300): named with its
+    field's bound, as a merely large one is, never "is not valid JSON"."""
+    with pytest.raises(ApiError) as e:
+        parse_append(raw, LIMIT, MAX_RECORDS)
+    assert (e.value.status, e.value.body["field"]) == (400, field), e.value.body
+    assert "must be an integer" in e.value.body["reason"], e.value.body
+
+
 def test_a_producers_records_take_the_sequences_from_the_first_on() -> None:
     body = {"records": [{"value": "a"}, {"value": "b"}, {"value": "c"}]}
     for first in (0, 7):

@@ -245,11 +245,20 @@ _FIELD = re.compile(r"Object (?:contains unknown|missing required) field `(?P<na
 _INDEX = re.compile(r"\[[0-9]+\]")
 
 
+def _bounded_int(text: str) -> int:
+    """A JSON integer for `_reread`: one of more than 20 digits is past every bound of the API
+    (int64), and past the 4,300 digits Python converts at all; kept out of range, so the field
+    is named with its bound rather than the body called "not valid JSON"."""
+    if len(text) > 20:
+        return -(1 << 64) if text.startswith("-") else 1 << 64
+    return int(text)
+
+
 def _reread(raw: bytes) -> AppendIn:
     """A body the typed decode refused, read by Python's json: the same body typed, when only
     msgspec's stricter JSON refused it; else `ApiError` naming the mistake."""
     try:
-        obj = json.loads(raw)
+        obj = json.loads(raw, parse_int=_bounded_int)
     except (ValueError, RecursionError):  # also UnicodeDecodeError; nested too deep
         raise bad("body", "is not valid JSON") from None
     try:
