@@ -20,9 +20,9 @@ import obstore
 import pytest
 import pytest_asyncio
 from aiohttp.test_utils import TestClient, TestServer
-from crc32c import crc32c
 from obstore.store import S3Store
 from tests.server.helpers import until
+from tests.storage.helpers import forged
 
 from raftlog.client import Client
 from raftlog.harness.local import LocalCluster
@@ -421,20 +421,6 @@ async def test_below_what_the_archive_holds_is_410_naming_the_archive(
     assert await read_columns(api, first) == got
 
 
-def forged(raw: bytes) -> bytes:
-    """`raw` with one byte of its last entry's data changed and that record's checksum made to
-    match, so only the manifest's digest tells it from the real object."""
-    found = fmt.scan("object", raw, is_last=False)
-    last = [r for r in found.records if r.kind == fmt.T_ENTRY][-1]
-    length = fmt.REC_HEAD.unpack_from(raw, last.offset)[0]
-    body = bytearray(raw[last.offset + 8 : last.offset + 8 + length])
-    body[-5] ^= 0x01
-    head = fmt.REC_HEAD.pack(length, crc32c(bytes(body)))
-    out = raw[: last.offset] + head + bytes(body) + raw[last.offset + 8 + length :]
-    assert fmt.scan("object", out, is_last=False).corruption is None and out != raw
-    return out
-
-
 @pytest.mark.asyncio
 async def test_a_damaged_object_is_an_error_never_data(
     nodes: Nodes, s3: S3Server, creds: Path, tmp_path: Path
@@ -477,7 +463,10 @@ async def test_a_damaged_object_is_an_error_never_data(
     assert err["error"] == "archive_corrupt" and err["key"] == other.key
     assert f"the manifest names {objects[2].first_index}..{objects[2].last_index}" in err["reason"]
     obstore.put(st, "damaged/p0/manifest.json", real)
-    for target, bad in ((objects[2], forged), (objects[4], lambda raw: raw[:-10])):
+    for target, bad in (
+        (objects[2], lambda raw: forged(raw, last=True, byte=-5)),
+        (objects[4], lambda raw: raw[:-10]),
+    ):
         original = bytes(obstore.get(st, target.key).bytes())
         obstore.put(st, target.key, bad(original))
         for path in (

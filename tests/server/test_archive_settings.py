@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from crc32c import crc32c
 from pydantic import ValidationError
 from tests.server.helpers import LeadingDriver, archiving_node
+from tests.storage.helpers import forged
 
 from raftlog.node.core.errors import NotLeader
 from raftlog.node.core.raft import Role
@@ -447,19 +447,6 @@ def named(store: MemoryStore, segments: list[ArchivedSegment]) -> None:
     m = stored_manifest(store)
     m.segments = segments
     store.objects["x/p0/manifest.json"] = m.to_json()
-
-
-def forged(raw: bytes) -> bytes:
-    """Segment object `raw` with a byte of its first entry's data changed and that record's
-    checksum made to match: only the manifest's digest tells it from the real object."""
-    rec = next(r for r in fmt.scan("o", raw, is_last=False).records if r.kind == fmt.T_ENTRY)
-    length = fmt.REC_HEAD.unpack_from(raw, rec.offset)[0]
-    body = bytearray(raw[rec.offset + 8 : rec.offset + 8 + length])
-    body[-1] ^= 1
-    head = fmt.REC_HEAD.pack(length, crc32c(bytes(body)))
-    out = raw[: rec.offset] + head + bytes(body) + raw[rec.offset + 8 + length :]
-    assert fmt.scan("o", out, is_last=False).corruption is None and out != raw
-    return out
 
 
 @pytest.mark.asyncio

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 from tests.server.helpers import LeadingDriver, archiving_node
-from tests.server.test_archive_settings import MemoryStore, forged
+from tests.server.test_archive_settings import MemoryStore
+from tests.storage.helpers import forged
 
 from raftlog.node.core.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
 from raftlog.node.record import Record, encode_record

@@ -2,7 +2,10 @@ from __future__ import annotations
 
 import random
 
+from crc32c import crc32c
+
 from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.segment import scan
 
 
@@ -20,3 +23,18 @@ def records_end(path: str) -> int:
     """Where the records of a WAL's last segment end (zeros follow, up to its allocated size)."""
     with open(path, "rb") as f:
         return scan(path, f.read(), is_last=True).valid_end
+
+
+def forged(raw: bytes, last: bool = False, byte: int = -1) -> bytes:
+    """Segment object `raw` with `byte` of its first (or `last`) entry's data flipped and that
+    record's checksum made to match: only a digest of the whole object tells it from the real
+    one."""
+    entries = [r for r in scan("object", raw, is_last=False).records if r.kind == fmt.T_ENTRY]
+    rec = entries[-1] if last else entries[0]
+    length = fmt.REC_HEAD.unpack_from(raw, rec.offset)[0]
+    body = bytearray(raw[rec.offset + 8 : rec.offset + 8 + length])
+    body[byte] ^= 1
+    head = fmt.REC_HEAD.pack(length, crc32c(bytes(body)))
+    out = raw[: rec.offset] + head + bytes(body) + raw[rec.offset + 8 + length :]
+    assert scan("object", out, is_last=False).corruption is None and out != raw
+    return out
