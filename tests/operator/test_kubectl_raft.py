@@ -328,12 +328,18 @@ def test_installs_table_shows_progress_while_pending_and_after() -> None:
     ]
 
 
-def test_a_learner_catching_up_shows_its_lag_and_window() -> None:
+def with_learner(promotion: Promotion) -> tuple[RaftClusterStatus, MemberStatus]:
+    """The status of `status_model` with orders-1 a learner in its promotion window."""
     st = status_model()
     learner = st.member("orders-1")
     assert learner is not None
     learner.role = "learner"
-    learner.promotion = Promotion(window_seconds=3.0, elapsed_seconds=1.5, max_lag=412)
+    learner.promotion = promotion
+    return st, learner
+
+
+def test_a_learner_catching_up_shows_its_lag_and_window() -> None:
+    st, learner = with_learner(Promotion(window_seconds=3.0, elapsed_seconds=1.5, max_lag=412))
     v = raftview.view(resource(st))
     assert v["members"][1]["promotion"] == {
         "maxLag": 412,
@@ -348,11 +354,7 @@ def test_a_learner_catching_up_shows_its_lag_and_window() -> None:
 
 
 def test_a_learner_at_lag_0_and_a_member_asked_to_leave_say_so() -> None:
-    st = status_model()
-    learner = st.member("orders-1")
-    assert learner is not None
-    learner.role = "learner"
-    learner.promotion = Promotion(window_seconds=3.0, elapsed_seconds=2.0, max_lag=0)
+    st, _ = with_learner(Promotion(window_seconds=3.0, elapsed_seconds=2.0, max_lag=0))
     text = raftview.render(raftview.view(resource(st, removeMembers=["orders-2"])))
     assert "learner (lag 0, window 2.0/3 s)" in text, text
     assert "orders-2   voter (remove requested)" in text, text
