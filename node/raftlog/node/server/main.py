@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import errno
+import functools
 import json
 import logging
 import signal
@@ -32,6 +33,7 @@ from pydantic_core import PydanticUndefined
 from raftlog.node.core.config import RaftConfig, describe_validation_error
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app
 from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors
+from raftlog.node.server.http_errors import JsonErrors
 from raftlog.node.server.listener import IDLE_S, Connections, ListenerProtocol
 from raftlog.node.server.node import Node
 from raftlog.node.server.restore import restore_missing
@@ -134,16 +136,18 @@ async def serve(settings: NodeSettings) -> None:
         # a client still sending: it sees the answer, and trickling holds nothing for long.
         # Bodies are taken as sent: no decompression of a Content-Encoding (the guard answers
         # 415), which a small gzip body of a gigabyte would spend the loop on.
-        runner = web.AppRunner(
-            build_app(node, planes),
-            access_log=None,
-            keepalive_timeout=IDLE_S,
-            lingering_time=1.0,
-            auto_decompress=False,
-        )
+        handler_args: dict[str, Any] = {
+            "access_log": None,
+            "keepalive_timeout": IDLE_S,
+            "lingering_time": 1.0,
+            "auto_decompress": False,
+        }
+        runner = web.AppRunner(build_app(node, planes), **handler_args)
         await runner.setup()
-        aiohttp_server = runner.server  # the protocol factory the fast path hands over to
-        assert aiohttp_server is not None
+        assert runner.server is not None
+        # What the fast path hands over to: aiohttp's request handler, as `web.Server` makes
+        # it, answering the requests it cannot parse in JSON.
+        aiohttp_server = functools.partial(JsonErrors, runner.server, loop=loop, **handler_args)
         appends = "client" in planes and settings.client_fast_path
         frames = "peer" in planes
         # Every connection starts on the fast path's protocol, which admits it (or not) under

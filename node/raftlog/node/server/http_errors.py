@@ -1,0 +1,56 @@
+"""aiohttp's own answers (a request it cannot parse, a handler that failed) in the API's JSON
+error shape.
+
+aiohttp answers a malformed request head (a bad method or version, a header without a colon, a
+Content-Length that is not a number, a bad chunk size) itself, before any handler or middleware
+runs, in text/plain with a caret under the offending byte. A client of this API reads every
+error as `{"error": ..., "reason": ...}`, so these are rewritten to that shape: the same status,
+aiohttp's reason on one line, and the offending text where aiohttp names it.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aiohttp import web
+from aiohttp.web_protocol import RequestHandler
+
+_ERRORS = {400: "bad_request", 413: "too_large", 431: "too_large", 500: "internal", 504: "timeout"}
+
+
+def error_body(status: int, message: str | None) -> bytes:
+    """`{"error", "reason"[, "at"]}` from aiohttp's status and message (its first line is the
+    reason; a line after it quotes the offending bytes; a caret line is dropped)."""
+    lines = [line.strip() for line in (message or "").splitlines() if line.strip()]
+    lines = [line for line in lines if line != "^"]
+    fallback = "bad_request" if status < 500 else "internal"
+    body: dict[str, Any] = {"error": _ERRORS.get(status, fallback)}
+    if status >= 500:
+        body["reason"] = "see the node's log"
+    else:
+        body["reason"] = lines[0].rstrip(":") if lines else "the request is not valid HTTP/1.1"
+        if len(lines) > 1:
+            body["at"] = " ".join(lines[1:])[:200]
+    return json.dumps(body).encode()
+
+
+class JsonErrors(RequestHandler):
+    """aiohttp's request handler (one per connection), answering its own errors in JSON."""
+
+    __slots__ = ()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        # aiohttp's own first: it logs the error and refuses to answer after a partial answer.
+        super().handle_error(request, status, exc, message)
+        resp = web.Response(
+            status=status, body=error_body(status, message), content_type="application/json"
+        )
+        resp.force_close()
+        return resp
