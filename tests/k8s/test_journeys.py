@@ -110,6 +110,12 @@ def test_create_scale_heal_snapshot_scale_down_under_load_and_delete(operator: s
 
     # ------------------------------------------------------------- scale 3 -> 5, an excursion
     acked += write(ns, "c", 200, "a")
+    # Writes go on while c-3 joins, so that its lag passes learnerPromotionLag as soon as it
+    # stops: a loader started after the stop took up to the whole window to start its pod,
+    # and the learner was promoted before its lag showed.
+    excursion = load.start(ns, "c", "excursion")
+    kube.until("the loader writes", lambda: kube.kubectl(
+        "logs", "-n", ns, excursion, check=False).count("\n") >= 5, 120)  # fmt: skip
     scaled = time.monotonic()
     kube.kubectl("scale", "raft/c", "-n", ns, "--replicas", "5")
     kube.until("c-3's window opens",
@@ -118,12 +124,15 @@ def test_create_scale_heal_snapshot_scale_down_under_load_and_delete(operator: s
     signal_member(ns, "c-3", signal.SIGSTOP)  # the learner stops; writes go on
     try:
         assert member(status(ns, "c"), "c-3")["role"] == "learner", "promoted before it stopped"
-        acked += write(ns, "c", 100, "excursion")
         kube.until("the window restarts",
                    lambda: member(status(ns, "c"), "c-3").get("promotion", {}).get("restarts", 0)
                    >= 1, 60)  # fmt: skip
     finally:
+        load.stop(ns, excursion)
         signal_member(ns, "c-3", signal.SIGCONT)
+    during = load.acked(ns, excursion)
+    assert len(during) > 10, during
+    acked += during
     resumed = time.monotonic()
     kube.until("c-3 promoted", lambda: member(status(ns, "c"), "c-3").get("role") == "voter", 120)
     assert time.monotonic() - resumed >= WINDOW  # a whole window after the excursion
