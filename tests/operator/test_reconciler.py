@@ -687,6 +687,44 @@ def test_a_failed_install_is_retried_with_back_off_then_given_up_and_reported():
     assert degraded.status == "True" and degraded.reason == "SnapshotInstallFailed"
 
 
+def test_each_attempt_chooses_its_source_again():
+    """A source chosen when the install was scheduled may be gone by the next attempt (its
+    volume lost and the member removed): the leader refuses a source that is not a member, so
+    five attempts from it gave the install up while the member needing it held the quorum."""
+    w = snapshot_world()
+    plan = step(running_status(MEMBERS), w)
+    assert plan.action == InstallSnapshot(1, "c-0", "c-2", "c-1")
+    st, _ = record_outcome(plan.status, plan.action, Outcome(False, "HTTP 503: timeout"), T0)
+    w.follower(1, fv("c-1", lag=0, match=900, recent_active=False))  # c-1 stopped answering
+    plan = step(st, w, now=T0 + 5)
+    assert plan.action == InstallSnapshot(1, "c-0", "c-2", "leader")
+    assert plan.status.snapshot_installs[0].source == "leader"
+    changed = [e for e in plan.events if e.reason == "SnapshotSourceChanged"]
+    assert len(changed) == 1 and "from leader, not c-1" in changed[0].message, plan.events
+    # Eligible again: the next attempt goes back to it, and says so.
+    st, _ = record_outcome(plan.status, plan.action, Outcome(False, "HTTP 503: reset"), T0 + 5)
+    w.follower(1, fv("c-1", lag=0, match=900))
+    plan = step(st, w, now=T0 + 60)
+    assert plan.action == InstallSnapshot(1, "c-0", "c-2", "c-1")
+    assert [e.reason for e in plan.events].count("SnapshotSourceChanged") == 1
+
+
+def test_no_attempt_is_spent_while_the_target_pod_is_not_running():
+    w = snapshot_world()
+    plan = step(running_status(MEMBERS), w)
+    assert isinstance(plan.action, InstallSnapshot)
+    st, _ = record_outcome(plan.status, plan.action, Outcome(False, "HTTP 503: timeout"), T0)
+    w.pods["c-2"] = "pending"  # restarted: its new pod is not running yet
+    for now in (T0 + 5, T0 + 50, T0 + 500):
+        plan = step(st, w, now=now)
+        assert plan.action == Wait("partition 1: c-2 needs a snapshot; its pod is not running")
+        st = plan.status
+        assert st.snapshot_installs[0].attempts == 1 and st.snapshot_installs[0].state == "pending"
+    w.pods["c-2"] = "running"
+    plan = step(st, w, now=T0 + 501)
+    assert plan.action == InstallSnapshot(1, "c-0", "c-2", "c-1")
+
+
 def test_a_successful_install_is_recorded_and_the_member_leaves_the_list_of_pending():
     w = snapshot_world()
     plan = step(running_status(MEMBERS), w)

@@ -411,16 +411,41 @@ def _snapshot_installs(cluster: _ClusterPass) -> Action | None:
         cluster.event(
             "SnapshotInstalled", f"partition {install.partition}: {install.member} caught up"
         )
+    not_running: list[SnapshotInstall] = []
     for install, leader_view in due:
-        if cluster.now >= install.next_attempt_at:
-            return InstallSnapshot(
-                install.partition, leader_view.leader or "", install.member, install.source
+        if cluster.now < install.next_attempt_at:
+            continue
+        if not cluster.running(install.member):
+            # An attempt now would only time out at its old address and use up one of the
+            # INSTALL_MAX_ATTEMPTS (a member restarted by a rolling restart, its pod not back).
+            not_running.append(install)
+            continue
+        # The source is chosen again for every attempt: the one first chosen may have been
+        # removed since (its volume lost) or stopped answering, and the leader refuses a
+        # source that is not a member; five attempts from a removed member gave up the
+        # install while the member needing it was the quorum's.
+        source = _snapshot_source(cluster, leader_view, install.member)
+        if source != install.source:
+            cluster.event(
+                "SnapshotSourceChanged",
+                f"partition {install.partition}: {install.member}'s snapshot now comes from "
+                f"{source}, not {install.source}",
             )
+            install.source = source
+        return InstallSnapshot(
+            install.partition, leader_view.leader or "", install.member, install.source
+        )
+    if not_running:
+        install = not_running[0]
+        return Wait(
+            f"partition {install.partition}: {install.member} needs a snapshot; its pod is not "
+            "running"
+        )
     if due:
-        install = due[0][0]
+        install = min((i for i, _ in due), key=lambda i: i.next_attempt_at)
         return Wait(
             f"partition {install.partition}: next snapshot install attempt on {install.member} "
-            f"in {install.next_attempt_at - cluster.now:.0f} s"
+            f"in {max(install.next_attempt_at - cluster.now, 0):.0f} s"
         )
     return None
 
