@@ -4,7 +4,9 @@ all): the stream falls back to the address the peer last connected from, for the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import socket
 
 import pytest
 from aiohttp import web
@@ -155,5 +157,46 @@ def test_an_ask_that_reached_the_source_is_not_sent_again() -> None:
         finally:
             await srv.close()
         assert source.asks == [f"127.0.0.1:{port}"]
+
+    asyncio.run(run())
+
+
+def silent_listener(host: str, port: int) -> list[socket.socket]:
+    """A listener at `host:port` whose accept queue is full, so the kernel drops every further
+    SYN there: an old address whose packets go nowhere. Its sockets, to close."""
+    listener = socket.socket()
+    listener.bind((host, port))
+    listener.listen(0)
+    queued = [listener]
+    for _ in range(4):
+        s = socket.socket()
+        s.setblocking(False)
+        with contextlib.suppress(BlockingIOError):
+            s.connect((host, port))
+        queued.append(s)
+    probe = socket.socket()
+    probe.settimeout(0.5)
+    with pytest.raises(TimeoutError):  # the premise: a connection there does not open
+        probe.connect((host, port))
+    probe.close()
+    return queued
+
+
+def test_a_source_whose_old_address_drops_packets_is_asked_at_its_new_one() -> None:
+    """The ask's own timeout is the snapshot's (600 s); its connection gives up as any peer
+    request's does (`REQUEST_CONNECT_S`), so the next route is tried, not after 600 s."""
+
+    async def run() -> None:
+        source = Source()
+        srv = await serve_source(source)
+        port = srv.port
+        held = silent_listener("127.0.0.9", port)
+        try:
+            await asyncio.wait_for(ask(f"http://127.0.0.9:{port}", "127.0.0.1"), 60)
+        finally:
+            await srv.close()
+            for s in held:
+                s.close()
+        assert source.asks == [f"127.0.0.9:{port}"]  # by its name, at the address that answers
 
     asyncio.run(run())

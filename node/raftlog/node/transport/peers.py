@@ -49,6 +49,7 @@ BACKOFF_MIN, BACKOFF_MAX = 0.05, 2.0
 SEND_TIMEOUT = 5.0
 FRAME_BUDGET = 4 * 1024 * 1024  # half of a node's default max_request_bytes
 CONNECT_TIMEOUT = 5.0  # TCP, TLS and the frame stream's handshake
+REQUEST_CONNECT_S = 2.0  # a peer request's connection (a snapshot's chunks, an ask to stream)
 SECOND_ROUTE_AFTER = 0.25  # a peer's other address is tried this long after the first
 
 
@@ -335,7 +336,7 @@ class Transport:
         )
 
     async def start(self) -> None:
-        timeout = aiohttp.ClientTimeout(total=10, connect=2)
+        timeout = aiohttp.ClientTimeout(total=10, connect=REQUEST_CONNECT_S)
         connector = aiohttp.TCPConnector(ssl=self.ssl_context) if self.ssl_context else None
         self.session = aiohttp.ClientSession(timeout=timeout, connector=connector)
         for name, url in self.peers.items():
@@ -422,7 +423,11 @@ class Transport:
             try:
                 async with self.session.post(
                     route.url, json=body, headers=route.headers(self.token),
-                    server_hostname=route.tls_name, timeout=aiohttp.ClientTimeout(600),
+                    server_hostname=route.tls_name,
+                    # The source streams for as long as the snapshot takes; a connection that
+                    # does not open (an old address whose packets go nowhere) gives up as
+                    # any other request's does, for the next route.
+                    timeout=aiohttp.ClientTimeout(600, connect=REQUEST_CONNECT_S),
                 ) as resp:  # fmt: skip
                     if resp.status != 200:
                         raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
