@@ -190,6 +190,7 @@ def test_a_source_whose_old_address_drops_packets_is_asked_at_its_new_one() -> N
         source = Source()
         srv = await serve_source(source)
         port = srv.port
+        assert port is not None
         held = silent_listener("127.0.0.9", port)
         try:
             await asyncio.wait_for(ask(f"http://127.0.0.9:{port}", "127.0.0.1"), 60)
