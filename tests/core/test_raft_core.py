@@ -379,6 +379,64 @@ def test_follower_below_the_floor_goes_to_snapshot_state() -> None:
     assert not st.snapshot_required and st.state == ProgressState.REPLICATE
 
 
+def test_compaction_keeps_what_a_follower_a_snapshot_brings_back_needs() -> None:
+    """While b needs a snapshot (index 90 and the entries after it), then while it catches up
+    from where the snapshot left it, the leader's compaction keeps those entries; they went
+    under a steady load, and each install ended in a new SnapshotRequired."""
+    from raftlog.node.core.types import SnapshotMeta
+
+    s = storage_with([(i, 1) for i in range(1, 101)], term=1, commit=100)
+    s.create_snapshot(SnapshotMeta(100, 1, Membership.of(["a", "b", "c"])), b"")
+    s.compact(91)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    assert r.catch_up_floor() is None  # nobody needs anything kept
+    r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
+    drain(r, s)
+    assert r.status().followers["b"].snapshot_required
+    assert r.catch_up_floor() == 91  # the floor stays: b needs 91 on after the snapshot
+    r.propose_batch([b"x%d" % i for i in range(30)])
+    r.step(AppendResponse("c", "a", r.term, True, r.log.last_index()))
+    drain(r, s)
+    assert r.log.committed == r.log.last_index() > 120
+    # Installed (at 100): b is behind by more than backfill_threshold, its match point held.
+    r.step(AppendResponse("b", "a", r.term, True, 100))
+    drain(r, s)
+    assert not r.status().followers["b"].snapshot_required
+    assert r.catch_up_floor() == 101
+    r.step(AppendResponse("b", "a", r.term, True, 110))
+    drain(r, s)
+    assert r.catch_up_floor() == 111  # the hold follows it
+    # Within backfill_threshold: an ordinary follower again, nothing held for it.
+    r.step(AppendResponse("b", "a", r.term, True, r.log.committed - CFG.backfill_threshold))
+    drain(r, s)
+    assert r.catch_up_floor() is None
+    r.step(AppendResponse("b", "a", r.term, True, r.log.committed))
+    drain(r, s)
+    assert r.catch_up_floor() is None
+
+
+def test_a_follower_needing_a_snapshot_that_goes_silent_holds_nothing() -> None:
+    from raftlog.node.core.types import SnapshotMeta
+
+    s = storage_with([(i, 1) for i in range(1, 101)], term=1, commit=100)
+    s.create_snapshot(SnapshotMeta(100, 1, Membership.of(["a", "b", "c"])), b"")
+    s.compact(91)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
+    drain(r, s)
+    assert r.catch_up_floor() == 91
+    for _ in range(2 * CFG.election_ticks):  # c answers, b does not
+        r.tick()
+        r.step(HeartbeatResponse("c", "a", r.term))
+        drain(r, s)
+    assert r.status().followers["b"].snapshot_required and r.catch_up_floor() is None
+    r.step(HeartbeatResponse("b", "a", r.term))  # back: it holds the floor again
+    drain(r, s)
+    assert r.catch_up_floor() == 91
+
+
 class TestMembership:
     def leader(self) -> tuple[Raft, MemoryStorage]:
         s = storage_with([(1, 1)], term=1)

@@ -41,6 +41,7 @@ class Progress:
     backfill_rounds: int = 0
     backfill_entries: int = 0
     snapshots_installed: int = 0
+    catching_up: bool = False  # installed a snapshot, not yet within backfill_threshold
 
     def become_probe(self) -> None:
         if self.state == ProgressState.SNAPSHOT:

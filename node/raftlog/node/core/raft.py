@@ -347,6 +347,26 @@ class Raft:
         else:
             self._send_append(target)
 
+    def catch_up_floor(self) -> int | None:
+        """The lowest index compaction keeps for followers a snapshot is bringing back, or None.
+
+        A follower that needs a snapshot, then the entries after it, would need another one if
+        compaction passed those entries meanwhile: under a steady load the floor moves past a
+        snapshot's index within one install (at the defaults, 1,000 entries are kept and a
+        pass runs every 10,000 operations; on the real cluster, every install ended in a new
+        SnapshotRequired until the load paused). So a leader keeps, for each answering
+        follower, the entries after the index it needs a snapshot of (while it does) and after
+        its match point (once installed, until it is within `backfill_threshold`). A follower
+        that stops answering for an election timeout (`recent_active`) holds nothing."""
+        if self.role != Role.LEADER:
+            return None
+        floors = [
+            (pr.pending_snapshot if pr.state == ProgressState.SNAPSHOT else pr.match) + 1
+            for pr in self.progress.values()
+            if pr.recent_active and (pr.state == ProgressState.SNAPSHOT or pr.catching_up)
+        ]
+        return min(floors) if floors else None
+
     def report_snapshot(self, target: str, success: bool) -> None:
         """The driver's verdict on a snapshot transfer it ran for `target`."""
         pr = self.progress.get(target)
@@ -1042,9 +1062,12 @@ class Raft:
             pr.match >= pr.pending_snapshot or pr.match + 1 >= self.log.first_index()
         ):
             pr.snapshots_installed += 1
+            pr.catching_up = True
             self._event("snapshot_caught_up", follower=m.src, match=pr.match)
             pr.become_probe()
             pr.become_replicate()
+        if pr.catching_up and self.log.committed - pr.match <= self.cfg.backfill_threshold:
+            pr.catching_up = False
         if updated:
             self._maybe_commit()  # followers hear of it with the next append (`tell_commit`)
         while self._send_append(m.src):

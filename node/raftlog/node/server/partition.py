@@ -565,8 +565,10 @@ class PartitionDriver:
         return done
 
     def _retention_floor(self) -> int | None:
-        """The lowest index compaction must keep: the retention holds' and the archive's."""
-        floors = [f for f in (self.storage.holds.floor(), self.archive_floor) if f is not None]
+        """The lowest index compaction must keep: the retention holds', the archive's, and
+        what followers a snapshot is bringing back still need (`Raft.catch_up_floor`)."""
+        holds = (self.storage.holds.floor(), self.archive_floor, self.raft.catch_up_floor())
+        floors = [f for f in holds if f is not None]
         return min(floors) if floors else None
 
     async def compact_now(self) -> CompactionPass | None:

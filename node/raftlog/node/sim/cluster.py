@@ -441,7 +441,9 @@ class Cluster:
         storage.create_snapshot(pending.meta, pending.capture.encode())
         if storage.snapshot_meta().index != pending.meta.index:
             return  # a newer snapshot was installed from the leader meanwhile
-        done = compact_behind(storage, pending.meta.index, table.applied_index, self.config)
+        done = compact_behind(
+            storage, pending.meta.index, table.applied_index, self.config, raft.catch_up_floor()
+        )
         if done.dropped:
             self.log(
                 f"{node.id} p{p} snapshot at {done.snapshot_index}, compacted {done.dropped} "
