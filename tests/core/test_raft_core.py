@@ -353,14 +353,18 @@ def test_log_mismatch_backs_up_in_few_round_trips() -> None:
     assert retry and retry[0].prev_index == 20  # type: ignore[union-attr]
 
 
-def test_follower_below_the_floor_goes_to_snapshot_state() -> None:
-    from raftlog.node.core.types import SnapshotMeta
-
+def compacted_leader() -> tuple[Raft, MemoryStorage]:
+    """A leader of 100 entries, its log compacted up to 90 behind a snapshot at 100."""
     s = storage_with([(i, 1) for i in range(1, 101)], term=1, commit=100)
     s.create_snapshot(SnapshotMeta(100, 1, Membership.of(["a", "b", "c"])), b"")
     s.compact(91)
     r = Raft("a", CFG, s)
     elect(r, s)
+    return r, s
+
+
+def test_follower_below_the_floor_goes_to_snapshot_state() -> None:
+    r, s = compacted_leader()
     r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
     rd = drain(r, s)
     st = r.status().followers["b"]
@@ -383,13 +387,7 @@ def test_compaction_keeps_what_a_follower_a_snapshot_brings_back_needs() -> None
     """While b needs a snapshot (index 90 and the entries after it), then while it catches up
     from where the snapshot left it, the leader's compaction keeps those entries; they went
     under a steady load, and each install ended in a new SnapshotRequired."""
-    from raftlog.node.core.types import SnapshotMeta
-
-    s = storage_with([(i, 1) for i in range(1, 101)], term=1, commit=100)
-    s.create_snapshot(SnapshotMeta(100, 1, Membership.of(["a", "b", "c"])), b"")
-    s.compact(91)
-    r = Raft("a", CFG, s)
-    elect(r, s)
+    r, s = compacted_leader()
     assert r.catch_up_floor() is None  # nobody needs anything kept
     r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
     drain(r, s)
@@ -417,13 +415,7 @@ def test_compaction_keeps_what_a_follower_a_snapshot_brings_back_needs() -> None
 
 
 def test_a_follower_needing_a_snapshot_that_goes_silent_holds_nothing() -> None:
-    from raftlog.node.core.types import SnapshotMeta
-
-    s = storage_with([(i, 1) for i in range(1, 101)], term=1, commit=100)
-    s.create_snapshot(SnapshotMeta(100, 1, Membership.of(["a", "b", "c"])), b"")
-    s.compact(91)
-    r = Raft("a", CFG, s)
-    elect(r, s)
+    r, s = compacted_leader()
     r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
     drain(r, s)
     assert r.catch_up_floor() == 91
