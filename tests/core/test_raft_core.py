@@ -424,6 +424,11 @@ def test_a_follower_needing_a_snapshot_that_goes_silent_holds_nothing() -> None:
         r.step(HeartbeatResponse("c", "a", r.term))
         drain(r, s)
     assert r.status().followers["b"].snapshot_required and r.catch_up_floor() is None
+    # Streamed a snapshot before it answers again (back from a long stop): held meanwhile.
+    r.snapshot_transfer("b")
+    assert r.catch_up_floor() == 91
+    r.report_snapshot("b", False)
+    assert r.catch_up_floor() is None
     r.step(HeartbeatResponse("b", "a", r.term))  # back: it holds the floor again
     drain(r, s)
     assert r.catch_up_floor() == 91

@@ -42,6 +42,7 @@ class Progress:
     backfill_entries: int = 0
     snapshots_installed: int = 0
     catching_up: bool = False  # installed a snapshot, not yet within backfill_threshold
+    transferring: bool = False  # the driver is streaming it a snapshot (`snapshot_transfer`)
 
     def become_probe(self) -> None:
         if self.state == ProgressState.SNAPSHOT:

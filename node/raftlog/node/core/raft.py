@@ -357,19 +357,30 @@ class Raft:
         SnapshotRequired until the load paused). So a leader keeps, for each answering
         follower, the entries after the index it needs a snapshot of (while it does) and after
         its match point (once installed, until it is within `backfill_threshold`). A follower
-        that stops answering for an election timeout (`recent_active`) holds nothing."""
+        that stops answering for an election timeout (`recent_active`) holds nothing, unless
+        the driver is streaming it a snapshot: a follower back from a long stop is sent one
+        before it has answered again."""
         if self.role != Role.LEADER:
             return None
         floors = [
             (pr.pending_snapshot if pr.state == ProgressState.SNAPSHOT else pr.match) + 1
             for pr in self.progress.values()
-            if pr.recent_active and (pr.state == ProgressState.SNAPSHOT or pr.catching_up)
+            if (pr.state == ProgressState.SNAPSHOT and (pr.recent_active or pr.transferring))
+            or (pr.catching_up and pr.recent_active)
         ]
         return min(floors) if floors else None
+
+    def snapshot_transfer(self, target: str) -> None:
+        """The driver starts streaming `target` a snapshot (its end is `report_snapshot`)."""
+        pr = self.progress.get(target)
+        if self.role == Role.LEADER and pr is not None and pr.state == ProgressState.SNAPSHOT:
+            pr.transferring = True
 
     def report_snapshot(self, target: str, success: bool) -> None:
         """The driver's verdict on a snapshot transfer it ran for `target`."""
         pr = self.progress.get(target)
+        if pr is not None:
+            pr.transferring = False
         if self.role != Role.LEADER or pr is None or pr.state != ProgressState.SNAPSHOT:
             return
         if not success:

@@ -620,6 +620,7 @@ class PartitionDriver:
         if req.target in self._serving:
             return
         self._serving.add(req.target)
+        self.raft.snapshot_transfer(req.target)
         asyncio.get_running_loop().create_task(self._stream_snapshot(req))
 
     async def _stream_snapshot(self, req: SnapshotRequest) -> None:
@@ -656,6 +657,7 @@ class PartitionDriver:
             raise ProposalRefused(f"a snapshot is already being streamed to {target}")
         required = self.storage.compaction_floor() - 1
         self._serving.add(target)
+        self.raft.snapshot_transfer(target)
         ok, used, note = False, "leader", ""
         try:
             if source != "leader":
