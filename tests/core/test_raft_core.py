@@ -353,12 +353,12 @@ def test_log_mismatch_backs_up_in_few_round_trips() -> None:
     assert retry and retry[0].prev_index == 20  # type: ignore[union-attr]
 
 
-def compacted_leader() -> tuple[Raft, MemoryStorage]:
+def compacted_leader(cfg: RaftConfig = CFG) -> tuple[Raft, MemoryStorage]:
     """A leader of 100 entries, its log compacted up to 90 behind a snapshot at 100."""
     s = storage_with([(i, 1) for i in range(1, 101)], term=1, commit=100)
     s.create_snapshot(SnapshotMeta(100, 1, Membership.of(["a", "b", "c"])), b"")
     s.compact(91)
-    r = Raft("a", CFG, s)
+    r = Raft("a", cfg, s)
     elect(r, s)
     return r, s
 
@@ -410,6 +410,20 @@ def test_compaction_keeps_what_a_follower_a_snapshot_brings_back_needs() -> None
     drain(r, s)
     assert r.catch_up_floor() is None
     r.step(AppendResponse("b", "a", r.term, True, r.log.committed))
+    drain(r, s)
+    assert r.catch_up_floor() is None
+
+
+def test_no_follower_holds_more_than_max_entries_per_compaction() -> None:
+    """A follower that answers but never installs (its disk full) must not fill the leader's
+    disk as well: past `max_entries_per_compaction` entries, compaction goes on."""
+    r, s = compacted_leader(CFG.model_copy(update={"max_entries_per_compaction": 40}))
+    r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
+    drain(r, s)
+    r.propose_batch([b"x%d" % i for i in range(29)])
+    drain(r, s)
+    assert r.log.last_index() == 130 and r.catch_up_floor() == 91  # 91..130: 40 entries held
+    r.propose(b"one more")
     drain(r, s)
     assert r.catch_up_floor() is None
 

@@ -98,7 +98,10 @@ class RaftConfig(BaseModel):
         "compaction, so that briefly lagging followers catch up by backfill, not by snapshot.",
     )
     max_entries_per_compaction: int = Field(
-        100_000, ge=1, description="Most entries one compaction pass removes."
+        100_000,
+        ge=1,
+        description="Most entries one compaction pass removes, and the most a follower that "
+        "a snapshot is bringing back keeps in the leader's log.",
     )
     learner_promotion_lag: int = Field(
         10,

@@ -359,15 +359,22 @@ class Raft:
         its match point (once installed, until it is within `backfill_threshold`). A follower
         that stops answering for an election timeout (`recent_active`) holds nothing, unless
         the driver is streaming it a snapshot: a follower back from a long stop is sent one
-        before it has answered again."""
+        before it has answered again. Nor does one that would keep more than
+        `max_entries_per_compaction` entries: a follower that answers but never installs (its
+        disk full) must not fill the leader's disk too."""
         if self.role != Role.LEADER:
             return None
-        floors = [
-            (pr.pending_snapshot if pr.state == ProgressState.SNAPSHOT else pr.match) + 1
-            for pr in self.progress.values()
-            if (pr.state == ProgressState.SNAPSHOT and (pr.recent_active or pr.transferring))
-            or (pr.catching_up and pr.recent_active)
-        ]
+        lowest = self.log.last_index() - self.cfg.max_entries_per_compaction
+        floors = []
+        for pr in self.progress.values():
+            if pr.state == ProgressState.SNAPSHOT and (pr.recent_active or pr.transferring):
+                floor = pr.pending_snapshot + 1
+            elif pr.catching_up and pr.recent_active:
+                floor = pr.match + 1
+            else:
+                continue
+            if floor > lowest:
+                floors.append(floor)
         return min(floors) if floors else None
 
     def snapshot_transfer(self, target: str) -> None:
