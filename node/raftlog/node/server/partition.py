@@ -619,9 +619,14 @@ class PartitionDriver:
             return  # SnapshotRequired stays visible until the operator calls snapshot-install
         if req.target in self._serving:
             return
-        self._serving.add(req.target)
-        self.raft.snapshot_transfer(req.target)
+        self._start_serving(req.target)
         asyncio.get_running_loop().create_task(self._stream_snapshot(req))
+
+    def _start_serving(self, target: str) -> None:
+        """A snapshot stream to `target` begins: one at a time, and the core keeps what the
+        target will need after it until `report_snapshot` (`Raft.snapshot_transfer`)."""
+        self._serving.add(target)
+        self.raft.snapshot_transfer(target)
 
     async def _stream_snapshot(self, req: SnapshotRequest) -> None:
         """Have the snapshot streamed: by an eligible follower first (per policy), else by us."""
@@ -656,8 +661,7 @@ class PartitionDriver:
         if target in self._serving:
             raise ProposalRefused(f"a snapshot is already being streamed to {target}")
         required = self.storage.compaction_floor() - 1
-        self._serving.add(target)
-        self.raft.snapshot_transfer(target)
+        self._start_serving(target)
         ok, used, note = False, "leader", ""
         try:
             if source != "leader":
