@@ -628,6 +628,11 @@ class PartitionDriver:
         self._serving.add(target)
         self.raft.snapshot_transfer(target)
 
+    def _end_serving(self, target: str, ok: bool) -> None:
+        """The stream `_start_serving` began has ended, `ok` if `target` has the snapshot."""
+        self._serving.discard(target)
+        self.call(lambda: self.raft.report_snapshot(target, ok))
+
     async def _stream_snapshot(self, req: SnapshotRequest) -> None:
         """Have the snapshot streamed: by an eligible follower first (per policy), else by us."""
         ok = False
@@ -644,8 +649,7 @@ class PartitionDriver:
         except Exception as e:  # the leader retries with back-off
             log.warning("p%d snapshot to %s failed: %s", self.p, req.target, e)
         finally:
-            self._serving.discard(req.target)
-            self.call(lambda: self.raft.report_snapshot(req.target, ok))
+            self._end_serving(req.target, ok)
 
     async def install_on(self, target: str, source: str) -> dict[str, Any]:
         """An operator's install of a snapshot on `target` from `source` (a follower or
@@ -681,8 +685,7 @@ class PartitionDriver:
                 await self.stream_own_snapshot(target, self.raft.term, required)
                 ok = True
         finally:
-            self._serving.discard(target)
-            self.call(lambda: self.raft.report_snapshot(target, ok))
+            self._end_serving(target, ok)
         result: dict[str, Any] = {"status": "installed", "target": target, "source": used}
         if note:
             result["fell_back_to_leader"] = note
