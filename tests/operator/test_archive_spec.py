@@ -129,6 +129,14 @@ def test_without_a_secret_or_an_archive_nothing_of_it_reaches_a_member():
                    for e in off["spec"]["containers"][0]["env"])  # fmt: skip
 
 
+def test_an_endpoint_without_a_region_reaches_the_members_alone() -> None:
+    # Each optional setting travels on its own (a MinIO endpoint needs no region).
+    minio = {"url": URL, "endpoint": "http://minio:9000"}
+    env = node_env(RaftClusterSpec.model_validate({"archive": minio}))
+    assert env["RAFTLOG_ARCHIVE_ENDPOINT"] == "http://minio:9000"
+    assert "RAFTLOG_ARCHIVE_REGION" not in env
+
+
 def test_an_archive_change_rolls_the_members_and_none_leaves_the_hash_as_it_was():
     assert config_hash(RaftClusterSpec()) == HASH_BEFORE_ARCHIVE
     base = config_hash(RaftClusterSpec.model_validate({"archive": ARCHIVE}))
@@ -367,3 +375,12 @@ def test_with_no_leader_yet_a_members_report_is_taken_and_its_failure_said_once(
     second = decide(NAME, s, first.status, archiving(world, down), T0 + 1)
     assert "ArchiveFailing" not in [e.reason for e in second.events]
     assert len(second.status.problems) == 2
+
+
+def test_an_archive_failing_beside_another_problem_is_not_said_to_be_the_only_one() -> None:
+    # ArchiveFailing only when every problem is the archive's; an unknown fenced member is not.
+    s = archive_spec(fencedMembers=["c-7"])
+    plan = decide(NAME, s, steady(NAMES), archiving(World(NAMES), {("c-0", 0): "boom"}), T0)
+    degraded = next(c for c in plan.status.conditions if c.type == "Degraded")
+    assert degraded.reason == "CannotAct"
+    assert "c-7 is not a member" in degraded.message and "boom" in degraded.message

@@ -81,6 +81,18 @@ def test_an_incoherent_pair_of_raft_settings_is_refused_with_both_names():
         RaftClusterSpec.model_validate({"raft": {"electionTicks": 10, "heartbeatTicks": 10}})
 
 
+@pytest.mark.parametrize("where", ["requests", "limits"])
+def test_a_resource_that_is_no_quantity_is_refused_naming_where_it_is(where: str) -> None:
+    # The CRD takes any string there: the models alone check them, and must say which one.
+    with pytest.raises(ValidationError, match=rf"{where}\.memory: 'lots' is not a Kubernetes"):
+        RaftClusterSpec.model_validate({"resources": {where: {"memory": "lots"}}})
+
+
+def test_the_operators_default_image_fills_in_only_an_unset_image() -> None:
+    assert RaftClusterSpec().with_image("ghcr.io/x/op:2").image == "ghcr.io/x/op:2"
+    assert RaftClusterSpec(image="mine:1").with_image("ghcr.io/x/op:2").image == "mine:1"
+
+
 def test_client_certificates_need_the_clusters_tls_secret():
     with pytest.raises(ValidationError, match="peerClientCertAuth: needs tlsSecretName"):
         RaftClusterSpec.model_validate({"peerClientCertAuth": True})

@@ -236,7 +236,11 @@ def test_a_switchover_of_listed_partitions_leaves_the_others() -> None:
 
 @pytest.mark.parametrize(
     ("value", "why"),
-    [("c-9", "not a voting member"), ("c-1:5", "no partitions [5]")],
+    [
+        ("c-9", "not a voting member"),
+        ("c-1:5", "no partitions [5]"),
+        ("c-1:2", "no partitions [2]"),  # partitions count from 0: 2 of 2 is past the last
+    ],
 )
 def test_a_switchover_that_cannot_be_done_fails_with_the_reason(value: str, why: str) -> None:
     s, st = spec(), running_status(MEMBERS)
@@ -358,6 +362,33 @@ def test_fencing_an_unknown_member_is_a_problem_not_an_action() -> None:
     assert plan.status.problems == ["spec.fencedMembers: c-7 is not a member of this cluster"]
 
 
+def test_a_fenced_member_is_degraded_as_fenced_not_as_not_ready() -> None:
+    # Stopped on purpose: the Degraded condition says fenced, and nothing about readiness.
+    s = spec(fencedMembers=["c-1"])
+    st = running_status(MEMBERS)
+    st.members[1].fenced = True
+    w = settled(s)
+    w.pods["c-1"] = "missing"
+    degraded = next(c for c in run(st, w, s).status.conditions if c.type == "Degraded")
+    assert (degraded.reason, degraded.message) == ("Fenced", "fenced: c-1")
+
+
+def test_a_fenced_member_whose_pod_is_terminating_is_not_stopped_again() -> None:
+    s = spec(fencedMembers=["c-1"])
+    st = running_status(MEMBERS)
+    st.members[1].fenced = True
+    w = settled(s)
+    w.pods["c-1"] = "terminating"  # the stop is under way
+    assert run(st, w, s).action is None
+
+
+def test_a_name_left_in_remove_members_after_its_removal_is_no_problem() -> None:
+    # `kubectl raft remove` prunes it on its next edit only: the removal is done, not wrong.
+    s = spec(removeMembers=["c-3"])
+    plan = run(running_status(MEMBERS), settled(s), s)
+    assert plan.action is None and plan.status.problems == []
+
+
 # ===================================================================== hibernation
 def test_hibernation_stops_followers_then_the_leader_and_waking_starts_all_at_once() -> None:
     s = spec(hibernate=True)
@@ -417,3 +448,17 @@ def test_a_refused_expansion_is_said_in_status_and_not_asked_every_pass() -> Non
     assert condition(plan.status, "Degraded") == "True"
     smaller = spec(storage={"size": "1Gi"})
     assert run(st, sized(w, "1Gi", "1Gi"), smaller).action is None  # never shrunk
+
+
+def test_a_refusal_names_the_member_and_is_no_problem_once_another_size_is_asked() -> None:
+    s = spec(storage={"size": "2Gi"})
+    w = settled(s)
+    plan = run(running_status(MEMBERS), sized(w, "1Gi", "1Gi"), s)
+    refused = Outcome(False, "storageclass does not allow expansion")
+    status, _ = record_outcome(plan.status, ExpandVolume("c-0", "2Gi"), refused, T0)
+    assert status.volume_expansion is not None
+    assert status.volume_expansion.message == "c-0: storageclass does not allow expansion"
+    # A new size is a new request: the refusal of the old one is no longer a problem.
+    plan = run(status, sized(w, "1Gi", "1Gi"), spec(storage={"size": "3Gi"}), now=T0 + 1)
+    assert plan.action == ExpandVolume("c-0", "3Gi")
+    assert plan.status.problems == []

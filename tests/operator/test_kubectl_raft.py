@@ -216,6 +216,13 @@ def test_status_text_says_what_is_asked_and_not_yet_done() -> None:
     assert "Switchover orders-0@x: requested, not picked up by the operator yet" in text
 
 
+def test_status_text_says_nothing_of_a_restart_already_done() -> None:
+    obj = resource()
+    obj["metadata"]["annotations"] = {controls.RESTART: "2025-02-02T00:00:00Z"}
+    obj["status"]["restartedAt"] = "2025-02-02T00:00:00Z"
+    assert "under way" not in raftview.render(raftview.view(obj))
+
+
 def test_status_text_of_a_steady_cluster_is_quiet() -> None:
     st = status_model()
     st.conditions = [_condition("Available", "True", "QuorumAvailable")]
@@ -351,6 +358,16 @@ def test_a_learner_catching_up_shows_its_lag_and_window() -> None:
     assert "412/snapshot*" in text  # and per partition, as for every member
     learner.promotion = Promotion(window_seconds=3.0)
     assert "learner (lag ?, window 0.0/3 s)" in raftview.render(raftview.view(resource(st)))
+
+
+def test_a_learner_being_removed_shows_no_promotion_window() -> None:
+    # A scale down took it out while it caught up: its window is over, whatever the status
+    # kept of it.
+    st, learner = with_learner(Promotion(window_seconds=3.0, elapsed_seconds=1.5, max_lag=412))
+    learner.role = "removing"
+    v = raftview.view(resource(st))
+    assert v["members"][1]["promotion"] is None
+    assert "window" not in raftview.render(v)
 
 
 def test_a_learner_at_lag_0_and_a_member_asked_to_leave_say_so() -> None:
@@ -535,6 +552,19 @@ def test_remove_patch_and_its_refusals() -> None:
         remove_patch(obj, ["orders-2"])
     obj = resource(replicas=3, removeMembers=["orders-2"])  # cancelled: may be asked again
     assert remove_patch(obj, ["orders-2"])["spec"]["removeMembers"] == ["orders-2"]
+
+
+def test_remove_patch_keeps_removals_under_way_and_drops_those_cancelled() -> None:
+    obj = resource(replicas=2, removeMembers=["orders-2"])
+    obj["status"]["members"][2]["role"] = "removing"  # under way: stays listed
+    assert remove_patch(obj, ["orders-1"])["spec"] == {
+        "removeMembers": ["orders-2", "orders-1"],
+        "replicas": 1,
+    }
+    # replicas raised past the members (a scale up to come): every name asked before was
+    # cancelled, however many there are.
+    obj = resource(replicas=4, removeMembers=["orders-2", "orders-1"])
+    assert remove_patch(obj, ["orders-0"])["spec"] == {"removeMembers": ["orders-0"], "replicas": 3}
 
 
 # ----------------------------------------------------------------------------- command line

@@ -2,10 +2,104 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
+import tempfile
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from prometheus_client import REGISTRY
+
+from raftlog.operator import handlers
+from raftlog.operator.actions import ChangeMembership, InstallSnapshot
 from raftlog.operator.main import default_priority
+from raftlog.operator.models import RaftClusterStatus
+from raftlog.operator.nodeapi import MemberTls
 
 
 def test_replicas_never_tie_on_the_default_priority() -> None:
     # kopf pauses every operator of a tied priority, for good; its own default is 0 for all.
     drawn = {default_priority() for _ in range(50)}
     assert len(drawn) > 45 and all(1 <= p < 2**31 for p in drawn)
+
+
+# ----------------------------------------------------------------------------- the handlers
+class _StatusApi:
+    """`CustomObjectsApi.patch_namespaced_custom_object_status` as the API server answers it:
+    the patch kept, the new resourceVersion back, or an HTTP error."""
+
+    def __init__(self, error: int | None = None) -> None:
+        self.error = error
+        self.calls: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def patch_namespaced_custom_object_status(self, *args: Any, **kw: Any) -> Any:
+        self.calls.append((args, kw))
+        if self.error is not None:
+            raise ApiException(status=self.error, reason="Conflict")
+        return SimpleNamespace(data=json.dumps({"metadata": {"resourceVersion": "8"}}).encode())
+
+
+def saving(monkeypatch: pytest.MonkeyPatch, api: _StatusApi, version: str | None) -> str:
+    monkeypatch.setattr(handlers, "_api", object())
+    monkeypatch.setattr(k8s, "CustomObjectsApi", lambda _: api)  # the module handlers calls
+    return asyncio.run(
+        handlers._save_status("c", "ns", RaftClusterStatus(phase="Running"), version)
+    )
+
+
+def test_the_status_is_written_only_over_the_version_it_was_made_from(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Optimistic concurrency: another writer since makes the API server refuse it (409).
+    api = _StatusApi()
+    assert saving(monkeypatch, api, "7") == "8"
+    ((args, kw),) = api.calls
+    assert args[-1]["metadata"] == {"resourceVersion": "7"}
+    assert args[-1]["status"]["phase"] == "Running"
+    assert kw["_content_type"] == "application/merge-patch+json"
+
+
+@pytest.mark.parametrize(("code", "raised"), [(409, handlers.StaleStatus), (500, ApiException)])
+def test_only_a_conflict_makes_the_pass_read_the_status_again(
+    monkeypatch: pytest.MonkeyPatch, code: int, raised: type[Exception]
+) -> None:
+    with pytest.raises(raised) as e:
+        saving(monkeypatch, _StatusApi(error=code), "7")
+    assert type(e.value) is raised
+
+
+def _sample(name: str, **labels: str) -> float:
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_promotions_and_installs_are_counted_by_their_outcome() -> None:
+    promote = ChangeMembership(0, "c-0", "promote", "c-3")
+    before = _sample("raftlog_operator_promotions_total")
+    handlers._count(promote, ok=False)  # refused by the leader: not a promotion
+    assert _sample("raftlog_operator_promotions_total") == before
+    handlers._count(promote, ok=True)
+    assert _sample("raftlog_operator_promotions_total") == before + 1
+    failed = _sample("raftlog_operator_snapshot_installs_total", result="failed")
+    handlers._count(InstallSnapshot(0, "c-0", "c-2", "leader"), ok=False)
+    assert _sample("raftlog_operator_snapshot_installs_total", result="failed") == failed + 1
+
+
+def test_a_tls_cluster_is_called_verifying_its_ca_and_showing_its_certificate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    made: list[dict[str, Any]] = []
+    monkeypatch.setattr(handlers, "NodeApi", lambda **kw: made.append(kw))
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    handlers._node_api("t", MemberTls(ca="CA", cert="CERT", key="KEY"), "c", "ns")
+    handlers._node_api("t", None, "c", "ns")
+    tls, plain = made
+    assert [Path(tls[k]).read_text() for k in ("ca_file", "cert_file", "key_file")] == [
+        "CA",
+        "CERT",
+        "KEY",
+    ]
+    assert tls["token"] == "t" and plain == {"token": "t"}

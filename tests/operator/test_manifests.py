@@ -7,6 +7,7 @@ import asyncio
 import base64
 import json
 from collections.abc import Sequence
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -15,6 +16,7 @@ import pytest
 from kubernetes.client import ApiClient
 from tests.operator.test_reconciler import T0, World, running_status
 
+from raftlog.node.settings import NodeSettings
 from raftlog.operator import manifests
 from raftlog.operator.actions import ChangeMembership
 from raftlog.operator.kube import KubeRuntime
@@ -166,6 +168,110 @@ def test_members_are_reached_over_https_when_the_cluster_has_tls():
     assert manifests.member_url("http://{member}.x:{port}", "c", "ns", "c-0", tls=True) == (
         "http://c-0.x:7002"
     )
+
+
+def flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_a_tls_cluster_gives_its_members_the_secrets_files_read_only() -> None:
+    # kubernetes.io/tls keys: each flag names its own file of the secret mounted at TLS_DIR.
+    pod = objects(FULL)[0]
+    c = pod["spec"]["containers"][0]
+    assert flag(c["args"], "--tls-cert-file") == f"{manifests.TLS_DIR}/tls.crt"
+    assert flag(c["args"], "--tls-key-file") == f"{manifests.TLS_DIR}/tls.key"
+    assert flag(c["args"], "--tls-ca-file") == f"{manifests.TLS_DIR}/ca.crt"
+    vols = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert vols["tls"]["secret"] == {"secretName": "c-tls"}
+    mounts = {m["name"]: m for m in c["volumeMounts"]}
+    assert mounts["tls"] == {"name": "tls", "mountPath": manifests.TLS_DIR, "readOnly": True}
+    assert mounts["token"]["readOnly"] is True
+    # Both probes speak the members' scheme: an http probe of an https port always fails.
+    assert c["livenessProbe"]["httpGet"]["scheme"] == "HTTPS"
+
+
+def test_the_probes_ask_the_nodes_readiness_and_health() -> None:
+    c = objects(RaftClusterSpec())[0]["spec"]["containers"][0]
+    assert c["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "client", "scheme": "HTTP"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "client", "scheme": "HTTP"}
+
+
+def test_the_pod_template_and_resources_reach_every_pod() -> None:
+    s = FULL.model_copy(update={"image_pull_policy": "Always"})
+    pod = objects(s)[0]
+    spec, c = pod["spec"], pod["spec"]["containers"][0]
+    tpl = FULL.pod_template
+    assert spec["nodeSelector"] == {"disk": "ssd"}
+    assert spec["tolerations"] == tpl.tolerations and spec["affinity"] == tpl.affinity
+    assert spec["priorityClassName"] == "high" and spec["serviceAccountName"] == "raft"
+    assert pod["metadata"]["annotations"]["prometheus.io/scrape"] == "true"
+    assert c["imagePullPolicy"] == "Always"
+    assert c["resources"] == {
+        "requests": {"cpu": "250m", "memory": "256Mi"},
+        "limits": {"memory": "1Gi"},
+    }
+
+
+def test_a_template_label_never_takes_a_member_out_of_its_clusters_selector() -> None:
+    # The services, the budget and the operator find members by these labels.
+    s = RaftClusterSpec.model_validate(
+        {"podTemplate": {"labels": {manifests.LABEL_CLUSTER: "other", "team": "data"}}}
+    )
+    labels = objects(s)[0]["metadata"]["labels"]
+    assert labels[manifests.LABEL_CLUSTER] == "c" and labels["team"] == "data"
+    assert manifests.selector("c").items() <= labels.items()
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_the_pod_says_whether_its_member_joins(join: bool) -> None:
+    pod = manifests.pod(RaftClusterSpec(), "c", "ns", "c-0", {}, join=join, config_hash="h")
+    assert pod["metadata"]["annotations"][manifests.ANNOTATION_JOIN] == str(join).lower()
+    assert ("--join" in pod["spec"]["containers"][0]["args"]) is join
+
+
+def test_each_members_volume_claims_the_size_and_class_asked() -> None:
+    claim = manifests.pvc(FULL, "c", "ns", "c-1")
+    assert claim["metadata"]["name"] == "data-c-1"
+    assert claim["spec"] == {
+        "accessModes": ["ReadWriteOnce"],
+        "resources": {"requests": {"storage": "20Gi"}},
+        "storageClassName": "fast",
+    }
+    assert "storageClassName" not in manifests.pvc(RaftClusterSpec(), "c", "ns", "c-1")["spec"]
+
+
+def test_the_generated_secret_holds_the_file_the_members_read() -> None:
+    pod, secret = objects(FULL)[0], objects(FULL)[-1]
+    token_file = flag(pod["spec"]["containers"][0]["args"], "--auth-token-file")
+    assert token_file.startswith(manifests.TOKEN_DIR + "/")
+    assert secret["stringData"] == {token_file.rsplit("/", 1)[1]: "s3cret"}
+
+
+def test_a_member_url_template_may_use_the_ordinal() -> None:
+    template = "http://raft-{ordinal}.example.com:{port}"
+    assert manifests.member_url(template, "c", "ns", "c-12") == "http://raft-12.example.com:7002"
+
+
+def test_the_node_reads_every_setting_the_spec_gives_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Through the node's own settings, not by variable names: a misnamed variable would be
+    # ignored by the node (its default), not refused.
+    s = RaftClusterSpec.model_validate(
+        {
+            "raft": {"tickMs": 20, "electionTicks": 30, "heartbeatTicks": 3},
+            "snapshotSource": "leader",
+            "storage": {"segmentBytes": 8 * 1024 * 1024},
+        }
+    )
+    for k, v in node_env(s).items():
+        monkeypatch.setenv(k, v)
+    node = NodeSettings(
+        node_id="a", peers={"a": "http://a:7002"}, data_dir=tmp_path, insecure_no_auth=True
+    )
+    assert (node.tick_ms, node.snapshot_source, node.snapshot_install) == (20, "leader", "operator")
+    assert node.segment_bytes == 8 * 1024 * 1024
+    assert node.raft == s.raft.node_config()
 
 
 class _Applied:

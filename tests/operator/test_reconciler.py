@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
 
 from raftlog.operator.actions import (
+    Action,
     ChangeMembership,
     CreateMembers,
     DeleteMember,
@@ -14,8 +16,10 @@ from raftlog.operator.actions import (
     Outcome,
     RestartMember,
     SyncPeers,
+    TakeBackup,
     TransferLeader,
     Wait,
+    describe,
 )
 from raftlog.operator.cluster_views import (
     FollowerView,
@@ -24,6 +28,7 @@ from raftlog.operator.cluster_views import (
     Observed,
     PartitionView,
     PodState,
+    parse_node_status,
 )
 from raftlog.operator.models import MemberStatus, RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.reconciler import (
@@ -885,3 +890,201 @@ def test_lowered_partitions_are_refused_and_nobody_restarts():
     assert isinstance(plan.action, Wait)
     assert "spec.partitions is 1 but the members hold 2 partitions" in plan.action.reason
     assert "lowering is refused" in plan.action.reason
+
+
+# ===================================================================== readiness, peers, status
+def test_a_member_whose_pod_is_terminating_is_not_ready_while_its_node_still_answers() -> None:
+    # Readiness follows the pod, as `kubectl get pods` does: a pod being deleted (a restart, a
+    # fencing) whose node still answers counts as not ready in readyReplicas and the roll.
+    observed = World(MEMBERS).observed()
+    going = dataclasses.replace(observed.members["c-2"], pod="terminating")
+    observed = Observed({**observed.members, "c-2": going}, observed.urls)
+    plan = decide(NAME, spec(), running_status(MEMBERS), observed, T0)
+    assert [m.ready for m in plan.status.members] == [True, True, False]
+    assert plan.status.ready_replicas == 2
+
+
+def test_a_member_being_removed_whose_pod_is_gone_is_not_made_again() -> None:
+    # Its removal goes on from where it was: a new pod would only bring back what is leaving.
+    w = World(MEMBERS)
+    w.pods["c-2"] = "missing"  # its volume stays
+    st = running_status(MEMBERS)
+    st.members[2].role = "removing"
+    plan = step(st, w, spec(replicas=2))
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-2")
+
+
+def test_a_joining_member_that_lost_its_pod_is_made_again_having_no_data_to_lose() -> None:
+    # A member still joining never held data: no volume is nothing lost, so it is made again
+    # as it was, not replaced by a new member.
+    w = World([*MEMBERS, "c-3"])
+    w.voters = {p: set(MEMBERS) for p in range(2)}
+    w.pods["c-3"] = "missing"
+    w.volumes["c-3"] = False
+    st = running_status(MEMBERS)
+    st.members.append(MemberStatus(name="c-3", ordinal=3, role="joining"))
+    st.next_ordinal = 4
+    plan = step(st, w, spec(replicas=4))
+    assert plan.action == CreateMembers(("c-3",), join=True)
+    assert plan.status.member("c-3").role == "joining"  # type: ignore[union-attr]
+    assert "MemberLost" not in [e.reason for e in plan.events]
+
+
+def test_a_node_knowing_a_member_at_an_old_address_is_told_the_new_one() -> None:
+    # A member's address can change (TLS turned on: http becomes https); a node that knows
+    # every name but one at its old address must still be told.
+    observed = World(MEMBERS).observed()
+    moved = {**observed.urls, "c-2": "https://c-2:7001"}
+    plan = decide(NAME, spec(), running_status(MEMBERS), Observed(observed.members, moved), T0)
+    assert plan.action == SyncPeers("c-0", tuple(sorted(moved.items())))
+
+
+def test_a_partition_whose_leader_went_silent_makes_the_cluster_unavailable() -> None:
+    # Partition 1's leader stopped answering; the others still name it (no election yet), so
+    # they are ready and hold a quorum: only the partition without a leader seen tells.
+    w = World(MEMBERS)
+    w.leader = {0: "c-1", 1: "c-0"}
+    w.silent.add("c-0")
+    plan = step(running_status(MEMBERS), w)
+    assert plan.status.ready_replicas == 2
+    available = {c.type: c for c in plan.status.conditions}["Available"]
+    assert (available.status, available.reason) == ("False", "NoQuorum")
+    assert available.message.startswith("1 of 2 partitions have a leader")
+    assert plan.status.phase == "Unavailable"
+
+
+def test_a_steady_clusters_availability_says_only_its_leaders_and_readiness() -> None:
+    # The note about raised partitions belongs to a raise alone.
+    plan = step(running_status(MEMBERS), World(MEMBERS))
+    available = {c.type: c for c in plan.status.conditions}["Available"]
+    assert available.message == "2 of 2 partitions have a leader; 3 of 3 members ready"
+
+
+@pytest.mark.parametrize(("leaders", "summary"), [(3, "c-0,c-1,c-2"), (4, "4 members")])
+def test_the_leaders_column_names_up_to_three_leaders(leaders: int, summary: str) -> None:
+    members = [f"c-{i}" for i in range(4)]
+    w = World(members, partitions=4)
+    w.leader = {p: members[p % leaders] for p in range(4)}
+    plan = step(running_status(members), w, spec(replicas=4, partitions=4))
+    assert plan.status.leader_summary == summary
+
+
+def test_each_member_shows_the_partitions_it_leads_as_leader_with_no_lag() -> None:
+    # `kubectl raft status` prints "leader" in these cells.
+    w = World(MEMBERS)
+    w.follower(0, fv("c-1", lag=4))
+    plan = step(running_status(MEMBERS), w)
+    leader, follower = plan.status.member("c-0"), plan.status.member("c-1")
+    assert leader is not None and follower is not None
+    assert [(p.lag, p.state) for p in leader.partitions] == [(0, "leader"), (0, "leader")]
+    assert [(p.lag, p.state) for p in follower.partitions] == [(4, "replicate"), (0, "replicate")]
+
+
+def test_a_pass_that_only_waits_is_not_reconciling() -> None:
+    # Phase Reconciling is for a step taken; a wait shows in the Progressing condition.
+    s = spec(image="raftlog:new")
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    w.follower(0, fv("c-2", lag=50))
+    plan = step(running_status(MEMBERS), w, s)
+    assert isinstance(plan.action, Wait) and plan.status.phase == "Running"
+    progressing = {c.type: c for c in plan.status.conditions}["Progressing"]
+    assert (progressing.status, progressing.reason) == ("True", "Wait")
+
+
+def test_the_roll_waits_on_the_backfill_threshold_not_the_promotion_lag() -> None:
+    # A follower within backfillThreshold is not being repaired: the roll goes on, whatever
+    # learnerPromotionLag says (the mirror of the promotion window's test above).
+    s = spec(image="raftlog:new", raft={"backfillThreshold": 50, "learnerPromotionLag": 5})
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    w.follower(0, fv("c-2", lag=20))
+    assert step(running_status(MEMBERS), w, s).action == RestartMember("c-1")
+
+
+def test_partitions_lowered_back_during_a_raise_are_refused_while_one_member_holds_more() -> None:
+    # c-2 restarted with 4 already: lowering to 2 again would drop its partitions 2 and 3, so
+    # the most any member holds counts, not the fewest.
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    w.extra["c-2"] = 4
+    plan = step(running_status(MEMBERS), w, spec(partitions=2))
+    assert isinstance(plan.action, Wait)
+    assert "spec.partitions is 2 but the members hold 4 partitions" in plan.action.reason
+
+
+# ===================================================================== what the nodes say
+def test_a_nodes_status_is_read_with_the_leader_left_out_of_its_followers() -> None:
+    def follower(state: str, match: int, lag: int | None, required: bool, active: bool) -> Any:
+        return {"state": state, "learner": False, "match": match, "next": match + 1, "lag": lag,
+                "snapshot_required": required, "recent_active": active}  # fmt: skip
+
+    body = {
+        "node": "c-0",
+        "partitions": [
+            {
+                "partition": 0, "role": "leader", "member": "voter", "term": 4, "leader": "c-0",
+                "high_water_mark": 100, "compaction_floor": 50, "voters": MEMBERS, "learners": [],
+                "followers": {
+                    "c-0": follower("replicate", 100, 0, False, True),  # its own progress
+                    "c-1": follower("replicate", 100, 0, False, True),
+                    # Lag unknown is not "no lag": it keeps a promotion window shut.
+                    "c-2": follower("snapshot", 10, None, True, False),
+                },
+            }
+        ],
+    }  # fmt: skip
+    view = parse_node_status(body).partitions[0]
+    assert view.followers == {
+        "c-1": FollowerView("c-1", False, "replicate", 100, 0, False, True),
+        "c-2": FollowerView("c-2", False, "snapshot", 10, None, True, False),
+    }
+
+
+@pytest.mark.parametrize("order", [("c-0", "c-1"), ("c-1", "c-0")])
+def test_of_two_members_that_say_they_lead_the_higher_term_is_the_leader(
+    order: tuple[str, str],
+) -> None:
+    # A deposed leader cut off from the others still says it leads, in its older term.
+    old = PartitionView(
+        partition=0, role="leader", member="voter", term=3, leader="c-0", high_water_mark=90,
+        compaction_floor=1, voters=frozenset(MEMBERS), learners=frozenset(),
+    )  # fmt: skip
+    new = dataclasses.replace(old, term=4, leader="c-1", high_water_mark=100)
+    views = {"c-0": old, "c-1": new}
+    observed = Observed(
+        {n: MemberObserved(n, "running", True, None, NodeView(n, {0: views[n]})) for n in order}
+    )
+    assert observed.leader_view(0) == new
+
+
+# ===================================================================== status.lastAction
+@pytest.mark.parametrize(
+    ("action", "line"),
+    [
+        (CreateMembers(("c-3",), join=True), "create c-3 (joining as learners)"),
+        (CreateMembers(("c-0", "c-1"), join=False), "create c-0, c-1"),
+        (DeleteMember("c-3", delete_volume=True), "delete c-3 and its volume"),
+        (DeleteMember("c-3", delete_volume=False), "delete c-3"),
+        (
+            ChangeMembership(1, "c-0", "add_learner", "c-3"),
+            "partition 1: add learner c-3 (asked of c-0)",
+        ),
+        (
+            InstallSnapshot(0, "c-0", "c-2", "c-1"),
+            "partition 0: install a snapshot on c-2 from c-1 (leader c-0)",
+        ),
+        (TakeBackup("nightly", ((0, "c-0"), (1, "c-1"))), "back up as nightly (2 partitions)"),
+    ],
+)
+def test_the_last_action_says_what_was_asked(action: Action, line: str) -> None:
+    # status.lastAction and the Progressing condition's message: what a person reads.
+    assert describe(action) == line
+
+
+def test_replicas_lowered_while_another_step_takes_the_pass_says_scaling() -> None:
+    # The snapshot install comes before the scale down; the phase already tells of the scale.
+    w = World(MEMBERS)
+    w.follower(0, fv("c-2", lag=None, state="snapshot", match=10, snapshot_required=True))
+    plan = step(running_status(MEMBERS), w, spec(replicas=2))
+    assert isinstance(plan.action, InstallSnapshot) and plan.status.phase == "Scaling"

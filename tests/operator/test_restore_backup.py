@@ -67,6 +67,13 @@ def test_a_restored_cluster_plans_first_then_creates_its_members_with_the_plan()
     assert "RAFTLOG_RESTORE_URL" not in {e["name"] for e in joining["spec"]["containers"][0]["env"]}
 
 
+def test_a_plan_still_being_made_is_never_given_to_a_member() -> None:
+    # No indexes yet: a member started with it would restore nothing and start empty.
+    plan = run(RaftClusterStatus(), Observed({}), restored_spec())
+    assert plan.status.restore is not None and plan.status.restore.state == "planning"
+    assert restore_env(plan.status) == {}
+
+
 def test_a_plan_that_fails_is_shown_and_tried_again_after_a_pause() -> None:
     s = restored_spec()
     plan = run(RaftClusterStatus(), Observed({}), s)
@@ -100,6 +107,8 @@ def test_a_planned_restore_is_not_planned_again_and_not_part_of_the_launch_hash(
     [
         ({"restore": RESTORE}, "restore: needs archive"),
         ({"archive": {"url": "s3://bkt/old"}, "restore": RESTORE}, "restore.url: the same"),
+        # The same place up to a trailing slash is the same place.
+        ({"archive": {"url": "s3://bkt/old/"}, "restore": RESTORE}, "restore.url: the same"),
         ({"archive": ARCHIVE, "restore": {"url": "s3://bkt/old", "target": "soon"}}, "target"),
         ({"archive": ARCHIVE, "restore": {"url": "http://bkt/old"}}, "s3://bucket/prefix"),
         ({"archive": {**ARCHIVE, "backupIntervalMinutes": 1}}, "backupIntervalMinutes"),
