@@ -59,3 +59,31 @@ def test_local_up_from_a_manifest_then_scale(tmp_path, capsys):
     finally:
         proc.terminate()
         assert proc.wait(timeout=30) == 0
+
+
+def test_a_manifest_lowering_the_partitions_the_members_hold_is_refused(tmp_path, capsys):
+    """On Kubernetes the CRD's rule refuses it; locally nothing else would keep a member that
+    restarts (or every member after a hibernation) from coming back with the lower count and
+    no longer serving the partitions above it. Refused at `local up -f` (the manifest on disk
+    left as it was) and at each pass (the cluster kept as it is)."""
+    from raftlog.operator.local import MANIFEST, LocalOperator, ManifestError
+
+    text = EXAMPLE.read_text()
+    assert "partitions: 2" in text
+    op = LocalOperator.create(tmp_path, text)
+    assert op.desired()[1].partitions == 2
+    for member in ("c-0", "c-1"):  # what their nodes made of the two partitions
+        for p in (0, 1):
+            (tmp_path / "members" / member / f"p{p}").mkdir(parents=True)
+    lowered = text.replace("partitions: 2", "partitions: 1")
+    with pytest.raises(ManifestError, match=r"spec.partitions is 1 but the members' data holds 2"):
+        LocalOperator.create(tmp_path, lowered)
+    assert "partitions: 2" in (tmp_path / MANIFEST).read_text()
+    (tmp_path / MANIFEST).write_text(lowered)  # edited by hand
+    with pytest.raises(ManifestError, match=r"set it back to 2 or more"):
+        op.desired()
+    (tmp_path / MANIFEST).write_text(lowered.replace("partitions: 1", "partitions: 3"))
+    assert op.desired()[1].partitions == 3  # raising stays allowed
+    (tmp_path / "low.yaml").write_text(lowered)
+    assert main(["local", "up", "-f", str(tmp_path / "low.yaml"), "--data-dir", str(tmp_path)]) == 1
+    assert "lowering is refused" in capsys.readouterr().err

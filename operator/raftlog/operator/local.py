@@ -52,6 +52,7 @@ from raftlog.operator.node_launch import node_args, node_env, restore_env
 from raftlog.operator.nodeapi import NodeApi
 from raftlog.operator.ports import free_ports
 from raftlog.operator.runtime import PassResult, PodInfo, reconcile_pass
+from raftlog.operator.safety import keeps_partitions
 
 log = logging.getLogger("raftlog.operator.local")
 
@@ -270,6 +271,25 @@ class LocalRuntime:
         return [p.pid for p in self.procs.values() if p.poll() is None]
 
 
+def _refuse_lowering(base: Path, spec: RaftClusterSpec, source: str) -> None:
+    """spec.partitions below what a member's data holds (its `p<N>` directories) is refused,
+    as the CRD's rule has the API server refuse it."""
+    held = max(
+        (
+            int(d.name[1:]) + 1
+            for d in (base / "members").glob("*/p*")
+            if d.is_dir() and d.name[1:].isdigit()
+        ),
+        default=0,
+    )
+    if not keeps_partitions(held, spec.partitions):
+        raise ManifestError(
+            f"{source}: spec.partitions is {spec.partitions} but the members' data holds {held} "
+            f"partitions: lowering is refused (it would drop partitions with their records); "
+            f"set it back to {held} or more"
+        )
+
+
 class LocalOperator:
     """The reconciler on a loop over the local runtime, for one cluster in `base`."""
 
@@ -300,6 +320,7 @@ class LocalOperator:
     def create(cls, base: Path, manifest: str, **kw: Any) -> LocalOperator:
         """Set up `base` for the cluster `manifest` describes (or check it is the same one)."""
         name, spec = load_manifest(manifest)
+        _refuse_lowering(base, spec, "the manifest")
         base.mkdir(parents=True, exist_ok=True)
         path = base / MANIFEST
         if path.is_file():
@@ -311,8 +332,13 @@ class LocalOperator:
         return cls(base, **kw)
 
     def desired(self) -> tuple[str, RaftClusterSpec]:
+        """The manifest's cluster, refused as the API server refuses an update that lowers
+        spec.partitions (the CRD's rule): here nothing else would stop a member that restarts
+        from being launched with the lower count, and dropping the partitions above it."""
         path = self.base / MANIFEST
-        return load_manifest(path.read_text(), str(path))
+        name, spec = load_manifest(path.read_text(), str(path))
+        _refuse_lowering(self.base, spec, str(path))
+        return name, spec
 
     def controls(self) -> Controls:
         """The manifest's annotations, read as the Kubernetes operator reads the resource's."""

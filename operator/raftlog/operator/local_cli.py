@@ -73,10 +73,10 @@ def local_up(args: argparse.Namespace) -> int:
         local_operator = LocalOperator.create(
             base, text, on_event=_print_event, object_store=object_store
         )
+        name, spec = local_operator.desired()
     except (OSError, ManifestError, LocalS3Error) as e:
         print(f"raftctl local up: {e}", file=sys.stderr)
         return 1
-    name, spec = local_operator.desired()
     print(
         f"cluster {name}: {spec.replicas} members, {spec.partitions} partitions, data in {base}",
         flush=True,
