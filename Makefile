@@ -7,10 +7,10 @@ STAMP := $(VENV)/.installed
 # Two workers: the machine has two cores; the simulation suites dominate the run time.
 PYTEST_WORKERS ?= 2
 
-.PHONY: install jvm demo demo-sim test test-fast lint typecheck bench clean cluster cluster-down mutate \
+.PHONY: install jvm native demo demo-sim test test-fast lint typecheck bench clean cluster cluster-down mutate \
 	s3server
 
-install: $(STAMP) jvm
+install: $(STAMP) jvm native
 
 # Reinstalled only when the dependency list changes, so a second `make install` is instant.
 $(STAMP): pyproject.toml
@@ -30,6 +30,13 @@ SPARK_JARS = $(shell $(PY) -c 'import os, pyspark; print(os.path.dirname(pyspark
 APT = $(if $(filter 0,$(shell id -u)),,sudo -n) env DEBIAN_FRONTEND=noninteractive apt-get -y -qq
 
 jvm: $(JVM_JAR)
+
+# The node's hot modules compiled with mypyc (node/raftlog/node/native.py) into
+# ~/.cache/raftlog-native, keyed by their sources: about a minute when one of them changed,
+# a hash of them otherwise. A node uses the build only while its sources are the ones built.
+native: $(STAMP)
+	@command -v cc >/dev/null || { $(APT) update && $(APT) install gcc; }
+	@$(PY) -m raftlog.node.native_build
 
 $(JVM_JAR): $(JVM_SRC) $(STAMP) Makefile
 	@command -v javac >/dev/null || { $(APT) update && $(APT) install openjdk-17-jdk-headless; }

@@ -23,6 +23,7 @@ import sys
 import tarfile
 import tempfile
 import time
+import tomllib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -30,6 +31,7 @@ from typing import NamedTuple
 
 from cluster import build as cluster_build
 from cluster import layout
+from raftlog.node import native_build
 
 IMAGES = layout.CACHE / "images"
 RAFTLOG_REF = "ghcr.io/raftlog/raftlog:0.1.0"
@@ -64,6 +66,11 @@ RAFTLOG_ENV = {
     "PYTHONUNBUFFERED": "1",
     "HOME": "/tmp",
 }
+# Where the node image holds the core compiled by mypyc (raftlog/node/native.py), built here
+# from the very sources of its wheel: the members' python (Debian's 3.11) loads what the dev
+# venv's 3.11 compiled, as the extension ABI is the same within 3.11.
+NATIVE_DIR = "/opt/raftlog/native"
+NODE_ENV = {**RAFTLOG_ENV, "RAFTLOG_NATIVE_DIR": NATIVE_DIR}
 SPARK_INSTALL = layout.ROOT / "image" / "install-spark.sh"
 SPARK_ENTRYPOINT = layout.ROOT / "image" / "spark-entrypoint.sh"
 SPARK_ENV = {
@@ -311,6 +318,7 @@ class _VenvImage(NamedTuple):
     user: str
     workdir: str
     env: dict[str, str]
+    native: bool = False  # the node's compiled core in NATIVE_DIR
 
 
 def _venv_image(spec: _VenvImage) -> Image:
@@ -331,9 +339,14 @@ def _venv_image(spec: _VenvImage) -> Image:
         spec.workdir,
         spec.env,
     ]
+    # The dependencies raftlog declares: the base's wheels are them, and one newly declared
+    # but already in the dev venv (as a dependency of a dev tool) leaves the pins unchanged.
+    project = tomllib.loads((layout.ROOT / "pyproject.toml").read_text())["project"]
+    declared = repr([project["dependencies"], project.get("optional-dependencies", {})])
     base_key = _key(
-        spec.name, spec.ref, repr(shape), *MIRRORS, *DPKG_OPTS, spec.recipe.read_bytes(), pins
-    )
+        spec.name, spec.ref, repr(shape), *MIRRORS, *DPKG_OPTS, spec.recipe.read_bytes(), pins,
+        declared,
+    )  # fmt: skip
     files = [f.read_bytes() for f in spec.files]
     out, done = _cached(spec.name, _key(base_key, *files, _source_hash()))
     if done:
@@ -366,6 +379,12 @@ def _venv_image(spec: _VenvImage) -> Image:
         )
         _run("unshare", "--mount", "--fork", "sh", "-c", script, timeout=600)
         _run("rm", "-rf", staged)
+        if spec.native:
+            build = native_build.build(quiet=True)  # compiles only if these sources are new
+            native = root / NATIVE_DIR.lstrip("/")
+            native.mkdir(parents=True)
+            _run("cp", "-r", build, native / build.name)
+            _run("chmod", "-R", "a+rX", native)  # read by the pods' user, 10001
         _run("umoci", "repack", "--image", image, bundle, timeout=1200)
         _run("umoci", "gc", "--layout", oci)
         _run("tar", "--numeric-owner", "-C", oci, "-cf", tar, "oci-layout", "index.json", "blobs")
@@ -430,7 +449,8 @@ def raftlog_image(ref: str = RAFTLOG_REF) -> Image:
         entrypoint=None,
         user="10001:10001",
         workdir="/var/lib/raftlog",
-        env=RAFTLOG_ENV,
+        env=NODE_ENV,
+        native=True,
     )
     return _venv_image(spec)
 

@@ -47,14 +47,17 @@ def test_the_runtime_stage_installs_the_same_packages_and_runs_the_same_script()
     [install] = [r for r in instructions("RUN", RUNTIME) if "install-raftlog.sh" in r]
     assert f"source=image/{images.INSTALL.name}" in install
     assert install.endswith(f"sh /tmp/{images.INSTALL.name} /tmp/wheels")
-    assert "from=build,source=/wheels" in install and "COPY" not in RUNTIME
+    assert "from=build,source=/wheels" in install
+    # Beside the wheels, only the core compiled in the build stage, where cluster/images.py
+    # puts the one it compiled.
+    assert instructions("COPY", RUNTIME) == [f"--from=build /native {images.NATIVE_DIR}"]
 
 
 def test_the_environment_user_and_command_are_the_same():
     env: dict[str, str] = {}
     for line in instructions("ENV", RUNTIME):
         env.update(dict(kv.split("=", 1) for kv in line.split()))
-    assert env == images.RAFTLOG_ENV
+    assert env == images.NODE_ENV
     # A read-only root filesystem: no bytecode written at run time, HOME on the /tmp emptyDir.
     assert env["PYTHONDONTWRITEBYTECODE"] == "1" and env["HOME"] == "/tmp"
     assert instructions("USER") == ["10001:10001"]

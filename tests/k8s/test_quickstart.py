@@ -62,6 +62,9 @@ def test_quickstart_apply_get_scale_up_and_down(operator: str) -> None:
         [c] = p["spec"]["containers"]
         assert c["image"] == IMAGE and c["imagePullPolicy"] == "IfNotPresent"
         assert p["status"]["phase"] == "Running"
+        # The image's core compiled by mypyc, from the image's own sources (native.py).
+        raw = f"/api/v1/namespaces/{ns}/pods/{p['metadata']['name']}:7001/proxy/v1/status"
+        assert json.loads(kube.kubectl("get", "--raw", raw))["compiled"] is True
     claims = kube.items("pvc", ns, "raftlog.dev/cluster=orders")
     assert {c["status"]["phase"] for c in claims} == {"Bound"}, claims
 

@@ -3,6 +3,7 @@ or its checks prove nothing."""
 
 from __future__ import annotations
 
+from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.log import RaftLog
 from raftlog.node.core.messages import (
     PreVoteRequest,
@@ -11,6 +12,7 @@ from raftlog.node.core.messages import (
     VoteResponse,
 )
 from raftlog.node.core.raft import Raft
+from raftlog.node.core.storage import LogStorage
 
 
 class CommitsPreviousTermByCounting(Raft):
@@ -28,9 +30,14 @@ class _NoAnchorTermLog(RaftLog):
 class SkipsAnchorCheck(Raft):
     """Accepts an append when it has an entry at prev_index, whatever that entry's term."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self.log.__class__ = _NoAnchorTermLog
+    def __init__(
+        self, node_id: str, config: RaftConfig, storage: LogStorage, seed: int = 0
+    ) -> None:
+        super().__init__(node_id, config, storage, seed)
+        # A log of its own rather than its class swapped: the core may run compiled (mypyc),
+        # whose objects take interpreted subclasses but not a new class.
+        hs, snap = storage.initial_state()
+        self.log = _NoAnchorTermLog(storage, hs.commit, snap.index)
 
 
 class VotesTwice(Raft):

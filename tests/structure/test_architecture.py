@@ -32,6 +32,8 @@ PARTS: dict[str, str] = {
     "raftlog.node.server": "server",
     "raftlog.node.settings": "server",
     "raftlog.node.sim": "sim",
+    "raftlog.node.native": "native",
+    "raftlog.node.native_build": "native",
     "raftlog.harness": "harness",
     "raftlog.client": "client",
     "raftlog.cli": "cli",
@@ -52,6 +54,7 @@ NODE = frozenset(
         "sim",
         "record",
         "archive format",
+        "native",
     },
 )
 # The node's formats that readers may read themselves (Spark's executors read the archive).
@@ -68,9 +71,20 @@ ALLOWED: dict[str, frozenset[str]] = {
     "archive format": frozenset({"core", "storage"}),
     "transport": frozenset({"core", "storage"}),
     "server": frozenset(
-        {"core", "storage", "transport", "state machine", "routing", "record", "archive format"}
+        {
+            "core",
+            "storage",
+            "transport",
+            "state machine",
+            "routing",
+            "record",
+            "archive format",
+            "native",
+        }
     ),
-    "sim": frozenset({"core", "storage", "state machine", "server", "record"}),
+    "sim": frozenset({"core", "storage", "state machine", "server", "record", "native"}),
+    # The loader of the compiled modules knows them by name only: it imports none of them.
+    "native": frozenset(),
     "client": frozenset({"routing"}),
     # The server for `raftctl backup` and `raftctl restore plan`: the node's object-store client
     # and its restore planning, one implementation with the node's own restore.
@@ -145,6 +159,9 @@ CORE_EXTERNAL = frozenset(
         "typing",
         "pydantic",
         "msgspec",
+        # `mypyc_attr`, read by mypyc when it compiles the core (raftlog/node/native.py); a
+        # decorator that returns its class unchanged when interpreted.
+        "mypy_extensions",
     },
 )
 
@@ -163,6 +180,7 @@ MINIMUM_MODULES: dict[str, int] = {
     "archive format": 2,
     "server": 12,
     "sim": 5,
+    "native": 2,
     "client": 5,
     "cli": 3,
     "operator": 15,

@@ -7,11 +7,15 @@ floor are gone; the entry just below the floor is still known by its term (the s
 
 from __future__ import annotations
 
+from mypy_extensions import mypyc_attr
+
 from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
 from raftlog.node.core.storage import LogStorage
 from raftlog.node.core.types import Entry, SnapshotMeta
 
 
+# Compiled by mypyc (raftlog/node/native.py); the simulation's broken cores subclass it.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class RaftLog:
     def __init__(self, storage: LogStorage, committed: int, snapshot_index: int) -> None:
         self.storage = storage

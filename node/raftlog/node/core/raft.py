@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
 
+from mypy_extensions import mypyc_attr
+
 from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import (
     InvalidMessage,
@@ -123,6 +125,8 @@ class PartitionStatus:
     followers: dict[str, FollowerStatus]
 
 
+# Compiled by mypyc (raftlog/node/native.py); the simulation's broken cores subclass it.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class Raft:
     def __init__(
         self, node_id: str, config: RaftConfig, storage: LogStorage, seed: int = 0

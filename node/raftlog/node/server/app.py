@@ -20,6 +20,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from raftlog.node import native
 from raftlog.node.core.errors import Compacted, NotLeader, ProposalRefused
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry, EntryKind
@@ -431,6 +432,7 @@ async def status(request: web.Request) -> web.Response:
             "node": node.id,
             "started_at": node.started_at,
             "event_loop": loop,
+            "compiled": native.active(),  # the Raft core compiled by mypyc (raftlog/node/native.py)
             "auth": auth,
             "partitions": parts,
         }

@@ -30,15 +30,19 @@ from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
 from pydantic_core import PydanticUndefined
 
-from raftlog.node.core.config import RaftConfig, describe_validation_error
-from raftlog.node.server.app import ALL_PLANES, Plane, build_app
-from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors
-from raftlog.node.server.http_errors import JsonErrors
-from raftlog.node.server.listener import IDLE_S, Connections, ListenerProtocol
-from raftlog.node.server.node import Node
-from raftlog.node.server.restore import restore_missing
-from raftlog.node.settings import NodeSettings, load_settings
-from raftlog.node.storage.errors import CorruptFile, StorageFailed, WalCorruption
+from raftlog.node import native
+
+native.install()  # compiled, if built for these sources, before anything imports the core
+
+from raftlog.node.core.config import RaftConfig, describe_validation_error  # noqa: E402
+from raftlog.node.server.app import ALL_PLANES, Plane, build_app  # noqa: E402
+from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors  # noqa: E402
+from raftlog.node.server.http_errors import JsonErrors  # noqa: E402
+from raftlog.node.server.listener import IDLE_S, Connections, ListenerProtocol  # noqa: E402
+from raftlog.node.server.node import Node  # noqa: E402
+from raftlog.node.server.restore import restore_missing  # noqa: E402
+from raftlog.node.settings import NodeSettings, load_settings  # noqa: E402
+from raftlog.node.storage.errors import CorruptFile, StorageFailed, WalCorruption  # noqa: E402
 
 log = logging.getLogger("raftlog.node")
 

@@ -8,8 +8,12 @@ import sys
 import tempfile
 import time
 
-from raftlog.node.sim.invariants import InvariantViolation
-from raftlog.node.sim.scenarios import SCENARIOS, run_scenario
+from raftlog.node import native
+
+native.install()  # compiled, if built for these sources, before anything imports the core
+
+from raftlog.node.sim.invariants import InvariantViolation  # noqa: E402
+from raftlog.node.sim.scenarios import SCENARIOS, run_scenario  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
