@@ -91,6 +91,9 @@ def test_malformed_entries_are_refused_with_a_reason(entries: list[object]) -> N
         ([0, 99, "a"], "unknown message type 99"),
         (["0", 5, "b"], "partition and type must be integers"),
         ([0], "each message is [partition, type, fields...]"),
+        # A negative type must not index the types from the end (the last one's shape).
+        ([0, -1, "a", "b", 4], "unknown message type -1"),
+        ([-1, 255, ""], "a ping is [-1, 255, node name]"),  # a ping names its node
     ],
 )
 def test_malformed_messages_are_refused_naming_what_is_wrong(
@@ -99,6 +102,14 @@ def test_malformed_messages_are_refused_naming_what_is_wrong(
     with pytest.raises(InvalidMessage) as e:
         decode_frame(msgspec.msgpack.encode([item]))
     assert reason in e.value.reason
+
+
+@pytest.mark.parametrize("frame", [{"0": [0, 5]}, 7, "frame", None])
+def test_a_frame_that_is_not_a_list_of_messages_is_refused(frame: object) -> None:
+    # Anything else must be an InvalidMessage (the stream is closed), never an error the
+    # receiving protocol callback does not expect.
+    with pytest.raises(InvalidMessage, match="must be a list of messages"):
+        decode_frame(msgspec.msgpack.encode(frame))
 
 
 def test_each_field_lands_in_its_place() -> None:

@@ -448,6 +448,78 @@ def test_a_follower_needing_a_snapshot_that_goes_silent_holds_nothing() -> None:
     assert r.catch_up_floor() == 91
 
 
+def test_a_catching_up_follower_that_goes_silent_holds_nothing() -> None:
+    # As one that needs a snapshot: a follower that stopped answering must not hold the
+    # leader's compaction from where its snapshot left it.
+    r, s = compacted_leader()
+    r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
+    r.propose_batch([b"x%d" % i for i in range(30)])
+    r.step(AppendResponse("c", "a", r.term, True, r.log.last_index()))
+    drain(r, s)
+    r.step(AppendResponse("b", "a", r.term, True, 100))  # installed: catching up from 100
+    drain(r, s)
+    assert r.catch_up_floor() == 101
+    for _ in range(2 * CFG.election_ticks):  # c answers, b does not
+        r.tick()
+        r.step(HeartbeatResponse("c", "a", r.term))
+        drain(r, s)
+    assert r.catch_up_floor() is None
+
+
+def test_the_catch_up_floor_is_the_lowest_any_follower_needs() -> None:
+    """Five voters: b needs a snapshot (91 on), c installed one and catches up from 101, d and
+    e keep committing. Compaction must keep what b needs, the lower of the two."""
+    members = ["a", "b", "c", "d", "e"]
+    s = storage_with([(i, 1) for i in range(1, 101)], voters=tuple(members), term=1, commit=100)
+    s.create_snapshot(SnapshotMeta(100, 1, Membership.of(members)), b"")
+    s.compact(91)
+    r = Raft("a", CFG, s)
+    r.hup()
+    drain(r, s)
+    for voter in ("b", "c"):
+        r.step(PreVoteResponse(voter, "a", r.term + 1, True))
+    drain(r, s)
+    for voter in ("b", "c"):
+        r.step(VoteResponse(voter, "a", r.term, True))
+    drain(r, s)
+    assert r.role == Role.LEADER
+    for follower in ("b", "c"):
+        r.step(AppendResponse(follower, "a", r.term, False, 100, hint_index=40, hint_term=1))
+    r.propose_batch([b"x%d" % i for i in range(30)])
+    for follower in ("d", "e"):
+        r.step(AppendResponse(follower, "a", r.term, True, r.log.last_index()))
+    drain(r, s)
+    r.step(AppendResponse("c", "a", r.term, True, 100))  # c installed; b has not yet
+    drain(r, s)
+    assert r.status().followers["b"].snapshot_required
+    assert r.catch_up_floor() == 91
+
+
+def test_a_failed_snapshot_transfer_is_retried_after_the_back_off_from_its_failure() -> None:
+    # The driver reports a transfer that failed: the leader says so (an event the node
+    # counts) and asks again only after the back-off, counted from the failure, so a
+    # target that cannot take a snapshot is not sent one in a tight loop.
+    r, s = compacted_leader()
+    r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
+    drain(r, s)
+    r.snapshot_transfer("b")
+    for _ in range(CFG.snapshot_retry_ticks - 1):  # the transfer takes a while...
+        r.tick()
+        r.step(HeartbeatResponse("c", "a", r.term))
+        drain(r, s)
+    r.report_snapshot("b", False)  # ...and fails
+    rd = drain(r, s)
+    assert [e.kind for e in rd.events if e.kind == "snapshot_failed"] == ["snapshot_failed"]
+    requests = []
+    for _ in range(CFG.snapshot_retry_ticks - 1):
+        r.tick()
+        r.step(HeartbeatResponse("c", "a", r.term))
+        requests += drain(r, s).snapshot_requests
+    assert requests == []
+    r.tick()
+    assert [q.attempt for q in drain(r, s).snapshot_requests] == [2]
+
+
 class TestMembership:
     def leader(self) -> tuple[Raft, MemoryStorage]:
         s = storage_with([(1, 1)], term=1)

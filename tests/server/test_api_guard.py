@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from aiohttp.test_utils import TestServer
 
 from raftlog.node.core.raft import Role
 from raftlog.node.server.app import build_app
+from raftlog.node.server.http_errors import error_body
 from raftlog.node.server.node import Node
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.errors import StorageFailed
@@ -209,3 +211,38 @@ def test_a_partition_stopping_under_a_linearizable_read_answers_it_503(
             assert "ask another member" in got["reason"], got
 
     asyncio.run(_with_node(tmp_path, body))
+
+
+@pytest.mark.parametrize(
+    ("status", "message", "answer"),
+    [
+        (
+            400,
+            "Bad status line 'Invalid method encountered':\n\n  b'BREW /v1/status HTTP/1.1'\n"
+            "     ^",
+            {
+                "error": "bad_request",
+                "reason": "Bad status line 'Invalid method encountered'",
+                "at": "b'BREW /v1/status HTTP/1.1'",
+            },
+        ),
+        (400, "Missing Host header", {"error": "bad_request", "reason": "Missing Host header"}),
+        (400, None, {"error": "bad_request", "reason": "the request is not valid HTTP/1.1"}),
+        (413, "Request too large", {"error": "too_large", "reason": "Request too large"}),
+        (418, "Odd request", {"error": "bad_request", "reason": "Odd request"}),
+        # A server error says nothing of aiohttp's text (a traceback, the handler's state).
+        (500, "Traceback: secret state", {"error": "internal", "reason": "see the node's log"}),
+        (503, "Traceback: secret state", {"error": "internal", "reason": "see the node's log"}),
+    ],
+    ids=["caret", "one line", "no message", "413", "other 4xx", "500", "other 5xx"],
+)
+def test_aiohttps_own_errors_in_the_apis_json_shape(
+    status: int, message: str | None, answer: dict[str, str]
+) -> None:
+    assert json.loads(error_body(status, message)) == answer
+
+
+def test_the_offending_text_quoted_in_an_error_is_cut_short() -> None:
+    # A head of several KiB quoted back whole would be an answer as large as the request.
+    at = json.loads(error_body(400, "Bad header:\n" + "x" * 5000))["at"]
+    assert at == "x" * 200

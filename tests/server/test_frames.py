@@ -3,12 +3,23 @@ a byte stream however it arrives."""
 
 from __future__ import annotations
 
+import asyncio
+from types import SimpleNamespace
+from typing import cast
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from raftlog.node.core.messages import HeartbeatRequest
+from raftlog.node.server.node import Node
+from raftlog.node.server.peer_frames import FrameReceiver
+from raftlog.node.transport.codec import Item, encode_frame
 from raftlog.node.transport.frames import (
+    MAX_HEAD,
+    SWITCHED,
     FrameTooLarge,
+    Link,
     Splitter,
     frame,
     handshake,
@@ -86,3 +97,80 @@ def test_a_frame_over_the_limit_is_refused_from_its_length_alone():
     assert splitter.feed(frame(b"x" * 10)) == [b"x" * 10]
     with pytest.raises(FrameTooLarge, match="11 bytes"):
         splitter.feed((11).to_bytes(4, "big"))  # before any of its body arrives
+
+
+def answered(*pieces: bytes) -> Link:
+    """A sending end's link that got the peer's answer in `pieces`, then was paused and
+    resumed as its kernel buffer filled and drained."""
+
+    async def run() -> Link:
+        link = Link(handshake("h", 1, None), lambda: None)
+        for piece in pieces:
+            link.data_received(piece)
+        return link
+
+    return asyncio.run(run())
+
+
+def test_a_link_is_writable_once_switched_and_not_while_its_writes_are_paused():
+    link = answered(SWITCHED)
+    assert link.answered.result() == 101 and link.writable
+    link.pause_writing()  # the peer stopped reading: messages queue instead
+    assert not link.writable
+    link.resume_writing()
+    assert link.writable
+
+
+def test_a_101_to_another_protocol_is_not_a_frame_stream():
+    link = answered(b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n\r\n")
+    with pytest.raises(ConnectionError, match="another protocol"):
+        link.answered.result()
+    assert not link.writable
+
+
+def test_an_answer_without_an_end_is_refused_once_longer_than_a_head_may_be():
+    # A peer port that streams bytes and never ends its head: the link gives up rather than
+    # buffer without bound.
+    link = answered(*[b"x" * 1024] * (MAX_HEAD // 1024 + 1))
+    with pytest.raises(ConnectionError, match="no end"):
+        link.answered.result()
+
+
+class StubSocket:
+    """The accepted connection of a peer at 10.1.2.3."""
+
+    def get_extra_info(self, name: str) -> object:
+        return ("10.1.2.3", 4567) if name == "peername" else None
+
+    def is_closing(self) -> bool:
+        return False
+
+
+class StubTransport:
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, str]] = []
+
+    def seen_at(self, name: str, address: str) -> None:
+        self.seen.append((name, address))
+
+
+def test_a_peers_stream_tells_where_the_peer_is_now():
+    """The address a peer's frame stream comes from is where it is now (a restarted pod at
+    a new address, its name still resolving to the old one): the transport is told, once."""
+    transport = StubTransport()
+    stepped: list[Item] = []
+    node = SimpleNamespace(
+        settings=SimpleNamespace(max_request_bytes=1 << 20),
+        transport=SimpleNamespace(seen=transport.seen_at),
+        step_streamed=lambda items, source: stepped.extend(items),
+    )
+
+    async def run() -> None:
+        receiver = FrameReceiver(cast(Node, node), set())
+        receiver.connection_made(cast(asyncio.Transport, StubSocket()))
+        beat = HeartbeatRequest("n2", "n1", 3, 0)
+        receiver.data_received(frame(encode_frame([(0, beat)])) * 2)
+
+    asyncio.run(run())
+    assert transport.seen == [("n2", "10.1.2.3")]
+    assert len(stepped) == 2

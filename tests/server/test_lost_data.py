@@ -48,6 +48,17 @@ def test_a_partition_directory_lost_is_refused_naming_it(tmp_path, capsys, resta
     assert "LOST        partition 1: p1/ is missing; it held entries (" in capsys.readouterr().out
 
 
+def test_a_partition_lost_names_what_it_held_at_the_checkpoint_and_since(tmp_path):
+    """Held at the last checkpoint and written since: the error says how far its log went at
+    the checkpoint (what a person restoring the directory from a backup must reach), not that
+    it held entries only since then."""
+    asyncio.run(append_and_close(Node(settings(tmp_path))))
+    asyncio.run(append_and_close(Node(settings(tmp_path))))  # its start checkpointed p1's entries
+    shutil.rmtree(tmp_path / "p1")
+    with pytest.raises(CorruptFile, match=r"partition 1 held entries \(up to [1-9]\d* at its last"):
+        Node(settings(tmp_path))
+
+
 def test_a_partition_never_written_may_be_missing(tmp_path):
     """A directory the node made but never wrote to holds nothing to lose (and a partition
     raised since the last start has none yet)."""
@@ -57,6 +68,19 @@ def test_a_partition_never_written_may_be_missing(tmp_path):
     node = Node(settings(tmp_path))
     assert node.drivers[1].storage.last_index() == 0
     node.journal.close()
+
+
+def test_a_joining_member_that_holds_nothing_yet_bootstraps_no_partition(tmp_path):
+    """Restarted before its leaders added it (its directories empty), and one partition's
+    directory missing (raised since): it still waits to be added, and never starts that
+    partition as a member of its own making."""
+    Node(one_node(tmp_path, partitions=2, join=True)).journal.close()
+    shutil.rmtree(tmp_path / "p1")
+    node = Node(one_node(tmp_path, partitions=2, join=True))
+    try:
+        assert node.drivers[1].storage.snapshot_meta().membership.members == frozenset()
+    finally:
+        node.journal.close()
 
 
 def test_a_garbage_holds_file_is_refused_naming_it(tmp_path):

@@ -12,18 +12,30 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.server.helpers import offer_empty_snapshot, until
+from tests.server.helpers import offer_empty_snapshot, one_node, until
 
 from raftlog.node.core.config import RaftConfig
-from raftlog.node.core.errors import ProposalRefused
-from raftlog.node.core.messages import AppendRequest, PreVoteResponse, VoteResponse
+from raftlog.node.core.errors import NotLeader, ProposalRefused
+from raftlog.node.core.messages import (
+    AppendRequest,
+    AppendResponse,
+    HeartbeatResponse,
+    PreVoteResponse,
+    TimeoutNow,
+    VoteResponse,
+)
 from raftlog.node.core.raft import Role
 from raftlog.node.core.types import Entry
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server.node import Node
-from raftlog.node.server.partition import PartitionDriver, ProducerBusy
+from raftlog.node.server.partition import (
+    NotCommitted,
+    PartitionDriver,
+    ProducerBusy,
+)
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.errors import StorageFailed
+from raftlog.node.storage.journal import list_journal
 
 PEERS = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens there
 
@@ -86,10 +98,10 @@ async def _leading(tmp_path: Path) -> AsyncIterator[PartitionDriver]:
 
 
 @contextlib.asynccontextmanager
-async def _elected_by_hand(tmp_path: Path) -> AsyncIterator[PartitionDriver]:
+async def _elected_by_hand(tmp_path: Path, **raft: object) -> AsyncIterator[PartitionDriver]:
     """n1 of three, elected by n2's pre-vote and vote (all it needs of three); n2 and n3 never
     answer after that, and without check-quorum n1 stays leader."""
-    node = _single_node(tmp_path, "n1", PEERS, check_quorum=False)
+    node = _single_node(tmp_path, "n1", PEERS, check_quorum=False, **raft)
     await node.start()
     try:
         d = node.drivers[0]
@@ -174,6 +186,409 @@ def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_p
         finally:
             release.set()
             await node.close()
+
+    asyncio.run(run())
+
+
+def test_an_append_told_it_timed_out_while_the_driver_was_stuck_is_not_appended_later(tmp_path):
+    """An appender answered TimeoutError by the backstop before the driver took its records
+    may retry them elsewhere: once the sync returns, the driver must drop them, not append
+    them after all (they would be in the log twice)."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path, "n1", {"n1": PEERS["n1"]})
+        await node.start()
+        held, release = threading.Event(), threading.Event()
+        try:
+            d = node.drivers[0]
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            real = node.journal.sync
+
+            def hung() -> None:
+                held.set()
+                release.wait(10)
+                real()
+
+            node.journal.sync = hung  # type: ignore[method-assign]
+            stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
+            await until(held.is_set, "the driver stuck in the first append's sync")
+            with pytest.raises(TimeoutError):
+                await d.propose([b"late"], timeout=0.2)  # never taken by the stuck driver
+            release.set()
+            node.journal.sync = real  # type: ignore[method-assign]
+            with contextlib.suppress(TimeoutError):
+                await stuck
+            done = await asyncio.wait_for(d.propose([b"after"]), 10)
+            got = [e.data for e in d.raft.read_committed(1, done.last_index + 1)]
+            assert b"after" in got and b"late" not in got, got
+        finally:
+            release.set()
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_an_append_whose_index_a_new_leader_took_is_told_not_committed(tmp_path):
+    """n1's entry at index 2 is replaced by n2's of a later term, committed in the same
+    message: its appender must hear NotCommitted, never that its records landed."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            term = d.raft.term
+            mine = asyncio.ensure_future(d.propose([b"mine"]))
+            await until(lambda: d.raft.log.last_index() == 2, "the append written")
+            theirs = encode_record(Record(b"k", b"theirs"))
+            replaced = (Entry(1, term + 1, data=theirs), Entry(2, term + 1, data=theirs))
+            d.step(AppendRequest("n2", "n1", term + 1, 0, 0, replaced, 2))
+            with pytest.raises(NotCommitted, match="taken by term"):
+                await asyncio.wait_for(mine, 10)
+            assert d.raft.log.term(2) == term + 1
+
+    asyncio.run(run())
+
+
+def test_a_follower_answers_an_append_only_once_its_entries_are_synced(tmp_path):
+    """An AppendResponse says "durable here" and the leader counts it for commit: sent while
+    the follower's fsync still runs, a crash then would lose a committed entry."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path, "n2", PEERS)
+        await node.start()
+        held, release = threading.Event(), threading.Event()
+        sent: list[Any] = []
+        try:
+            d = node.drivers[0]
+            real_sync, real_send = node.journal.sync, node.transport.send
+
+            def hung() -> None:
+                held.set()
+                release.wait(10)
+                real_sync()
+
+            def send(partition: int, messages: list[Any]) -> bool:
+                sent.extend(messages)
+                return real_send(partition, messages)
+
+            node.journal.sync = hung  # type: ignore[method-assign]
+            node.transport.send = send  # type: ignore[method-assign]
+            entries = (Entry(1, 2, data=b"x"), Entry(2, 2, data=b"y"))
+            d.step(AppendRequest("n1", "n2", 2, 0, 0, entries, 0))
+            await until(held.is_set, "the entries' sync")  # what `begin` sends is sent by now
+            assert not [m for m in sent if isinstance(m, AppendResponse)], sent
+            release.set()
+            await until(lambda: any(isinstance(m, AppendResponse) for m in sent), "the answer")
+        finally:
+            release.set()
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_compaction_keeps_the_lowest_of_the_retention_floors(tmp_path):
+    """A reader's hold and the archive's floor both keep entries: compaction stops at the
+    lower of them (the archive still needs 21 on, whatever the hold at 31 says)."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path, compact_number_entries=0)
+        await node.start()
+        try:
+            d = node.drivers[0]
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            await d.propose([b"%d" % i for i in range(50)])
+            d.storage.holds.set("reader", 31, 600)
+            d.archive_floor = 21
+            done = await d.compact_now()
+            assert done is not None and done.floor == 21 == d.storage.first_index()
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_retry_of_a_producers_append_still_in_flight_is_told_busy(tmp_path):
+    """The same sequences again while the first copy is in flight (not yet committed): a
+    retryable `producer_busy`, not a conflict the client would give up on."""
+
+    async def run() -> None:
+        async with _leading(tmp_path) as d:
+            real = d.propose
+            release = asyncio.Event()
+
+            async def held(records: list[bytes], timeout: float = float("inf")) -> Any:
+                await release.wait()
+                return await real(records, timeout)
+
+            d.propose = held  # type: ignore[method-assign]
+            batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=s)) for s in (0, 1)]
+            first = asyncio.ensure_future(d.propose_idempotent("p", 0, batch))
+            await asyncio.sleep(0)  # the first copy is in flight
+            with pytest.raises(ProducerBusy, match="in flight"):
+                await d.propose_idempotent("p", 0, batch)
+            release.set()
+            assert not (await asyncio.wait_for(first, 10)).duplicate
+
+    asyncio.run(run())
+
+
+def test_a_new_leader_whose_no_op_committed_but_is_not_applied_takes_no_producers_append(
+    tmp_path,
+):
+    """Between the commit of its no-op and its apply (the pass waits for an fsync meanwhile)
+    the table may still lack a producer's last sequences: `producer_busy`, not a guess."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            held, release = threading.Event(), threading.Event()
+            real = d.node.journal.sync
+
+            def hung() -> None:
+                held.set()
+                release.wait(10)
+                real()
+
+            d.node.journal.sync = hung  # type: ignore[method-assign]
+            other = asyncio.ensure_future(d.propose([b"other"]))  # entries: the pass syncs
+            d.step(AppendResponse("n2", "n1", d.raft.term, True, d.raft.log.last_index()))
+            await until(held.is_set, "the pass in its sync")
+            assert d.raft.commit == 1 and d.table.applied_index == 0
+            batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=0))]
+            try:
+                with pytest.raises(ProducerBusy, match="still applying"):
+                    await asyncio.wait_for(d.propose_idempotent("p", 0, batch, timeout=1), 5)
+            finally:
+                release.set()
+                other.cancel()
+
+    asyncio.run(run())
+
+
+def test_a_linearizable_read_waiting_on_a_leader_that_steps_down_is_told_not_leader(tmp_path):
+    """n2 and n3 never confirm the read point; a higher term deposes n1: the read must be
+    answered at once (NotLeader, the client retries at the new leader), not left waiting."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            term = d.raft.term
+            d.step(AppendResponse("n2", "n1", term, True, d.raft.log.last_index()))
+            await until(lambda: d.raft.commit == d.raft.log.last_index(), "the no-op committed")
+            read = asyncio.ensure_future(d.linearizable_point())
+            await until(lambda: bool(d._reads), "the read asked")
+            d.step(AppendRequest("n3", "n1", term + 1, 0, 0, (), 0))
+            with pytest.raises(NotLeader):
+                await asyncio.wait_for(read, 10)
+
+    asyncio.run(run())
+
+
+def test_a_leader_whose_storage_fails_hands_over_to_a_follower(tmp_path):
+    """Stopped, the leader sends its most caught-up voter a TimeoutNow at once: followers of
+    a quiesced partition run no election timer and would otherwise wait for a wake."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            sent: list[Any] = []
+            real_send = d.node.transport.send
+
+            def send(partition: int, messages: list[Any]) -> bool:
+                sent.extend(messages)
+                return real_send(partition, messages)
+
+            def full() -> None:
+                raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
+
+            d.node.transport.send = send  # type: ignore[method-assign]
+            d.node.journal.sync = full  # type: ignore[method-assign]
+            with pytest.raises(StorageFailed):
+                await d.propose([b"lost"])
+            assert [type(m).__name__ for m in sent if isinstance(m, TimeoutNow)] == ["TimeoutNow"]
+
+    asyncio.run(run())
+
+
+def test_a_pass_with_entries_in_one_partition_and_a_commit_alone_in_another_syncs(tmp_path):
+    """One pass, two partitions: p1's Ready holds only a commit, p0's holds entries. The
+    pass's fsync covers p0's entries: its appender is answered only after it."""
+
+    async def run() -> None:
+        node = Node(
+            NodeSettings(
+                insecure_no_auth=True,
+                node_id="n1",
+                peers={"n1": PEERS["n1"]},
+                data_dir=tmp_path,
+                tick_ms=5,
+                partitions=2,
+            )
+        )
+        await node.start()
+        gates = [threading.Event(), threading.Event()]
+        held = [threading.Event(), threading.Event()]
+        try:
+            d0, d1 = node.drivers[0], node.drivers[1]
+            await until(lambda: d0.raft.role == d1.raft.role == Role.LEADER, "elections")
+            await until(lambda: d0.table.applied_index >= 1 <= d1.table.applied_index, "no-ops")
+            real = node.journal.sync
+            syncs = [0]
+
+            def gated() -> None:
+                n = syncs[0]
+                syncs[0] += 1
+                if n < len(gates):
+                    held[n].set()
+                    gates[n].wait(10)
+                real()
+
+            node.journal.sync = gated  # type: ignore[method-assign]
+            first = asyncio.ensure_future(d1.propose([b"p1"]))  # its entries, then its commit
+            await until(held[0].is_set, "p1's entries in their sync")
+            second = asyncio.ensure_future(d0.propose([b"p0"]))  # p0's entries: the next pass
+            await asyncio.sleep(0)
+            gates[0].set()
+            await until(lambda: held[1].is_set() or second.done(), "the next pass")
+            assert held[1].is_set() and not second.done(), "p0's append answered unsynced"
+            gates[1].set()
+            await asyncio.wait_for(asyncio.gather(first, second), 10)
+        finally:
+            for g in gates:
+                g.set()
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_snapshot_stream_that_fails_is_reported_failed_to_the_core(tmp_path):
+    """n3 is behind the compaction floor and unreachable: the leader's stream to it fails,
+    and the core must hear so (its `snapshot_failed` event, and a back-off before the next
+    try), not that it was sent."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path, compact_number_entries=0) as d:
+            await _n3_behind_the_floor(d)
+            await until(lambda: d.counters.events.get("snapshot_failed", 0) >= 1, "the report")
+
+    asyncio.run(run())
+
+
+async def _n3_behind_the_floor(d: PartitionDriver) -> None:
+    """n2 acknowledges 20 entries, the leader compacts them, and n3 answers from index 0: it
+    needs a snapshot (and, at its address, nobody listens)."""
+    term = d.raft.term
+    await until(lambda: d.raft.log.last_index() == 1, "the no-op")
+    written = asyncio.ensure_future(d.propose([b"%d" % i for i in range(20)]))
+    await until(lambda: d.raft.log.last_index() == 21, "the entries written")
+    d.step(AppendResponse("n2", "n1", term, True, 21))
+    await asyncio.wait_for(written, 10)
+    assert await d.compact_now() is not None and d.storage.first_index() > 2
+    d.step(HeartbeatResponse("n3", "n1", term))  # n3 answers, from far behind
+    d.step(AppendResponse("n3", "n1", term, False, 21, hint_index=0, hint_term=0))
+
+
+def test_one_snapshot_stream_at_a_time_to_a_target(tmp_path):
+    """The core asks again after its back-off while a slow stream to n3 is still under way:
+    the driver does not start a second one beside it."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path, compact_number_entries=0) as d:
+            streams, release = [0], asyncio.Event()
+
+            async def slow(*args: Any, **kwargs: Any) -> int:
+                streams[0] += 1
+                await release.wait()
+                raise ConnectionError("the test ends it")
+
+            d.node.transport.send_snapshot = slow  # type: ignore[method-assign]
+            await _n3_behind_the_floor(d)
+            await until(lambda: d.raft.progress["n3"].snapshot_attempt >= 3, "asked again")
+            assert streams == [1]
+            release.set()
+
+    asyncio.run(run())
+
+
+def test_the_node_checkpoints_its_journal_again_and_again_as_it_fills(tmp_path):
+    """Each `journal_checkpoint_bytes` journaled starts a checkpoint (one at a time), so the
+    journal, and what a restart replays, stays about that size however much is written."""
+
+    async def run() -> None:
+        node = Node(one_node(tmp_path, journal_checkpoint_bytes=64 * 1024))
+        await node.start()
+        try:
+            d = node.drivers[0]
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            for _ in range(200):  # 16 KiB a batch: about 4 a checkpoint
+                await d.propose([b"x" * 1024] * 16)
+                if node.journal.checkpoints >= 3:
+                    break
+            assert node.journal.checkpoints >= 3
+            assert len(list_journal(str(tmp_path / "journal"))) <= 2
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_follower_whose_fsync_fails_never_answers_the_append(tmp_path):
+    """Its entries are not durable: the partition stops, and no AppendResponse (which says
+    "durable here") goes to the leader."""
+
+    async def run() -> None:
+        node = _single_node(tmp_path, "n2", PEERS)
+        await node.start()
+        sent: list[Any] = []
+        try:
+            d = node.drivers[0]
+            real_send = node.transport.send
+
+            def full() -> None:
+                raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
+
+            def send(partition: int, messages: list[Any]) -> bool:
+                sent.extend(messages)
+                return real_send(partition, messages)
+
+            node.journal.sync = full  # type: ignore[method-assign]
+            node.transport.send = send  # type: ignore[method-assign]
+            entries = (Entry(1, 2, data=b"x"), Entry(2, 2, data=b"y"))
+            d.step(AppendRequest("n1", "n2", 2, 0, 0, entries, 0))
+            await until(lambda: d.failed is not None, "the partition stopped")
+            assert not [m for m in sent if isinstance(m, AppendResponse)], sent
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_commit_index_that_cannot_be_written_out_is_never_shown(tmp_path):
+    """A pass with a commit index alone writes it to the journal's file before readers see
+    it; when that write fails, the partition stops and nothing above the old mark applies."""
+
+    async def run() -> None:
+        async with _leading(tmp_path) as d:
+            applied = d.table.applied_index
+
+            def failing() -> bool:
+                raise StorageFailed(str(tmp_path / "journal"), "write", OSError(5, "I/O error"))
+
+            d.node.journal.write_out = failing  # type: ignore[method-assign]
+            with pytest.raises(StorageFailed):
+                await asyncio.wait_for(d.propose([b"unwritten commit"]), 10)
+            assert d.failed is not None and d.table.applied_index == applied
+
+    asyncio.run(run())
+
+
+def test_a_partition_stopped_by_a_bug_never_campaigns_again(tmp_path):
+    """Stopped for a failure that is not its disk's (a bug caught by the loop), it steps down
+    and the node's passes leave it alone: its ticks must not make it a leader again."""
+
+    async def run() -> None:
+        async with _leading(tmp_path) as d:
+            d.stop(RuntimeError("a bug"))
+            assert d.raft.role == Role.FOLLOWER
+            ticks = d.node.ticks
+            timeout = d.config.election_ticks * 2
+            await until(lambda: d.node.ticks > ticks + 3 * timeout, "election timeouts")
+            assert d.raft.role == Role.FOLLOWER and d.raft.leader is None
 
     asyncio.run(run())
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import time
 from collections.abc import Awaitable, Callable
 
@@ -12,9 +13,10 @@ import pytest
 
 from raftlog.node.core.messages import AppendRequest, HeartbeatRequest
 from raftlog.node.core.types import Entry
-from raftlog.node.transport import frames
+from raftlog.node.transport import frames, peers
+from raftlog.node.transport.codec import Item, decode_frame
 from raftlog.node.transport.frames import FrameTooLarge, Splitter
-from raftlog.node.transport.peers import PeerSender
+from raftlog.node.transport.peers import BACKOFF_MAX, BACKOFF_MIN, PeerSender, Transport
 
 LIMIT = 8 * 1024 * 1024  # a receiver's default max_request_bytes
 NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
@@ -197,3 +199,128 @@ def test_the_address_the_peer_connected_from_is_tried_beside_its_name(stale):
     assert took < 2.0, took  # CONNECT_TIMEOUT is 5 s
     assert by_seen and all(b"\r\nRaftlog-Node: p\r\n" in h for h in by_name + by_seen)
     assert b"\r\nHost: 127.0.0.1:" in by_seen[0]  # the name's host, at the seen address
+
+
+def test_a_message_larger_than_the_frame_budget_goes_alone_in_one_frame():
+    """A frame holds at least one message: a single append above the budget is sent by
+    itself (the receiver's limit is far above the budget), not held back for ever."""
+    got: list[list[Item]] = []
+
+    async def read_all(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        splitter = Splitter(LIMIT)
+        while data := await r.read(1 << 20):
+            got.extend(decode_frame(f) for f in splitter.feed(data))
+
+    async def go() -> None:
+        server, port = await fake_peer(read_all)
+        sender = PeerSender("p", f"http://127.0.0.1:{port}", None, frame_budget=1024)
+        task = asyncio.create_task(sender.run())
+        big = AppendRequest("me", "p", 1, 0, 0, (Entry(1, 1, data=b"x" * 10_000),), 0)
+        sender.send(0, [big])
+        try:
+            async with asyncio.timeout(10):
+                while not any(items for items in got):
+                    await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+            server.close()
+        assert [items for items in got if items] == [[(0, big)]]
+
+    asyncio.run(go())
+
+
+def test_the_back_off_doubles_up_to_its_maximum(monkeypatch):
+    """A peer down for long is tried again every BACKOFF_MAX at most, so it is streamed to
+    within that of coming back (the waits are recorded, not slept)."""
+    real_sleep = asyncio.sleep
+    waits: list[float] = []
+
+    async def recorded(delay: float, result: object = None) -> object:
+        waits.append(delay)
+        return await real_sleep(0, result)
+
+    with socket.socket() as s:  # a port nobody listens on: refused at once
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def go() -> None:
+        sender = PeerSender("p", f"http://127.0.0.1:{port}", None)
+        task = asyncio.create_task(sender.run())
+        sender.send(0, [HeartbeatRequest("me", "p", 1, 0)])
+        monkeypatch.setattr(asyncio, "sleep", recorded)
+        try:
+            async with asyncio.timeout(10):
+                while len(waits) < 10:
+                    await real_sleep(0.001)
+        finally:
+            monkeypatch.undo()
+            task.cancel()
+
+    asyncio.run(go())
+    assert waits[:3] == [BACKOFF_MIN, 2 * BACKOFF_MIN, 4 * BACKOFF_MIN]
+    assert max(waits) == BACKOFF_MAX and waits[-1] == BACKOFF_MAX
+
+
+def test_a_member_given_a_new_address_is_sent_to_there_and_its_old_one_is_forgotten():
+    """After `add_peer` with a new URL, messages go to the new one (the sender of the old
+    one stops), and where the peer was seen before belongs to the old URL: forgotten."""
+    got: list[list[Item]] = []
+
+    async def read_all(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        splitter = Splitter(LIMIT)
+        while data := await r.read(1 << 20):
+            got.extend(decode_frame(f) for f in splitter.feed(data))
+
+    with socket.socket() as s:  # the old address: nobody listens there any more
+        s.bind(("127.0.0.1", 0))
+        old_port = s.getsockname()[1]
+
+    async def go() -> None:
+        server, port = await fake_peer(read_all)
+        t = Transport("me", {"me": "http://127.0.0.1:1", "p": f"http://127.0.0.1:{old_port}"}, None)
+        await t.start()
+        try:
+            t.seen("p", "127.0.0.3")
+            t.send(0, [HeartbeatRequest("me", "p", 1, 0)])  # to the old address: refused
+            t.add_peer("p", f"http://127.0.0.1:{port}/")
+            assert "p" not in t.addresses
+            t.ping({"me", "p"})  # never to itself
+            assert sorted(t.senders) == ["p"]
+            t.send(0, [HeartbeatRequest("me", "p", 1, 7)])
+            async with asyncio.timeout(10):
+                while not any(isinstance(m, HeartbeatRequest) for items in got for _, m in items):
+                    await asyncio.sleep(0.01)
+        finally:
+            await t.close()
+            server.close()
+
+    asyncio.run(go())
+
+
+def test_a_peer_that_stops_reading_is_dropped_after_the_send_timeout(monkeypatch):
+    """Its stream cannot take a write for SEND_TIMEOUT (shortened here): the sender drops the
+    link and reconnects later, rather than hold the queue for a peer that went away."""
+    monkeypatch.setattr(peers, "SEND_TIMEOUT", 0.3)
+
+    async def never_reads(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(30)
+
+    async def go() -> PeerSender:
+        server, port = await fake_peer(never_reads)
+        sender = PeerSender("p", f"http://127.0.0.1:{port}", None)
+        task = asyncio.create_task(sender.run())
+        try:
+            # The kernel's buffers fill within a second or so, then 0.3 s without a write.
+            async with asyncio.timeout(10):
+                while sender.failures == 0:
+                    if sender.link is None or not sender.link.paused:
+                        e = (Entry(1, 1, data=b"x" * (1 << 20)),)
+                        sender.send(0, [AppendRequest("me", "p", 1, 0, 1, e, 0)] * 4)
+                    await asyncio.sleep(0.01)
+        finally:
+            task.cancel()
+            server.close()
+        return sender
+
+    sender = asyncio.run(go())
+    assert sender.last_failure == "TimeoutError"  # the send timeout, not a closed stream

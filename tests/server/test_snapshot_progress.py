@@ -37,6 +37,7 @@ class HeldTarget:
 
     received: int = 0  # what it says it already holds
     fail_at: int | None = None
+    fail_status: int = 500  # the answer to the chunk at `fail_at`
     offsets: list[int] = field(default_factory=list)
     gate: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(0))
 
@@ -58,7 +59,7 @@ class HeldTarget:
         async with asyncio.timeout(10):  # broken code fails instead of hanging
             await self.gate.acquire()
         if offset == self.fail_at:
-            return web.json_response({"reason": "refused"}, status=500)
+            return web.json_response({"reason": "refused"}, status=self.fail_status)
         return web.Response(status=204)
 
 
@@ -154,6 +155,53 @@ def test_a_failed_stream_leaves_no_progress_behind() -> None:
         target.release()
         with pytest.raises(RuntimeError, match="HTTP 500"):
             await stream
+        assert sends(t) == []
+
+    with_transport(target, body)
+
+
+def test_a_chunk_the_target_refuses_with_a_4xx_fails_the_stream() -> None:
+    # A stale leader's chunk (409) or one the target cannot take: the stream has not
+    # installed anything, and must not be reported to the core as sent.
+    target = HeldTarget(fail_at=0, fail_status=409)
+
+    async def body(t: Transport) -> None:
+        stream = asyncio.create_task(t.send_snapshot("n2", 0, "n1", 3, META, DATA))
+        await target.seen(1)
+        target.release()
+        with pytest.raises(RuntimeError, match="HTTP 409"):
+            await stream
+
+    with_transport(target, body)
+
+
+def test_a_target_that_holds_the_whole_snapshot_is_not_sent_it_again() -> None:
+    # Its answer to the last chunk was lost: the next stream resumes at the end, not at 0.
+    target = HeldTarget(received=RAW)
+
+    async def body(t: Transport) -> None:
+        target.release(10)
+        assert await t.send_snapshot("n2", 0, "n1", 3, META, DATA) == RAW
+        assert target.offsets == [RAW]
+
+    with_transport(target, body)
+
+
+def test_an_older_stream_ending_leaves_a_newer_ones_progress_to_the_same_target() -> None:
+    target = HeldTarget()
+
+    async def body(t: Transport) -> None:
+        older = asyncio.create_task(
+            t.send_snapshot("n2", 0, "n1", 3, META, DATA, chunk_bytes=RAW)  # one chunk
+        )
+        await target.seen(1)
+        newer = asyncio.create_task(t.send_snapshot("n2", 0, "n1", 4, META, DATA))
+        await target.seen(2)
+        target.release()  # the older one's only chunk: it ends
+        assert await older == RAW
+        assert sends(t) == [("n2", 0, RAW, 0)]  # the newer one's, still shown
+        target.release(10)
+        assert await newer == RAW
         assert sends(t) == []
 
     with_transport(target, body)

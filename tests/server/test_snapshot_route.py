@@ -161,6 +161,22 @@ def test_an_ask_that_reached_the_source_is_not_sent_again() -> None:
     asyncio.run(run())
 
 
+def test_a_source_that_refuses_the_ask_with_a_4xx_has_not_streamed_it() -> None:
+    """A source that is not eligible (409) streamed nothing: the leader falls back to its
+    own snapshot only if the ask raises."""
+
+    async def run() -> None:
+        source = Source(status=409)
+        srv = await serve_source(source)
+        try:
+            with pytest.raises(RuntimeError, match="HTTP 409"):
+                await ask(f"http://127.0.0.1:{srv.port}", None)
+        finally:
+            await srv.close()
+
+    asyncio.run(run())
+
+
 def silent_listener(host: str, port: int) -> list[socket.socket]:
     """A listener at `host:port` whose accept queue is full, so the kernel drops every further
     SYN there: an old address whose packets go nowhere. Its sockets, to close."""

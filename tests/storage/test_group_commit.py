@@ -194,3 +194,93 @@ def test_a_sync_runs_in_the_loop_only_after_a_window_of_fast_ones_and_one_slow_o
             gc.close()
 
     asyncio.run(run())
+
+
+class GatedSync:
+    """A sync that waits for `gate` when it is shut, and fails while `fail` is set; counts the
+    syncs that started."""
+
+    def __init__(self) -> None:
+        self.gate = threading.Event()
+        self.gate.set()
+        self.fail = False
+        self.started = 0
+
+    def __call__(self) -> None:
+        self.started += 1
+        assert self.gate.wait(10), "the test never opened the gate"
+        if self.fail:
+            raise StorageFailed("journal", "fdatasync", OSError(errno.EIO, "Input/output error"))
+
+
+async def started(sync: GatedSync, n: int) -> None:
+    while sync.started < n:
+        await asyncio.sleep(0.001)
+
+
+def test_a_write_after_a_waiters_sync_gets_a_sync_of_its_own():
+    # A sync run for the writers that waited on the flusher covers exactly the writes made
+    # before it: the next write must not pass for durable without an fsync.
+    sync = GatedSync()
+    gc = GroupCommit(sync)
+
+    async def run() -> None:
+        sync.gate.clear()
+        first = asyncio.get_running_loop().create_task(gc.durable(gc.wrote()))
+        await started(sync, 1)  # the first writer's own sync, held in the thread
+        second = asyncio.get_running_loop().create_task(gc.durable(gc.wrote()))
+        await asyncio.sleep(0)  # it waits for the flusher, started once the first is over
+        sync.gate.set()
+        await asyncio.wait_for(asyncio.gather(first, second), 10)
+        assert sync.started == 2
+        await gc.durable(gc.wrote())
+        assert sync.started == 3, "a write was told durable without an fsync after it"
+
+    try:
+        asyncio.run(run())
+    finally:
+        gc.close()
+
+
+def test_after_a_failed_fsync_no_later_sync_acknowledges_anything():
+    # After a failed fsync the page cache cannot be trusted: a retried fsync may succeed with
+    # the data lost. Every later writer is refused, even when the disk's next fsync succeeds.
+    sync = GatedSync()
+    gc = GroupCommit(sync, write=lambda entries: None)
+
+    async def run() -> None:
+        sync.fail = True
+        with pytest.raises(StorageFailed):
+            await gc.durable(gc.wrote())
+        sync.fail = False
+        with pytest.raises(StorageFailed):
+            await asyncio.wait_for(gc.durable(gc.wrote()), 10)
+        with pytest.raises(StorageFailed):
+            await asyncio.wait_for(gc.append(ents(1, 1, 1)), 10)
+        assert sync.started == 1
+
+    try:
+        asyncio.run(run())
+    finally:
+        gc.close()
+
+
+def test_appenders_that_joined_the_next_batch_during_a_failed_sync_are_failed_too():
+    sync = GatedSync()
+    gc = GroupCommit(sync, write=lambda entries: None)
+
+    async def run() -> None:
+        sync.gate.clear()
+        sync.fail = True
+        first = asyncio.get_running_loop().create_task(gc.append(ents(1, 1, 1)))
+        await started(sync, 1)  # the first batch's sync, held in the thread
+        second = asyncio.get_running_loop().create_task(gc.append(ents(2, 2, 1)))
+        await asyncio.sleep(0)  # the next batch is open, with the second appender in it
+        sync.gate.set()
+        done = await asyncio.wait_for(asyncio.gather(first, second, return_exceptions=True), 10)
+        assert all(isinstance(r, StorageFailed) for r in done), done
+
+    try:
+        asyncio.run(run())
+    finally:
+        gc.close()

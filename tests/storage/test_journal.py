@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import os
 import shutil
 import struct
 from pathlib import Path
@@ -573,4 +574,131 @@ def test_a_wal_with_write_behind_refuses_its_own_sync(tmp_path):
     j, storages = open_node(tmp_path, n=1)
     with pytest.raises(RuntimeError, match="write-behind"):
         storages[0].wal.sync()
+    close_node(j, storages)
+
+
+# ----------------------------------------------------------------------------- what is synced when
+class EventDisk(FileOps):
+    """Records, in order, each fdatasync and directory fsync (with the file's path) and each
+    unlink, for tests of what a step made durable before the next one."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    def fdatasync(self, fd: int) -> None:
+        self.events.append(("fdatasync", os.readlink(f"/proc/self/fd/{fd}")))
+        super().fdatasync(fd)
+
+    def fsync_dir(self, path: str) -> None:
+        self.events.append(("fsync_dir", os.path.realpath(path)))
+        super().fsync_dir(path)
+
+    def unlink(self, path: str) -> None:
+        self.events.append(("unlink", os.path.realpath(path)))
+        super().unlink(path)
+
+
+def test_a_checkpoint_syncs_each_written_wal_and_the_journal_directory_before_its_done(
+    tmp_path: Path,
+) -> None:
+    # The DONE lets the next restart skip every record before it: a WAL not fdatasynced by
+    # then (or a new segment whose directory entry is not durable) is lost to a power loss
+    # once the old journal is deleted. The power-loss model of the other tests cannot see a
+    # missing fdatasync, so the calls themselves are checked, in order.
+    disk = EventDisk()
+    j, storages = open_node(tmp_path, ops=disk, storage={"ops": disk})
+    for s in storages.values():
+        s.write(HardState(1, None, 5), ents(1, 9, 1))
+    j.sync()
+
+    async def durable() -> None:
+        disk.events.append(("durable", ""))
+        j.sync()
+
+    disk.events.clear()
+    asyncio.run(j.checkpoint(lambda: {p: s.wal for p, s in storages.items()}, durable))
+    close_node(j, storages)
+    marks = [i for i, e in enumerate(disk.events) if e[0] == "durable"]
+    assert len(marks) == 2  # the CHECKPOINT, then the DONE
+    between = disk.events[marks[0] : marks[1]]
+    for p in storages:
+        wal_dir = str((tmp_path / f"p{p}" / "wal").resolve())
+        assert any(k == "fdatasync" and os.path.dirname(f) == wal_dir for k, f in between), p
+    assert ("fsync_dir", str((tmp_path / "journal").resolve())) in between
+
+
+def test_a_restart_syncs_every_wal_before_it_deletes_the_journal_it_replayed(
+    tmp_path: Path,
+) -> None:
+    # The replayed records (and a killed process's writes, read back from the page cache)
+    # are durable only in the old journal until the WALs are synced.
+    j, storages = open_node(tmp_path)
+    for s in storages.values():
+        s.write(HardState(1, None, 5), ents(1, 9, 1))
+    j.sync()
+    close_node(j, storages)  # killed: the journal holds what the WALs were never synced with
+    old = [str((tmp_path / "journal").resolve() / f"{seq:016x}.jrn") for seq in list_journal(
+        str(tmp_path / "journal"))]  # fmt: skip
+    disk = EventDisk()
+    j, storages = open_node(tmp_path, ops=disk, storage={"ops": disk})
+    close_node(j, storages)
+    first_unlink = disk.events.index(("unlink", old[0]))
+    for p in storages:
+        wal_dir = str((tmp_path / f"p{p}" / "wal").resolve())
+        synced = [
+            i
+            for i, (k, f) in enumerate(disk.events)
+            if k == "fdatasync" and os.path.dirname(f) == wal_dir
+        ]
+        assert synced and synced[0] < first_unlink, (p, disk.events)
+
+
+def test_a_snapshot_installs_reset_is_fdatasynced_before_the_wal_is_reset(tmp_path: Path) -> None:
+    # Journaled but not yet durable, a power loss right after the WAL's reset would replay the
+    # entries the install discarded, behind the snapshot.
+    disk = EventDisk()
+    j, storages = open_node(tmp_path, n=1, ops=disk)
+    s = storages[0]
+    s.write(HardState(1, None, 3), ents(1, 19, 1))
+    j.sync()
+    real_reset = s.wal.reset
+
+    def reset(index: int, term: int) -> None:
+        disk.events.append(("wal reset", ""))
+        real_reset(index, term)
+
+    s.wal.reset = reset  # type: ignore[method-assign]
+    disk.events.clear()
+    s.install_snapshot(SnapshotMeta(50, 2, ABC), b"")
+    close_node(j, storages)
+    journal_dir = str((tmp_path / "journal").resolve())
+    at = disk.events.index(("wal reset", ""))
+    assert any(
+        k == "fdatasync" and os.path.dirname(f) == journal_dir for k, f in disk.events[:at]
+    ), disk.events
+
+
+def test_replay_starts_at_the_newest_complete_checkpoint_when_an_older_one_is_left(
+    tmp_path: Path,
+) -> None:
+    # Killed between a checkpoint's DONE and deleting the segment before it: two complete
+    # checkpoints on disk. The newer one's positions are what the WALs were synced to (and
+    # what tells a torn WAL tail from damage before it); the older one's are stale.
+    j, storages = open_node(tmp_path)
+    storages[0].write(HardState(1, None, 0), ents(1, 9, 1))
+    j.sync()
+    j._open_segment({0: 9, 1: 0})  # as `checkpoint` does...
+    j._done()
+    j.sync()  # ...up to its DONE, durable; the process dies before `_drop_before`
+    storages[0].write(None, ents(10, 12, 1))
+    j.sync()
+    close_node(j, storages)
+    segments = list_journal(str(tmp_path / "journal"))
+    assert len(segments) == 2
+    found = read_journal(str(tmp_path / "journal"))
+    assert found.start == segments[-1]
+    assert found.trusted == {0: 9, 1: 0}
+    assert len(found.ops[0]) == 1  # entries 10..12 alone
+    j, storages = open_node(tmp_path)
+    assert storages[0].entries(1, 13) == ents(1, 12, 1)
     close_node(j, storages)
