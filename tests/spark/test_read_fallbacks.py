@@ -19,6 +19,7 @@ from raftlog.harness.local import LocalCluster
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server import columnar
+from raftlog.node.storage.archive_manifest import Manifest
 from raftlog.spark import archived, arrow
 from raftlog.spark.nodes import DataLoss
 from raftlog.spark.options import Options, parse
@@ -334,3 +335,22 @@ def test_a_range_compacted_after_planning_is_read_from_the_archive_up_to_the_spl
     got, _ = read_from([serving(log, floor=20)], 1, 10, **archive)
     assert got == values(range(1, 10))
     assert asked == [(0, 1, 10, 20)]
+
+
+def test_a_manifest_replaced_while_read_is_read_again(monkeypatch):
+    """pyarrow reads an object's size, then that many bytes: a manifest the leader rewrote in
+    between comes cut at the old size (a CI run planned a tiered read on one). It is read
+    again; one that never parses is damage, named, after a few reads."""
+    whole = Manifest(partition=0, term=2, leader="n1").to_json()
+    reads = [whole[: len(whole) // 2], whole]
+    monkeypatch.setattr(archived, "get_object", lambda opts, key: reads.pop(0))
+    opts = parse({"endpoints": "http://127.0.0.1:1", "archiveUrl": "s3://bucket/prefix",
+                  "archiveAccessKeyId": "k", "archiveSecretAccessKey": "s"},
+                 streaming=False)  # fmt: skip
+    tier = archived.load(opts, 0)
+    assert tier.found and reads == []
+    cut = [whole[:-3]] * archived.MANIFEST_READS
+    monkeypatch.setattr(archived, "get_object", lambda opts, key: cut.pop(0))
+    with pytest.raises(RuntimeError, match=r"prefix/p0/manifest.json: not a manifest"):
+        archived.load(opts, 0)
+    assert cut == []  # read as many times as it may be, no more

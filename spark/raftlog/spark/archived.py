@@ -51,6 +51,7 @@ from raftlog.spark.nodes import DataLoss, PartitionView
 from raftlog.spark.options import ArchiveOptions, Options
 
 log = logging.getLogger("raftlog.spark.archived")
+MANIFEST_READS = 3  # a manifest that does not parse is read this many times before it is damage
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1
 
@@ -153,13 +154,19 @@ def load(opts: Options, partition: int) -> Tier:
     a = opts.archive
     assert a is not None
     key = manifest_key(a.prefix, partition)
-    raw = get_object(opts, key)
-    if raw is None:
-        return Tier(a.url, key, False, ())
-    try:
-        m = Manifest.from_json(key, raw)
-    except ManifestError as e:
-        raise RuntimeError(f"raftlog archive {a.url}: {e}") from None
+    for attempt in range(1, MANIFEST_READS + 1):
+        raw = get_object(opts, key)
+        if raw is None:
+            return Tier(a.url, key, False, ())
+        try:
+            m = Manifest.from_json(key, raw)
+            break
+        except ManifestError as e:
+            # pyarrow reads an object's size, then that many bytes: a manifest the leader
+            # replaced in between comes cut at the old size (a CI run read one). Read again.
+            if attempt == MANIFEST_READS:
+                raise RuntimeError(f"raftlog archive {a.url}: {e}") from None
+            log.info("%s did not read whole (%s); reading it again", key, e)
     if m.partition != partition:
         raise RuntimeError(
             f"raftlog archive {a.url}: {key} is the manifest of partition {m.partition}"
