@@ -171,6 +171,19 @@ def test_a_restart_request_rolls_every_member_once_leader_last() -> None:
     assert plan.action is None and "Restarted" not in reasons(plan)
 
 
+def test_the_restart_annotation_removed_after_its_restart_says_so_as_it_rolls() -> None:
+    """Removing it changes the launch (as removing a Deployment's restartedAt does), so the
+    members roll again; the event says it was removed, not `restartedAt None`."""
+    s, st = spec(), running_status(MEMBERS)
+    st.restarted_at = "t1"
+    w = settled(s)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(s, "t1"))
+    plan = run(st, w, s, parse({}))
+    assert isinstance(plan.action, RestartMember)
+    messages = [e.message for e in plan.events if e.reason == "RollingRestart"]
+    assert messages and all("restartedAt removed" in m for m in messages), plan.events
+
+
 def test_a_member_made_again_during_a_restart_gets_the_restarted_launch() -> None:
     s, st = spec(), running_status(MEMBERS)
     w = settled(s)

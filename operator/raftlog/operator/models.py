@@ -349,8 +349,12 @@ class RaftClusterSpec(_Model):
                 "where the restored cluster archives from then on)",
             },
             {
+                # As the models compare them (`rstrip("/")`): the same url with a trailing
+                # slash on either side is the same prefix.
                 "rule": "!has(self.restore) || !has(self.archive)"
-                " || self.restore.url != self.archive.url",
+                " || (self.restore.url != self.archive.url"
+                " && self.restore.url != self.archive.url + '/'"
+                " && self.restore.url + '/' != self.archive.url)",
                 "fieldPath": ".restore.url",
                 "message": "restore.url is archive.url: the restored cluster archives to a url "
                 "of its own",

@@ -573,9 +573,11 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
         return None
     asked = cluster.controls.restart
     why = (
-        f"(raftlog.dev/restartedAt {asked})"
-        if asked != cluster.status.restarted_at
-        else "with the new configuration"
+        "with the new configuration"
+        if asked == cluster.status.restarted_at
+        else f"(raftlog.dev/restartedAt {asked})"
+        if asked is not None
+        else "(raftlog.dev/restartedAt removed)"
     )
     unready = [
         m.name
