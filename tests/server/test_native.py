@@ -98,6 +98,20 @@ def test_any_edit_of_their_packages_runs_every_module_interpreted(
     assert all(files[m].startswith(str(copy)) and files[m].endswith(".py") for m in MODULES)
 
 
+def test_a_build_missing_a_file_runs_every_module_interpreted(
+    built: tuple[Path, Path, str], tmp_path: Path
+) -> None:
+    """A build cut short (or pruned while a node starts) must not fail the import of the core:
+    the node runs interpreted instead."""
+    src, cache, _ = built
+    partial = tmp_path / "cache"
+    shutil.copytree(cache, partial)
+    (build,) = [d for d in partial.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    next(build.rglob(f"log{SUFFIX}")).unlink()
+    files = where(src, partial)
+    assert all(files[m].startswith(str(src)) and files[m].endswith(".py") for m in MODULES)
+
+
 def test_raftlog_native_0_runs_them_interpreted(built: tuple[Path, Path, str]) -> None:
     src, cache, _ = built
     files = where(src, cache, native="0")

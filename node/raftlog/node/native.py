@@ -106,7 +106,10 @@ def install() -> bool:
         return False  # no build of these sources (or none readable): interpreted
     if any(m in sys.modules for m in MODULES):
         return False  # already imported interpreted: the two must not mix
-    sys.meta_path.insert(0, _Finder({name: build / rel for name, rel in listed.items()}))
+    paths = {name: build / rel for name, rel in listed.items()}
+    if set(MODULES) - set(paths) or not all(p.is_file() for p in paths.values()):
+        return False  # a build missing a file (cut short, or pruned under us): interpreted
+    sys.meta_path.insert(0, _Finder(paths))
     return True
 
 
