@@ -32,7 +32,7 @@ APT = $(if $(filter 0,$(shell id -u)),,sudo -n) env DEBIAN_FRONTEND=noninteracti
 jvm: $(JVM_JAR)
 
 # The node's hot modules compiled with mypyc (node/raftlog/node/native.py) into
-# ~/.cache/raftlog-native, keyed by their sources: about a minute when one of them changed,
+# ~/.cache/raftlog-native, keyed by their sources: about 20 s when one of them changed,
 # a hash of them otherwise. A node uses the build only while its sources are the ones built.
 native: $(STAMP)
 	@command -v cc >/dev/null || { $(APT) update && $(APT) install gcc; }

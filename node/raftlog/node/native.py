@@ -9,9 +9,9 @@ speed it gives is in bench/RESULTS.md ("Hot modules compiled with mypyc"), measu
 `python -m raftlog.node.native_build` (run by `make install`) compiles MODULES into
 `$RAFTLOG_NATIVE_DIR` (default `~/.cache/raftlog-native`), in a directory named by the key of
 their sources: the bytes of every module of their packages and the interpreter's extension
-suffix. On import,
-`raftlog.node` computes the key of the sources as they are now and, if a build of that key
-exists, imports the modules from it. An edit to any of them (or no build) runs them all
+suffix. `raftlog-node`, `raftlog-sim` and the tests call `install()` before anything imports
+the core: it computes the key of the sources as they are now and, if a build of that key
+exists, has the modules imported from it. An edit to any of them (or no build) runs them all
 interpreted: a build never runs stale code, and compiled and interpreted modules never mix
 (a compiled module reaches into the compiled classes of the others). `RAFTLOG_NATIVE=0` runs
 them interpreted whatever is built (for a debugger or a line profiler).
@@ -49,6 +49,7 @@ MODULES = (
 )
 ROOT = Path(__file__).resolve().parents[2]  # the directory holding the `raftlog` package
 MANIFEST = "manifest.json"
+SUFFIX = str(sysconfig.get_config_var("EXT_SUFFIX"))  # of this interpreter's extension modules
 
 
 def cache_dir() -> Path:
@@ -69,7 +70,7 @@ def _keyed(root: Path) -> list[Path]:
 
 def key(root: Path = ROOT) -> str:
     """What a build must have been made from to be used: the sources and the extension ABI."""
-    h = hashlib.sha256(str(sysconfig.get_config_var("EXT_SUFFIX")).encode())
+    h = hashlib.sha256(SUFFIX.encode())
     h.update("\0".join(MODULES).encode())
     for source in _keyed(root):
         h.update(b"\0" + str(source.relative_to(root)).encode() + b"\0")
@@ -116,4 +117,4 @@ def install() -> bool:
 def active() -> bool:
     """Whether this process runs the core compiled (False while nothing has imported it)."""
     core = sys.modules.get(MODULES[0])
-    return str(getattr(core, "__file__", "")).endswith(str(sysconfig.get_config_var("EXT_SUFFIX")))
+    return str(getattr(core, "__file__", "")).endswith(SUFFIX)

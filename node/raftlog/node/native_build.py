@@ -9,11 +9,10 @@ import os
 import shutil
 import subprocess
 import sys
-import sysconfig
 import tempfile
 from pathlib import Path
 
-from raftlog.node.native import MANIFEST, MODULES, ROOT, cache_dir, key, source_of
+from raftlog.node.native import MANIFEST, MODULES, ROOT, SUFFIX, cache_dir, key, source_of
 
 KEEP_BUILDS = 8  # other checkouts' builds kept beside this one's
 
@@ -26,7 +25,6 @@ def build(into: Path | None = None, quiet: bool = False) -> Path:
         if not quiet:
             print(f"native modules up to date: {target}")
         return target
-    suffix = str(sysconfig.get_config_var("EXT_SUFFIX"))
     with tempfile.TemporaryDirectory(prefix="raftlog-native-") as tmp:
         src = Path(tmp) / "src"
         shutil.copytree(
@@ -51,17 +49,18 @@ def build(into: Path | None = None, quiet: bool = False) -> Path:
         )
         if done.returncode != 0:
             raise SystemExit(f"mypyc failed ({done.returncode}):\n{done.stdout}{done.stderr}")
-        staged = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=_made(base)))
+        base.mkdir(parents=True, exist_ok=True)
+        staged = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=base))
         staged.chmod(0o755)  # mkdtemp's 0700 would hide it from an image's unprivileged user
         listed: dict[str, str] = {}
         for module in MODULES:
-            rel = Path(*module.split(".")).with_suffix(suffix)
+            rel = Path(*module.split(".")).with_suffix(SUFFIX)
             (staged / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src / rel, staged / rel)
             listed[module] = str(rel)
-        for lib in src.glob(f"*__mypyc{suffix}"):  # the modules' shared library
+        for lib in src.glob(f"*__mypyc{SUFFIX}"):  # the modules' shared library
             shutil.copy2(lib, staged / lib.name)
-            listed[lib.name[: -len(suffix)]] = lib.name
+            listed[lib.name[: -len(SUFFIX)]] = lib.name
         (staged / MANIFEST).write_text(json.dumps(listed, indent=1, sort_keys=True))
         try:
             staged.rename(target)
@@ -71,11 +70,6 @@ def build(into: Path | None = None, quiet: bool = False) -> Path:
     if not quiet:
         print(f"native modules built: {target}")
     return target
-
-
-def _made(base: Path) -> Path:
-    base.mkdir(parents=True, exist_ok=True)
-    return base
 
 
 def _prune(base: Path, keep: Path) -> None:
