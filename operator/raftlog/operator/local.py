@@ -52,7 +52,7 @@ from raftlog.operator.node_launch import node_args, node_env, restore_env
 from raftlog.operator.nodeapi import NodeApi
 from raftlog.operator.ports import free_ports
 from raftlog.operator.runtime import PassResult, PodInfo, reconcile_pass
-from raftlog.operator.safety import keeps_partitions
+from raftlog.operator.safety import lowering_refused
 
 log = logging.getLogger("raftlog.operator.local")
 
@@ -282,12 +282,9 @@ def _refuse_lowering(base: Path, spec: RaftClusterSpec, source: str) -> None:
         ),
         default=0,
     )
-    if not keeps_partitions(held, spec.partitions):
-        raise ManifestError(
-            f"{source}: spec.partitions is {spec.partitions} but the members' data holds {held} "
-            f"partitions: lowering is refused (it would drop partitions with their records); "
-            f"set it back to {held} or more"
-        )
+    refused = lowering_refused(held, spec.partitions)
+    if refused is not None:
+        raise ManifestError(f"{source}: {refused}")
 
 
 class LocalOperator:

@@ -66,7 +66,7 @@ from raftlog.operator.safety import (
     fit_to_lead,
     has_quorum,
     keeps_majority,
-    keeps_partitions,
+    lowering_refused,
     next_to_remove,
     next_to_restart,
     others_caught_up,
@@ -319,13 +319,8 @@ def _partitions_not_lowered(cluster: _ClusterPass) -> Action | None:
         (len(seen.node.partitions) for seen in cluster.observed.members.values() if seen.node),
         default=0,
     )
-    if keeps_partitions(held, cluster.spec.partitions):
-        return None
-    return Wait(
-        f"spec.partitions is {cluster.spec.partitions} but the members hold {held} partitions: "
-        f"lowering is refused (it would drop partitions with their records); set it back to "
-        f"{held} or more"
-    )
+    refused = lowering_refused(held, cluster.spec.partitions)
+    return None if refused is None else Wait(refused)
 
 
 def _peers(cluster: _ClusterPass) -> Action | None:

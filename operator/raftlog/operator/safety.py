@@ -102,3 +102,13 @@ def keeps_partitions(held: int, wanted: int) -> bool:
     """The partition count is never lowered: members restarted with fewer would drop the
     partitions above it with their records."""
     return held <= wanted
+
+
+def lowering_refused(held: int, wanted: int) -> str | None:
+    """Why `wanted` partitions are refused while the members hold `held`, or None."""
+    if keeps_partitions(held, wanted):
+        return None
+    return (
+        f"spec.partitions is {wanted} but the members hold {held} partitions: lowering is "
+        f"refused (it would drop partitions with their records); set it back to {held} or more"
+    )
