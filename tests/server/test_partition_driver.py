@@ -160,6 +160,21 @@ def test_an_append_not_committed_in_time_is_told_timeout_and_others_are_not(tmp_
     asyncio.run(run())
 
 
+class HeldSync:
+    """The node's journal sync held (as a disk that hangs) until `release`, then done."""
+
+    def __init__(self, node: Node) -> None:
+        self.held, self.release, self.returned = (threading.Event() for _ in range(3))
+        self.real = node.journal.sync
+        node.journal.sync = self._sync  # type: ignore[method-assign]
+
+    def _sync(self) -> None:
+        self.held.set()
+        self.release.wait(10)
+        self.returned.set()
+        self.real()
+
+
 def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_path):
     """A hung fsync holds the driver's loop and its ticks: the append still gets its timeout
     while the sync is held, from a backstop that does not need the driver."""
@@ -167,24 +182,17 @@ def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_p
     async def run() -> None:
         node = _single_node(tmp_path, "n1", {"n1": PEERS["n1"]})
         await node.start()
-        held, release, returned = threading.Event(), threading.Event(), threading.Event()
+        d = node.drivers[0]
+        hold: HeldSync | None = None
         try:
-            d = node.drivers[0]
             await until(lambda: d.raft.role == Role.LEADER, "election")
-            real = node.journal.sync
-
-            def hung() -> None:
-                held.set()
-                release.wait(10)
-                returned.set()
-                real()
-
-            node.journal.sync = hung  # type: ignore[method-assign]
+            hold = HeldSync(node)
             with pytest.raises(TimeoutError):
                 await d.propose([b"stuck"], timeout=0.2)
-            assert held.is_set() and not returned.is_set(), "answered while the sync hung"
+            assert hold.held.is_set() and not hold.returned.is_set(), "answered while it hung"
         finally:
-            release.set()
+            if hold is not None:
+                hold.release.set()
             await node.close()
 
     asyncio.run(run())
@@ -198,31 +206,25 @@ def test_an_append_told_it_timed_out_while_the_driver_was_stuck_is_not_appended_
     async def run() -> None:
         node = _single_node(tmp_path, "n1", {"n1": PEERS["n1"]})
         await node.start()
-        held, release = threading.Event(), threading.Event()
+        d = node.drivers[0]
+        hold: HeldSync | None = None
         try:
-            d = node.drivers[0]
             await until(lambda: d.raft.role == Role.LEADER, "election")
-            real = node.journal.sync
-
-            def hung() -> None:
-                held.set()
-                release.wait(10)
-                real()
-
-            node.journal.sync = hung  # type: ignore[method-assign]
+            hold = HeldSync(node)
             stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
-            await until(held.is_set, "the driver stuck in the first append's sync")
+            await until(hold.held.is_set, "the driver stuck in the first append's sync")
             with pytest.raises(TimeoutError):
                 await d.propose([b"late"], timeout=0.2)  # never taken by the stuck driver
-            release.set()
-            node.journal.sync = real  # type: ignore[method-assign]
+            hold.release.set()
+            node.journal.sync = hold.real  # type: ignore[method-assign]
             with contextlib.suppress(TimeoutError):
                 await stuck
             done = await asyncio.wait_for(d.propose([b"after"]), 10)
             got = [e.data for e in d.raft.read_committed(1, done.last_index + 1)]
             assert b"after" in got and b"late" not in got, got
         finally:
-            release.set()
+            if hold is not None:
+                hold.release.set()
             await node.close()
 
     asyncio.run(run())
