@@ -35,7 +35,8 @@ from raftlog.node.server.partition import (
 )
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.errors import StorageFailed
-from raftlog.node.storage.journal import list_journal
+from raftlog.node.storage.fileio import FileOps
+from raftlog.node.storage.journal import _segment_path, list_journal
 
 PEERS = {f"n{i}": f"http://127.0.0.1:{9 + i}" for i in (1, 2, 3)}  # nobody listens there
 
@@ -658,5 +659,70 @@ def test_a_new_leader_takes_no_producers_append_before_its_log_is_applied(tmp_pa
             batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=0))]
             with pytest.raises(ProducerBusy, match="still applying"):
                 await d.propose_idempotent("p", 0, batch, timeout=1)
+
+    asyncio.run(run())
+
+
+class _DirSyncFails(FileOps):
+    """A disk on which a directory's fsync fails (EIO): the step of a journal checkpoint that
+    makes the WALs' new files reachable."""
+
+    def fsync_dir(self, path: str) -> None:
+        raise OSError(5, "Input/output error")
+
+
+def test_a_failed_checkpoint_stops_the_idle_partitions_too(tmp_path):
+    """The journal is every partition's: once a checkpoint could not make the WALs durable, no
+    partition may write. A quiesced one, with nothing to write, must stop as well, so the node
+    says it is not live (and is restarted) instead of leading a partition it cannot write."""
+
+    async def run() -> None:
+        node = Node(one_node(tmp_path, partitions=2, journal_checkpoint_bytes=64 * 1024))
+        await node.start()
+        try:
+            busy, idle = node.drivers[0], node.drivers[1]
+            await until(lambda: busy.raft.role == idle.raft.role == Role.LEADER, "elected")
+            await until(lambda: idle.raft.quiesced, "p1 quiesced")
+            node.journal.ops = _DirSyncFails()
+            with contextlib.suppress(StorageFailed, NotLeader):  # p0 stops: the journal failed
+                for _ in range(200):  # 16 KiB a batch: a checkpoint is due after about 4
+                    await busy.propose([b"x" * 1024] * 16)
+            await until(lambda: node.journal.failed is not None, "the checkpoint failed")
+            await until(lambda: idle.failed is not None, "the idle partition stopped")
+            assert idle.failed is node.journal.failed
+            assert idle.raft.role != Role.LEADER
+            reason = node.not_live()
+            assert reason is not None and "checkpoint fdatasync" in reason
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
+def test_a_checkpoint_that_left_the_journal_whole_is_tried_again_later_not_every_tick(
+    tmp_path, caplog
+):
+    """A new segment that could not be created (a directory in its place; a full disk alike)
+    loses nothing: the partition goes on writing, and the checkpoint is tried again after
+    `CHECKPOINT_RETRY_S`, not on each of the clock's ticks (every 5 ms here), each logged."""
+
+    async def run() -> None:
+        node = Node(one_node(tmp_path, journal_checkpoint_bytes=64 * 1024))
+        await node.start()
+        try:
+            d = node.drivers[0]
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            journal = str(tmp_path / "journal")
+            Path(_segment_path(journal, list_journal(journal)[-1] + 1)).mkdir()
+            while not node.journal.due():
+                await d.propose([b"x" * 1024] * 16)
+            await until(lambda: "journal checkpoint failed" in caplog.text, "a failed checkpoint")
+            await asyncio.sleep(0.3)  # 60 ticks
+            assert caplog.text.count("journal checkpoint failed") == 1, caplog.text
+            assert "tried again in 5 s" in caplog.text
+            await d.propose([b"after"])
+            assert d.failed is None and node.journal.failed is None
+        finally:
+            await node.close()
 
     asyncio.run(run())

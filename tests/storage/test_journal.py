@@ -24,6 +24,7 @@ from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.journal import (
     Journal,
     Reset,
+    _segment_path,
     list_journal,
     read_journal,
     replay_into,
@@ -702,3 +703,44 @@ def test_replay_starts_at_the_newest_complete_checkpoint_when_an_older_one_is_le
     j, storages = open_node(tmp_path)
     assert storages[0].entries(1, 13) == ents(1, 12, 1)
     close_node(j, storages)
+
+
+def test_a_checkpoint_that_cannot_create_its_segment_is_tried_again_without_loss(tmp_path):
+    """A new segment not created (here a directory in its place; a full disk alike) fails the
+    checkpoint, not the journal: the WALs' descriptors it opened are closed, writes go on into
+    the old segment, and the next try creates the very segment the first one could not."""
+    j, storages = open_node(tmp_path, checkpoint_bytes=64 * 1024)
+    journal = tmp_path / "journal"
+    (before,) = list_journal(str(journal))
+    blocker = Path(_segment_path(str(journal), before + 1))
+    blocker.mkdir()
+
+    async def durable() -> None:
+        j.sync()
+
+    def wals() -> dict[int, Any]:
+        return {p: s.wal for p, s in storages.items()}
+
+    async def run() -> None:
+        index = 1
+        while not j.due():
+            for s in storages.values():
+                s.write(HardState(1, None, index), ents(index, index + 19, 1, size=200))
+            index += 20
+        fds = len(os.listdir("/proc/self/fd"))
+        with pytest.raises(IsADirectoryError):
+            await j.checkpoint(wals, durable)
+        assert len(os.listdir("/proc/self/fd")) == fds
+        assert j.failed is None and j.checkpoints == 0 and j.due()
+        for s in storages.values():
+            s.write(HardState(1, None, index), ents(index, index + 1, 1))
+        j.sync()
+        blocker.rmdir()
+        await j.checkpoint(wals, durable)
+        assert list_journal(str(journal)) == [before + 1] and j.checkpoints == 1
+
+    asyncio.run(run())
+    last = {p: s.last_index() for p, s in storages.items()}
+    close_node(j, storages)
+    assert read_journal(str(journal)).trusted == last
+    assert power_loss(tmp_path) == 0

@@ -24,6 +24,10 @@ from raftlog.node.storage.journal import Journal, lost_partitions
 from raftlog.node.transport.codec import Item, Ping
 from raftlog.node.transport.peers import Transport
 
+# A checkpoint that failed without failing the journal (a segment not created, on a full
+# disk; old ones not deleted) is tried again after this, not on every tick.
+CHECKPOINT_RETRY_S = 5.0
+
 log = logging.getLogger("raftlog.node")
 
 
@@ -96,6 +100,7 @@ class Node:
         self.liveness = PeerLiveness(config.election_ticks)
         self._heartbeat_ticks = config.heartbeat_ticks
         self._checkpoint: asyncio.Task[None] | None = None
+        self._checkpoint_retry_at = 0.0  # after a checkpoint that failed and may be retried
         self._tasks: list[asyncio.Task[None]] = []
         # Partitions with work for the next pass, in the order they asked (`schedule`).
         self._busy: dict[int, PartitionDriver] = {}
@@ -127,18 +132,29 @@ class Node:
         """Start a journal checkpoint once it holds `journal_checkpoint_bytes` (at most one)."""
         if not self.journal.due() or (self._checkpoint is not None and not self._checkpoint.done()):
             return
+        loop = asyncio.get_running_loop()
+        if loop.time() < self._checkpoint_retry_at:
+            return
 
         async def run() -> None:
             try:
                 await self.journal.checkpoint(
                     lambda: {p: d.storage.wal for p, d in self.drivers.items()}, self._durable
                 )
-            except Exception:
-                log.exception("journal checkpoint failed; the partitions stop writing")
+            except Exception as e:
+                failed = self.journal.failed
+                if failed is None:  # nothing lost (no new segment, or old ones not deleted)
+                    self._checkpoint_retry_at = loop.time() + CHECKPOINT_RETRY_S
+                    log.error(
+                        "journal checkpoint failed, tried again in %g s: %s", CHECKPOINT_RETRY_S, e
+                    )
+                    return
+                # The journal takes no write now, and it is every partition's: an idle one
+                # would otherwise go on leading (and look live) until its next write.
                 for d in self.drivers.values():
-                    d.wake()
+                    d.stop(failed)
 
-        self._checkpoint = asyncio.get_running_loop().create_task(run())
+        self._checkpoint = loop.create_task(run())
 
     async def start(self) -> None:
         await self.transport.start()

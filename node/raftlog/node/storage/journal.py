@@ -421,9 +421,9 @@ class Journal:
     def _open_segment(self, positions: dict[int, int]) -> None:
         """Start segment `seq + 1` with a CHECKPOINT of `positions`; what was journaled before
         goes to the previous one at the next sync."""
-        self._seq += 1
-        full = _segment_path(self.path, self._seq)
+        full = _segment_path(self.path, self._seq + 1)
         fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        self._seq += 1  # once it exists: a checkpoint that could not create it is tried again
         if self.durable:
             # Allocated ahead, so the fdatasyncs need not journal the file's growth (`prealloc`).
             self.ops.try_allocate(fd, self.checkpoint_bytes + (1 << 20), 0)
@@ -474,8 +474,8 @@ class Journal:
         loop = asyncio.get_running_loop()
         targets = wals()
         fds = {p: w.checkpoint_fd() for p, w in targets.items()}
-        self._open_segment({p: w.last_index() for p, w in targets.items()})
         try:
+            self._open_segment({p: w.last_index() for p, w in targets.items()})
             await durable()  # the old segment's tail, and the new one's CHECKPOINT
 
             def sync_wals() -> None:
