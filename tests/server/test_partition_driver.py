@@ -663,6 +663,39 @@ def test_a_new_leader_takes_no_producers_append_before_its_log_is_applied(tmp_pa
     asyncio.run(run())
 
 
+class _SyncFails(FileOps):
+    """A disk whose every fdatasync fails (EIO)."""
+
+    def fdatasync(self, fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
+
+def test_a_failed_journal_sync_stops_the_idle_partitions_too(tmp_path):
+    """The journal's fsync failed under one partition's write: the journal takes no write now,
+    and it is every partition's, so a quiesced idle one stops as well (it steps down, and the
+    node says it is not live) instead of leading until its own next write finds out."""
+
+    async def run() -> None:
+        node = Node(one_node(tmp_path, partitions=2))
+        await node.start()
+        try:
+            busy, idle = node.drivers[0], node.drivers[1]
+            await until(lambda: busy.raft.role == idle.raft.role == Role.LEADER, "elected")
+            await until(lambda: idle.raft.quiesced, "p1 quiesced")
+            node.journal.ops = _SyncFails()
+            with pytest.raises(StorageFailed):
+                await busy.propose([b"x"])
+            assert node.journal.failed is not None
+            await until(lambda: idle.failed is not None, "the idle partition stopped")
+            assert idle.failed is node.journal.failed and idle.raft.role != Role.LEADER
+            reason = node.not_live()
+            assert reason is not None and reason.startswith("partitions [0, 1] stopped writing")
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
 class _DirSyncFails(FileOps):
     """A disk on which a directory's fsync fails (EIO): the step of a journal checkpoint that
     makes the WALs' new files reachable."""

@@ -133,8 +133,8 @@ class Node:
         if not self.journal.due() or (self._checkpoint is not None and not self._checkpoint.done()):
             return
         loop = asyncio.get_running_loop()
-        if loop.time() < self._checkpoint_retry_at:
-            return
+        if self.journal.failed is not None or loop.time() < self._checkpoint_retry_at:
+            return  # failed: every partition was stopped (a restart reopens the journal)
 
         async def run() -> None:
             try:
@@ -142,19 +142,24 @@ class Node:
                     lambda: {p: d.storage.wal for p, d in self.drivers.items()}, self._durable
                 )
             except Exception as e:
-                failed = self.journal.failed
-                if failed is None:  # nothing lost (no new segment, or old ones not deleted)
+                if not self._stop_all_if_journal_failed():
+                    # Nothing lost (a new segment not created, or old ones not deleted).
                     self._checkpoint_retry_at = loop.time() + CHECKPOINT_RETRY_S
                     log.error(
                         "journal checkpoint failed, tried again in %g s: %s", CHECKPOINT_RETRY_S, e
                     )
-                    return
-                # The journal takes no write now, and it is every partition's: an idle one
-                # would otherwise go on leading (and look live) until its next write.
-                for d in self.drivers.values():
-                    d.stop(failed)
 
         self._checkpoint = loop.create_task(run())
+
+    def _stop_all_if_journal_failed(self) -> bool:
+        """Once the journal failed, stop every partition: it is all of theirs and takes no write
+        now, and an idle one would otherwise go on leading (and look live) until its next."""
+        failed = self.journal.failed
+        if failed is None:
+            return False
+        for d in self.drivers.values():
+            d.stop(failed)
+        return True
 
     async def start(self) -> None:
         await self.transport.start()
@@ -216,7 +221,8 @@ class Node:
                 for d, rd in begun:
                     if rd.entries:
                         d.stop(e)
-                begun = [(d, rd) for d, rd in begun if not rd.entries]
+                self._stop_all_if_journal_failed()
+                begun = [(d, rd) for d, rd in begun if not rd.entries and d.failed is None]
         elif begun:
             # A commit index alone (and no sync to carry it): in the file before readers see
             # it, so a restarted node's high-water mark never steps back (`write_out`).
@@ -227,7 +233,8 @@ class Node:
                 for d, rd in begun:
                     if rd.hard_state is not None:
                         d.stop(e)
-                begun = [(d, rd) for d, rd in begun if rd.hard_state is None]
+                self._stop_all_if_journal_failed()
+                begun = [(d, rd) for d, rd in begun if rd.hard_state is None and d.failed is None]
         for d, rd in begun:
             try:
                 d.finish(rd)
