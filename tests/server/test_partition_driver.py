@@ -670,32 +670,6 @@ class _SyncFails(FileOps):
         raise OSError(5, "Input/output error")
 
 
-def test_a_failed_journal_sync_stops_the_idle_partitions_too(tmp_path):
-    """The journal's fsync failed under one partition's write: the journal takes no write now,
-    and it is every partition's, so a quiesced idle one stops as well (it steps down, and the
-    node says it is not live) instead of leading until its own next write finds out."""
-
-    async def run() -> None:
-        node = Node(one_node(tmp_path, partitions=2))
-        await node.start()
-        try:
-            busy, idle = node.drivers[0], node.drivers[1]
-            await until(lambda: busy.raft.role == idle.raft.role == Role.LEADER, "elected")
-            await until(lambda: idle.raft.quiesced, "p1 quiesced")
-            node.journal.ops = _SyncFails()
-            with pytest.raises(StorageFailed):
-                await busy.propose([b"x"])
-            assert node.journal.failed is not None
-            await until(lambda: idle.failed is not None, "the idle partition stopped")
-            assert idle.failed is node.journal.failed and idle.raft.role != Role.LEADER
-            reason = node.not_live()
-            assert reason is not None and reason.startswith("partitions [0, 1] stopped writing")
-        finally:
-            await node.close()
-
-    asyncio.run(run())
-
-
 class _DirSyncFails(FileOps):
     """A disk on which a directory's fsync fails (EIO): the step of a journal checkpoint that
     makes the WALs' new files reachable."""
@@ -704,10 +678,16 @@ class _DirSyncFails(FileOps):
         raise OSError(5, "Input/output error")
 
 
-def test_a_failed_checkpoint_stops_the_idle_partitions_too(tmp_path):
-    """The journal is every partition's: once a checkpoint could not make the WALs durable, no
-    partition may write. A quiesced one, with nothing to write, must stop as well, so the node
-    says it is not live (and is restarted) instead of leading a partition it cannot write."""
+@pytest.mark.parametrize(
+    ("disk", "fault"),
+    [(_SyncFails, "storage failed: write of"), (_DirSyncFails, "checkpoint fdatasync")],
+    ids=["sync", "checkpoint"],
+)
+def test_a_failed_journal_stops_the_idle_partitions_too(tmp_path, disk, fault):
+    """The journal failed under one partition's writes, in a sync or in a checkpoint that could
+    not make the WALs durable. It takes no write now, and it is every partition's, so a
+    quiesced idle one stops as well (it steps down, and the node says it is not live, to be
+    restarted) instead of leading until its own next write finds out."""
 
     async def run() -> None:
         node = Node(one_node(tmp_path, partitions=2, journal_checkpoint_bytes=64 * 1024))
@@ -716,16 +696,16 @@ def test_a_failed_checkpoint_stops_the_idle_partitions_too(tmp_path):
             busy, idle = node.drivers[0], node.drivers[1]
             await until(lambda: busy.raft.role == idle.raft.role == Role.LEADER, "elected")
             await until(lambda: idle.raft.quiesced, "p1 quiesced")
-            node.journal.ops = _DirSyncFails()
+            node.journal.ops = disk()
             with contextlib.suppress(StorageFailed, NotLeader):  # p0 stops: the journal failed
                 for _ in range(200):  # 16 KiB a batch: a checkpoint is due after about 4
                     await busy.propose([b"x" * 1024] * 16)
-            await until(lambda: node.journal.failed is not None, "the checkpoint failed")
+            await until(lambda: node.journal.failed is not None, "the journal failed")
             await until(lambda: idle.failed is not None, "the idle partition stopped")
-            assert idle.failed is node.journal.failed
-            assert idle.raft.role != Role.LEADER
+            assert idle.failed is node.journal.failed and idle.raft.role != Role.LEADER
             reason = node.not_live()
-            assert reason is not None and "checkpoint fdatasync" in reason
+            assert reason is not None and reason.startswith("partitions [0, 1] stopped writing")
+            assert fault in reason
         finally:
             await node.close()
 
