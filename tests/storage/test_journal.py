@@ -57,6 +57,17 @@ def count_fdatasyncs(j: Journal) -> list[int]:
     return syncs
 
 
+def fill_until_due(j: Journal, storages: dict[int, DurableStorage]) -> int:
+    """Write 20 entries of 200 bytes at a time to every partition until a checkpoint is due;
+    returns the next index."""
+    index = 1
+    while not j.due():
+        for s in storages.values():
+            s.write(HardState(1, None, index), ents(index, index + 19, 1, size=200))
+        index += 20
+    return index
+
+
 # ----------------------------------------------------------------------------- replay rules
 def test_replay_keeps_what_is_there_replaces_above_the_commit_and_drops_the_stale(tmp_path):
     w = Wal.open(str(tmp_path / "wal"), durable=False)
@@ -226,11 +237,7 @@ def test_a_checkpoint_syncs_the_wals_and_drops_the_journal_before_it(tmp_path):
     j, storages = open_node(tmp_path, checkpoint_bytes=64 * 1024)
 
     async def run() -> None:
-        index = 1
-        while not j.due():
-            for s in storages.values():
-                s.write(HardState(1, None, index), ents(index, index + 19, 1, size=200))
-            index += 20
+        fill_until_due(j, storages)
         j.sync()
         before = list_journal(str(tmp_path / "journal"))
 
@@ -722,11 +729,7 @@ def test_a_checkpoint_that_cannot_create_its_segment_is_tried_again_without_loss
         return {p: s.wal for p, s in storages.items()}
 
     async def run() -> None:
-        index = 1
-        while not j.due():
-            for s in storages.values():
-                s.write(HardState(1, None, index), ents(index, index + 19, 1, size=200))
-            index += 20
+        index = fill_until_due(j, storages)
         fds = len(os.listdir("/proc/self/fd"))
         with pytest.raises(IsADirectoryError):
             await j.checkpoint(wals, durable)
