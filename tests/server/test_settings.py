@@ -8,8 +8,8 @@ import pytest
 from pydantic import ValidationError
 
 from raftlog.node.core.config import describe_validation_error
-from raftlog.node.server.main import main
-from raftlog.node.settings import load_settings
+from raftlog.node.server.main import build_parser, main
+from raftlog.node.settings import NodeSettings, load_settings
 
 PEERS = {"n1": "http://127.0.0.1:7001", "n2": "http://127.0.0.1:7002"}
 OPEN = {"insecure_no_auth": True}
@@ -128,3 +128,23 @@ def test_help_documents_every_setting_with_its_flag_environment_and_default(caps
     for name in RaftConfig.model_fields:
         assert f"RAFTLOG_RAFT__{name.upper()} (default" in text, name
     assert "default 7001" in text and 'default "uvloop"' in text and "default unset" in text
+
+
+def test_a_mapping_setting_is_a_json_flag_as_its_environment_variable(tmp_path, capsys):
+    """`--restore-indexes` takes the JSON its RAFTLOG_ variable takes (a plain string reached the
+    settings before, refused as "not a valid dictionary"); what is not JSON is refused, naming
+    the flag, and the help shows its default as {}, not "required"."""
+    argv = ["--node-id", "n1", "--peers", "n1=http://127.0.0.1:1", "--data-dir", str(tmp_path)]
+    argv += ["--insecure-no-auth", "--partitions", "2", "--restore-url", "s3://b/p"]
+    argv += ["--restore-indexes"]
+    args = build_parser().parse_args([*argv, '{"0": 5, "1": 0}'])
+    flags = {k: getattr(args, k) for k in NodeSettings.model_fields}
+    assert load_settings(flags).restore_indexes == {0: 5, 1: 0}
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*argv, "0=5"])
+    assert "argument --restore-indexes: '0=5' is not JSON" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "RAFTLOG_RESTORE_INDEXES; default {}]" in text
+    assert "--log-level {DEBUG,INFO,WARNING,ERROR}" in text

@@ -28,6 +28,7 @@ import uvloop
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from pydantic import ValidationError
+from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
 
 from raftlog.node import native
@@ -57,6 +58,14 @@ def parse_peers(text: str) -> dict[str, str]:
     return peers
 
 
+def parse_json(text: str) -> Any:
+    """A flag whose setting is a mapping or a list, given as JSON (as its environment variable)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not JSON") from None
+
+
 def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
     """(argparse type, choices) of a settings field's annotation (None left out of unions)."""
     args = [a for a in get_args(annotation) if a is not type(None)]
@@ -66,13 +75,17 @@ def _flag_type(annotation: Any) -> tuple[Any, list[str] | None]:
         return _flag_type(args[0])
     if annotation in (int, float):
         return annotation, None
+    if get_origin(annotation) in (dict, list):
+        return parse_json, None
     return str, None
 
 
-def _shown(value: Any) -> str:
-    if value is PydanticUndefined:
+def _shown(field: FieldInfo) -> str:
+    if field.default_factory is not None:
+        return json.dumps(field.get_default(call_default_factory=True), default=str)
+    if field.default is PydanticUndefined:
         return "required"
-    return "unset" if value is None else json.dumps(value, default=str)
+    return "unset" if field.default is None else json.dumps(field.default, default=str)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "raft":
             continue
         env = f"RAFTLOG_{name.upper()}"
-        helptext = f"{field.description} [env {env}; default {_shown(field.default)}]"
+        helptext = f"{field.description} [env {env}; default {_shown(field)}]"
         helptext = helptext.replace("%", "%%")  # argparse formats help with %
         flag = "--" + name.replace("_", "-")
         if name == "peers":
@@ -102,7 +115,13 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument(
         "--no-fsync", dest="durable", action="store_false", help="the same as --no-durable"
     )
-    ap.add_argument("--log-level", default="INFO")
+    ap.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="what the node logs, to stderr [default INFO]",
+    )
     ap.set_defaults(**dict.fromkeys(NodeSettings.model_fields))
     return ap
 
@@ -110,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
 def _raft_settings_help() -> str:
     lines = ['Raft settings, from the environment or the --config file\'s "raft" object:']
     for name, field in RaftConfig.model_fields.items():
-        head = f"  RAFTLOG_RAFT__{name.upper()} (default {_shown(field.default)})"
+        head = f"  RAFTLOG_RAFT__{name.upper()} (default {_shown(field)})"
         lines.append(head)
         lines += textwrap.wrap(
             field.description or "", 96, initial_indent="      ", subsequent_indent="      "
@@ -225,7 +244,7 @@ class OneLineBadRequests(logging.Filter):
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(
-        level=args.log_level.upper(),
+        level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
