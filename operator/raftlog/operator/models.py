@@ -459,7 +459,8 @@ class RaftClusterSpec(_Model):
     archive: ArchiveSpec | None = Field(
         None,
         description="Continuous archive of every partition to S3-compatible object storage "
-        "(off when unset). A change restarts the members one at a time. status.archive shows "
+        "(off when unset). A change restarts the members one at a time (but for "
+        "backupIntervalMinutes alone: the operator's schedule). status.archive shows "
         "each partition's archived index and lag; an archive that fails (the store down, "
         "refused credentials) is named in status.problems while appends go on and compaction "
         "waits for it.",
