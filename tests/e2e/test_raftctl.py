@@ -12,6 +12,7 @@ import pytest
 from tests.steady import STEADY_RAFT
 
 from raftlog.cli.main import main
+from raftlog.client import Client
 from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e]
@@ -95,6 +96,27 @@ def test_tail_prints_the_last_records_like_tail(cluster, capsys):
     assert code == 0 and [line.split("\t")[3] for line in out.splitlines()] == values[-3:], out
     code, out, _ = ctl(cluster, capsys, "tail", "-p", "0", "-n", "0")
     assert code == 0 and out == ""
+
+
+def test_tail_of_a_compacted_partition_prints_its_last_records(tmp_path, capsys):
+    """`tail` asked for entry 1 to learn the high-water mark, and the 410 of a partition
+    compacted past it (any long-lived one) was its answer: exit 1, nothing printed."""
+    with LocalCluster(
+        tmp_path, replicas=1, durable=False,
+        raft={"compact_every_operations": 10**6, "compact_number_entries": 0},
+        env={"RAFTLOG_SEGMENT_BYTES": "4096"},
+    ) as c:  # fmt: skip
+        c.wait_ready()
+        with Client(c.endpoints) as client:
+            for i in range(30):
+                client.append(0, [{"key": "k", "value": f"old{i}-" + "x" * 300}])
+            code, body = c.request("n1", "POST", "/v1/admin/partitions/0/compact")
+            assert code == 200 and body["compaction_floor"] > 2, body
+            for i in range(3):
+                client.append(0, [{"key": "k", "value": f"new{i}"}])
+        code, out, err = ctl(c, capsys, "tail", "-n", "3")
+    assert code == 0, err
+    assert [line.split("\t")[3] for line in out.splitlines()] == ["new0", "new1", "new2"], out
 
 
 def test_local_up_status_and_down(tmp_path, capsys):

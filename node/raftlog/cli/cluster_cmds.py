@@ -163,7 +163,15 @@ async def _tail(args: argparse.Namespace) -> int:
     async with _client(args) as c:
         start = args.start
         if start is None:
-            hwm = (await c.read(args.partition, 1, 1, min_index=args.min_index))["high_water_mark"]
+            try:
+                first = await c.read(args.partition, 1, 1, min_index=args.min_index)
+            except ClientError as e:
+                if e.status != 410:
+                    raise
+                # Compacted from 1 on: any page has the high-water mark, the floor's too.
+                floor = int(e.body["compaction_floor"])
+                first = await c.read(args.partition, floor, 1, min_index=args.min_index)
+            hwm = first["high_water_mark"]
             # Entries that are not records (a leader's no-op, a member change) are few: read
             # a few times more entries than the records wanted, and keep the last ones.
             last: list[dict[str, Any]] = []
