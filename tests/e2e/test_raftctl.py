@@ -7,8 +7,12 @@ import os
 import subprocess
 import sys
 import time
+import urllib.parse
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
+from tests.client.test_faces import Seen, Server, answer
 from tests.steady import STEADY_RAFT
 
 from raftlog.cli.main import main
@@ -145,3 +149,268 @@ def test_local_up_status_and_down(tmp_path, capsys):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+# ------------------------------------------------------------------ against a scripted node
+# What raftctl prints and sends, exactly: a node whose answers the test chooses (the status of
+# members in every state, a compacted log with entries that are not records, ...).
+Answer = dict[str, Any] | tuple[int, dict[str, Any]]
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., Server]]:
+    """Start a node that answers each path (its query left out) from `answers`: a JSON body
+    (200), a (status, body) pair, or a function of the query's parameters giving either."""
+    started: list[Server] = []
+
+    def start(answers: dict[str, Answer | Callable[[dict[str, str]], Answer]]) -> Server:
+        def script(seen: Seen, n: int) -> tuple[int, str, bytes]:
+            path, _, query = seen.path.partition("?")
+            got = answers.get(path)
+            if got is None:
+                return answer(404, {"error": "not_found", "reason": path})
+            if callable(got):
+                got = got(dict(urllib.parse.parse_qsl(query)))
+            status, body = got if isinstance(got, tuple) else (200, got)
+            return answer(status, body)
+
+        started.append(Server(script))
+        return started[-1]
+
+    yield start
+    for s in started:
+        s.close()
+
+
+def run_ctl(capsys, *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def partition(p: int, role: str, member: str = "voter") -> dict[str, Any]:
+    """A partition's status as a node shows it (without followers: a leader adds its own)."""
+    return {
+        "partition": p, "role": role, "member": member, "term": 4, "leader": "n1",
+        "high_water_mark": 120, "applied": 119, "compaction_floor": 101, "followers": {},
+    }  # fmt: skip
+
+
+def two_partitions(
+    node: str, role: str, member: str = "voter", followers: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """A node's status: `role` in partitions 0 and 1."""
+    parts = [{**partition(p, role, member), "followers": followers or {}} for p in (0, 1)]
+    return {"node": node, "partitions": parts}
+
+
+def test_status_shows_each_members_role_and_lag_and_fails_naming_an_unreachable_one(
+    scripted, capsys
+):
+    followers = {
+        "n2": {"lag": 3, "snapshot_required": False},
+        "n3": {"lag": 90, "snapshot_required": True},
+    }
+    n1 = scripted({"/v1/status": two_partitions("n1", "leader", followers=followers)})
+    n2 = scripted({"/v1/status": two_partitions("n2", "follower")})
+    n3 = scripted({"/v1/status": two_partitions("n3", "follower", "learner")})
+    down = "http://127.0.0.1:9"
+    code, out, _ = run_ctl(capsys, "status", "--endpoints", f"{n3.url},{down},{n1.url},{n2.url}")
+    assert code == 1, "a member that does not answer fails the command"
+    assert out.splitlines() == [
+        "PARTITION  NODE                ROLE                TERM  LEADER  HWM  APPLIED  FLOOR  LAG",
+        "-          http://127.0.0.1:9  unreachable",
+        "0          n1                  leader              4     n1      120  119      101",
+        "0          n2                  follower            4     n1      120  119      101    3",
+        "0          n3                  follower (learner)  4     n1      120  119      101    "
+        "snapshot required",
+        "1          n1                  leader              4     n1      120  119      101",
+        "1          n2                  follower            4     n1      120  119      101    3",
+        "1          n3                  follower (learner)  4     n1      120  119      101    "
+        "snapshot required",
+    ], out
+    code, out, _ = run_ctl(capsys, "status", "--endpoints", f"{n1.url},{n2.url}")
+    assert code == 0, out
+
+
+def test_endpoints_and_token_file_come_from_the_environment(
+    scripted, capsys, monkeypatch, tmp_path
+):
+    node = scripted({"/v1/status": {"node": "n1", "partitions": []}})
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")  # as `echo s3cret > token` leaves it
+    monkeypatch.setenv("RAFTLOG_ENDPOINTS", f" {node.url} ,")
+    monkeypatch.setenv("RAFTLOG_TOKEN_FILE", str(token))
+    code, out, err = run_ctl(capsys, "status")
+    assert code == 0 and "unreachable" not in out, (out, err)
+    assert [s.headers["Authorization"] for s in node.seen] == ["Bearer s3cret"]
+    monkeypatch.setenv("RAFTLOG_TOKEN_FILE", str(tmp_path / "missing"))
+    code, _, err = run_ctl(capsys, "read")
+    assert code == 1 and err.startswith("raftctl: ") and "No such file" in err, err
+
+
+def test_append_sends_the_producer_and_sequence_and_read_prints_every_kind_of_record(
+    scripted, capsys
+):
+    appended = {"partition": 0, "first_index": 5, "last_index": 6, "term": 2, "duplicate": False}
+    page = {
+        "partition": 2, "high_water_mark": 9, "next": 9, "records": [
+            {"index": 5, "term": 2, "key": "", "value": "empty key"},
+            {"index": 6, "term": 2, "key": None, "value": "no key"},
+            {"index": 7, "term": 2, "key": "k", "value_b64": "/w=="},
+            {"index": 8, "term": 3, "raw_b64": "AAE="},
+        ],
+    }  # fmt: skip
+    empty = {"partition": 3, "high_water_mark": 9, "next": 1, "records": []}
+    node = scripted({
+        "/v1/partitions/0/records": appended,
+        "/v1/partitions/2/records": page,
+        "/v1/partitions/3/records": empty,
+    })  # fmt: skip
+    at = ("--endpoints", node.url)
+    producer = ("--producer-id", "w1")
+    code, out, _ = run_ctl(capsys, "append", *at, *producer, "--sequence", "7", "a", "b")
+    assert code == 0 and out == "partition 0: indexes 5..6, term 2\n"
+    assert run_ctl(capsys, "append", *at, *producer, "--key", "", "c")[0] == 0
+    sent = [(s.path, json.loads(s.body)) for s in node.seen]
+    assert sent == [
+        ("/v1/partitions/0/records",
+         {"records": [{"value": "a"}, {"value": "b"}], "producer_id": "w1", "sequence": 7}),
+        ("/v1/partitions/0/records",
+         {"records": [{"key": "", "value": "c"}], "producer_id": "w1", "sequence": 0}),
+    ]  # fmt: skip
+    code, out, _ = run_ctl(
+        capsys, "read", *at, "-p", "2", "--from", "5", "--limit", "4", "--min-index", "8"
+    )
+    assert code == 0 and out.splitlines() == [
+        "5\t2\t\tempty key", "6\t2\t-\tno key", "7\t2\tk\t/w==", "8\t3\t-\tAAE=",
+    ], out  # fmt: skip
+    assert node.seen[-1].path == "/v1/partitions/2/records?from=5&limit=4&min_index=8&wait_ms=0"
+    code, out, _ = run_ctl(capsys, "read", *at, "-p", "3")
+    assert code == 0 and out == "(no records)\n"
+    assert node.seen[-1].path == "/v1/partitions/3/records?from=1&limit=100&min_index=0&wait_ms=0"
+
+
+def log_pages(log: dict[int, str | None], floor: int, page: int) -> Callable[..., Answer]:
+    """A partition's record pages: `log` by index (None: an entry that is not a record, as a
+    leader's no-op), compacted below `floor`, at most `page` entries a page."""
+    hwm = max(log)
+
+    def records(q: dict[str, str]) -> Answer:
+        start = int(q["from"])
+        if start < floor:
+            reason = f"index {start} is below the compaction floor {floor}"
+            return 410, {"error": "compacted", "reason": reason, "compaction_floor": floor}
+        upto = min(hwm, start + min(int(q["limit"]), page) - 1)
+        recs = [
+            {"index": i, "term": 1, "key": "k", "value": log[i]}
+            for i in range(start, upto + 1)
+            if log[i] is not None
+        ]
+        return {"partition": 0, "high_water_mark": hwm, "records": recs, "next": upto + 1}
+
+    return records
+
+
+def test_tail_reads_past_compaction_and_entries_that_are_not_records(scripted, capsys):
+    # Entries 1..2 compacted away; 5, 9 and 11 are not records (no-ops, member changes).
+    log: dict[int, str | None] = {i: f"v{i}" for i in range(1, 13)}
+    log.update({5: None, 9: None, 11: None})
+    node = scripted({"/v1/partitions/0/records": log_pages(log, floor=3, page=3)})
+    at = ("--endpoints", node.url)
+
+    def values(out: str) -> list[str]:
+        return [line.split("\t")[3] for line in out.splitlines()]
+
+    code, out, _ = run_ctl(capsys, "tail", *at, "-n", "3")
+    assert code == 0 and values(out) == ["v8", "v10", "v12"], out
+    code, out, _ = run_ctl(capsys, "tail", *at)
+    assert code == 0 and values(out) == ["v3", "v4", "v6", "v7", "v8", "v10", "v12"], out
+    code, out, _ = run_ctl(capsys, "tail", *at, "-n", "2", "--json")
+    assert code == 0 and [json.loads(line)["index"] for line in out.splitlines()] == [10, 12]
+    # --from without -f: every record up to the high-water mark, each page asked without a wait.
+    node.seen.clear()
+    code, out, _ = run_ctl(capsys, "tail", *at, "--from", "6")
+    assert code == 0 and values(out) == ["v6", "v7", "v8", "v10", "v12"], out
+    assert [s.path.split("?")[1] for s in node.seen] == [
+        f"from={i}&limit=1000&min_index=0&wait_ms=0" for i in (6, 9, 12)
+    ]
+
+
+def test_admin_commands_send_what_was_asked_and_print_the_outcome(scripted, capsys):
+    leads = {"node": "n1", "partitions": [partition(0, "leader"), partition(1, "leader")]}
+    members = {"partition": 0, "voters": ["n1", "n2"], "learners": ["n4"], "index": 31}
+    installs = iter([
+        {"status": "already_installed", "target": "n2", "state": "replicate", "lag": 0},
+        {"status": "installed", "target": "n2", "source": "leader",
+         "fell_back_to_leader": "n3 is not eligible"},
+        {"status": "installed", "target": "n2", "source": "n3"},
+    ])  # fmt: skip
+    node = scripted({
+        "/v1/status": leads,
+        "/v1/admin/partitions/0/followers/n2/lag":
+            {"partition": 0, "follower": "n2", "lag": 40, "state": "probe",
+             "snapshot_required": True, "learner": False},
+        "/v1/admin/partitions/0/members": members,
+        "/v1/admin/partitions/0/snapshot-install": lambda q: next(installs),
+        "/v1/admin/partitions/1/transfer": {"partition": 1, "leader": "n2"},
+    })  # fmt: skip
+    at = ("--endpoints", node.url)
+    code, out, _ = run_ctl(capsys, "lag", *at, "n2")
+    assert (code, out) == (0, "n2 on partition 0: lag 40 (snapshot required)\n")
+    code, out, _ = run_ctl(capsys, "members", "add-learner", *at, "n4", "--url", "http://n4:7001")
+    assert (code, out) == (0, "partition 0: voters n1, n2; learners n4 (at index 31)\n")
+    assert json.loads(node.seen[-1].body) == {
+        "op": "add_learner", "node": "n4", "url": "http://n4:7001"
+    }  # fmt: skip
+    code, _, _ = run_ctl(capsys, "members", "promote", *at, "n4")
+    assert code == 0 and json.loads(node.seen[-1].body) == {"op": "promote", "node": "n4"}
+    code, out, _ = run_ctl(capsys, "snapshot", "install", *at, "--target", "n2")
+    assert (code, out) == (0, "n2 needs no snapshot: it is in state replicate, lag 0\n")
+    assert json.loads(node.seen[-1].body) == {"target": "n2", "source": "leader"}
+    code, out, _ = run_ctl(capsys, "snapshot", "install", *at, "--target", "n2", "--source", "n3")
+    assert code == 0 and out == (
+        "snapshot installed on n2 from leader (fell back to the leader: n3 is not eligible)\n"
+    )
+    assert json.loads(node.seen[-1].body) == {"target": "n2", "source": "n3"}
+    code, out, _ = run_ctl(capsys, "snapshot", "install", *at, "--target", "n2", "--source", "n3")
+    assert (code, out) == (0, "snapshot installed on n2 from n3\n")
+    code, out, _ = run_ctl(capsys, "leader", "transfer", *at, "-p", "1", "n2")
+    assert (code, out) == (0, "partition 1: leader is now n2\n")
+    with pytest.raises(SystemExit) as usage:
+        main(["members", "add-learner", *at, "n4"])
+    assert usage.value.code == 2 and "--url" in capsys.readouterr().err
+
+
+def test_local_status_and_down_say_when_there_is_no_cluster_or_it_is_stopped(tmp_path, capsys):
+    code, _, err = run_ctl(capsys, "local", "status", "--data-dir", str(tmp_path))
+    assert code == 1 and err == (
+        f"raftctl local status: no local cluster in {tmp_path} (no cluster.json)\n"
+    )
+    code, _, err = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
+    assert code == 1 and "raftctl local down: no local cluster" in err
+    gone = [subprocess.Popen([sys.executable, "-c", "pass"]) for _ in range(2)]
+    for proc in gone:
+        proc.wait()
+    state = {"supervisor": gone[0].pid, "pids": [p.pid for p in gone], "endpoints": []}
+    (tmp_path / "cluster.json").write_text(json.dumps(state))
+    code, out, _ = run_ctl(capsys, "local", "status", "--data-dir", str(tmp_path))
+    assert (code, out) == (1, "not running (2 nodes stopped)\n")
+    code, out, _ = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
+    assert (code, out) == (0, "stopped 2 nodes\n"), "nothing left to kill"
+
+
+def test_backup_create_refuses_a_bad_name_before_it_archives_anything(scripted, capsys):
+    node = scripted({"/v1/status": two_partitions("n1", "leader")})
+    store = ["--archive", "s3://bucket/x", "--s3-endpoint", "http://127.0.0.1:9"]
+    code, out, err = run_ctl(capsys, "backup", "create", "--endpoints", node.url, *store, "../x")
+    assert (code, out) == (1, "") and err.startswith("raftctl: backup name '../x': 1 to 128 of")
+    assert [s.path for s in node.seen] == ["/v1/status"], "no partition was flushed"
+
+
+def test_raftctl_without_a_command_prints_its_usage(capsys):
+    for argv, missing in (([], "COMMAND"), (["wal"], "WAL_COMMAND")):
+        with pytest.raises(SystemExit) as usage:
+            main(argv)
+        err = capsys.readouterr().err
+        assert usage.value.code == 2 and f"arguments are required: {missing}" in err, err

@@ -22,8 +22,10 @@ from raftlog.harness.local import LocalCluster
 from raftlog.harness.s3 import S3Server
 from raftlog.node.server.archive import S3ObjectStore
 from raftlog.node.server.restore import (
+    Backup,
     RestoreError,
     resolve,
+    write_backup,
 )
 from raftlog.node.server.restore_target import Target, parse_target
 from raftlog.node.settings import NodeSettings
@@ -322,3 +324,34 @@ def test_resolve_refuses_an_archive_with_a_run_that_does_not_reach_the_index(
     assert asyncio.run(resolve(store, store.prefix, 2, Target("latest"))) == {0: 0, 1: 0}
     with pytest.raises(RestoreError, match="partition 0: index 5 is not archived"):
         asyncio.run(resolve(store, store.prefix, 2, Target("index", index=5)))
+
+
+def test_backup_show_and_the_plans_shell_lines_with_credentials_from_the_environment(
+    s3: S3Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"s3://{BUCKET}/show"
+    store = S3ObjectStore(url, s3.endpoint, s3.region, (s3.access_key, s3.secret_key))
+    asyncio.run(
+        write_backup(store, store.prefix, Backup("b1", "2026-01-02T03:04:05Z", {0: 40, 1: 45}))
+    )
+    monkeypatch.delenv("RAFTLOG_ARCHIVE_CREDENTIALS_FILE", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", s3.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", s3.secret_key)
+    at = ["--archive", url, "--s3-endpoint", s3.endpoint, "--s3-region", s3.region]
+    code, out, err = run_raftctl(["backup", "show", *at, "b1"])
+    assert (code, out) == (0, "b1\n  partition 0: index 40\n  partition 1: index 45\n"), err
+    code, out, err = run_raftctl(["backup", "show", *at, "--json", "b1"])
+    assert code == 0 and json.loads(out) == {
+        "name": "b1", "created_at": "2026-01-02T03:04:05Z", "partitions": {"0": 40, "1": 45}
+    }, err  # fmt: skip
+    code, out, err = run_raftctl(["backup", "show", *at, "nope"])
+    assert (code, out) == (1, "") and err.startswith("raftctl: backup 'nope': no "), err
+    # Nothing archived there: every partition comes back empty, at the latest point.
+    code, out, err = run_raftctl(["restore", "plan", *at, "--partitions", "2"])
+    assert code == 0 and out.splitlines() == [
+        f"restore {url} to latest:",
+        "  partition 0: index 0",
+        "  partition 1: index 0",
+        f"RAFTLOG_RESTORE_URL={url}",
+        """RAFTLOG_RESTORE_INDEXES='{"0": 0, "1": 0}'""",
+    ], err

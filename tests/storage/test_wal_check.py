@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import subprocess
 import sys
 from collections.abc import Callable
@@ -11,9 +12,13 @@ from tests.storage.helpers import ents, records_end
 
 from raftlog.cli.main import main
 from raftlog.node.core.types import HardState, Membership
+from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import CorruptFile, WalCorruption
-from raftlog.node.storage.recovery import list_segments
+from raftlog.node.storage.journal import Journal, list_journal
+from raftlog.node.storage.recovery import analyze_wal, list_segments
+
+ABC = Membership.of(["a", "b", "c"])
 
 
 def make_node(root: Path) -> Path:
@@ -134,3 +139,107 @@ def test_what_the_node_refuses_to_start_on_check_reports_corrupted(tmp_path, cap
     last.mkdir()
     assert main(["wal", "check", str(seg)]) == 1
     assert "CORRUPTED: unreadable" in capsys.readouterr().out
+
+
+class Terminal(io.StringIO):
+    """A standard input that is a terminal (pytest's is none)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_repair_plan_names_every_byte_it_drops_and_asks_for_the_word_repair(
+    tmp_path, capsys, monkeypatch
+):
+    wal = make_node(tmp_path)
+    names = [name for _, name in list_segments(str(wal))]
+    second = wal / names[1]
+    flip(second, 200)
+    damage = analyze_wal(str(wal)).corruption
+    assert damage is not None and damage.path == str(second) and damage.index is not None
+    sizes = {name: (wal / name).stat().st_size for name in names}
+    before = snapshot_of(wal)
+    # A terminal to confirm on, and what is typed there.
+    monkeypatch.setattr(sys, "stdin", Terminal())
+    typed = iter(["yes", " repair\n"])
+    monkeypatch.setattr("builtins.input", lambda prompt: next(typed))
+    assert main(["wal", "check", "--repair", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    plan = out.split("  repair plan:\n")[1].splitlines()
+    assert plan == [
+        f"    truncate {second} at offset {damage.offset}: drops "
+        f"{sizes[names[1]] - damage.offset} bytes, the entries from index {damage.index} on in "
+        "that file",
+        *(f"    delete {wal / n}: {sizes[n]} bytes after the damage" for n in names[2:]),
+        "    WARNING: the commit index recorded after the damage is unreadable; entries this "
+        "node acknowledged may be among those dropped. In a cluster, prefer replacing the "
+        "member (empty data, rejoin as a learner)",
+        "  not repaired",
+    ], out
+    assert snapshot_of(wal) == before, "anything but 'repair' typed changes nothing"
+    assert main(["wal", "check", "--repair", str(tmp_path)]) == 0
+    assert "repaired: the WAL opens cleanly" in capsys.readouterr().out
+    assert [name for _, name in list_segments(str(wal))] == names[:2]
+    kept = second.read_bytes()  # what is left of it, then zeros if the open preallocated it
+    assert kept[: damage.offset] == before[names[1]][: damage.offset]
+    assert kept[damage.offset :].strip(b"\0") == b""
+    s = DurableStorage(str(tmp_path / "p0"))
+    assert s.entries(1, s.last_index() + 1) == ents(1, damage.index - 1, 2)
+    s.close()
+
+
+def open_journaled(root: Path) -> tuple[Journal, DurableStorage]:
+    """A node's journal and its one partition's storage, as the node opens them."""
+    j = Journal(str(root / "journal"))
+    s = DurableStorage(str(root / "p0"), bootstrap=ABC, journal=j.partition(0))
+    j.start({0: s.wal})
+    return j, s
+
+
+def journaled_node(root: Path) -> None:
+    """Entries 1..9 durable at the journal's last checkpoint, 10..12 written since (a journal
+    record each)."""
+    j, s = open_journaled(root)
+    s.write(HardState(1, None, 0), ents(1, 9, 1))
+    j.sync()
+    j._open_segment({0: 9})  # a checkpoint at 9, as `Journal.checkpoint` makes one
+    j._done()
+    for i in range(10, 13):
+        s.write(None, ents(i, i, 1))
+        j.sync()
+    s.close()
+    j.close()
+
+
+def test_damage_after_the_journals_checkpoint_is_a_tail_it_replays_from_any_path(tmp_path, capsys):
+    """The node replays the journal over a WAL whose damage lies past the journal's last
+    checkpoint: `wal check` says so, on the data directory, a partition or a WAL directory."""
+    journaled_node(tmp_path)
+    wal = tmp_path / "p0" / "wal"
+    seg = analyze_wal(str(wal)).segments[-1]
+    (eleven,) = [r for r in seg.scan.records if r.kind == fmt.T_ENTRY and r.index == 11]
+    flip(Path(seg.path), eleven.offset + 12)  # a byte of entry 11, past the checkpoint's 9
+    for path in (tmp_path, tmp_path / "p0", wal):
+        assert main(["wal", "check", str(path)]) == 0, path
+        out = capsys.readouterr().out
+        assert f"journal {tmp_path / 'journal'}" in out and "after the checkpoint" in out, out
+        assert "status      OK" in out and "CORRUPTED" not in out, out
+        assert "to replay   3 records of 1 partitions" in out, out
+    j, s = open_journaled(tmp_path)
+    assert s.entries(1, 13) == ents(1, 12, 1), "the journal gives entry 11 back"
+    s.close()
+    j.close()
+
+
+def test_a_damaged_or_unreadable_journal_is_reported_corrupted(tmp_path, capsys):
+    journaled_node(tmp_path)
+    journal = tmp_path / "journal"
+    seg = journal / f"{list_journal(str(journal))[-1]:016x}.jrn"
+    flip(seg, len(seg.read_bytes().rstrip(b"\0")) // 2)  # whole records after the damage
+    assert main(["wal", "check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert f"journal {journal}\n  status      CORRUPTED: journal record checksum mismatch" in out
+    seg.unlink()
+    seg.mkdir()
+    assert main(["wal", "check", str(tmp_path)]) == 1
+    assert f"journal {journal}\n  status      CORRUPTED: unreadable (" in capsys.readouterr().out
