@@ -355,3 +355,40 @@ def test_backup_show_and_the_plans_shell_lines_with_credentials_from_the_environ
         f"RAFTLOG_RESTORE_URL={url}",
         """RAFTLOG_RESTORE_INDEXES='{"0": 0, "1": 0}'""",
     ], err
+
+
+def test_the_archive_commands_say_in_one_line_what_the_options_and_the_store_refuse(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An archive that is not s3://bucket/prefix, half the credentials in the environment, a
+    credentials file that cannot be read, a store that does not answer: each is one `raftctl:`
+    line and exit 1 (2 for the option), never a traceback with obstore's debug dump."""
+    monkeypatch.delenv("RAFTLOG_ARCHIVE_CREDENTIALS_FILE", raising=False)
+    monkeypatch.delenv("AWS_SECRET_ACCESS_KEY", raising=False)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "key")
+    down = ["--archive", "s3://b/p", "--s3-endpoint", "http://127.0.0.1:9"]  # nothing listens
+    said = io.StringIO()
+    with contextlib.redirect_stderr(said), pytest.raises(SystemExit) as exit_:
+        raftctl(["backup", "show", "--archive", "http://b/p", "b1"])
+    assert exit_.value.code == 2
+    assert "argument --archive: 'http://b/p' is not s3://bucket/prefix" in said.getvalue()
+    code, out, err = run_raftctl(["backup", "show", *down, "b1"])
+    assert (code, out, err) == (
+        1,
+        "",
+        "raftctl: AWS_SECRET_ACCESS_KEY: not set, but AWS_ACCESS_KEY_ID is (set both, or "
+        "--s3-credentials-file)\n",
+    )
+    missing = tmp_path / "creds"
+    code, out, err = run_raftctl(
+        ["restore", "plan", *down, "--partitions", "1", "--s3-credentials-file", str(missing)]
+    )
+    assert (code, out) == (1, "") and err == (
+        f"raftctl: --s3-credentials-file: {missing} cannot be read (No such file or directory)\n"
+    )
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    for command in (["backup", "show", "b1"], ["restore", "plan", "--partitions", "1"]):
+        code, out, err = run_raftctl([*command, *down])
+        assert (code, out) == (1, "") and len(err.splitlines()) == 1, err
+        assert err.startswith("raftctl: the object store of s3://b/p: "), err
+        assert "127.0.0.1:9" in err, err

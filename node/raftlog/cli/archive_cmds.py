@@ -7,11 +7,12 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 from raftlog.cli.cluster_cmds import _client, _run, add_common
-from raftlog.node.server.archive import S3ObjectStore, split_archive_url
+from raftlog.node.server.archive import S3ObjectStore
 from raftlog.node.server.restore import (
     RestoreError,
     read_backup,
@@ -19,11 +20,13 @@ from raftlog.node.server.restore import (
     take_backup,
 )
 from raftlog.node.server.restore_target import parse_target
-from raftlog.node.settings import read_credentials
+from raftlog.node.settings import archive_url, read_credentials
 
 
 def _store_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--archive", required=True, help="the archive: s3://bucket/prefix")
+    p.add_argument(
+        "--archive", required=True, type=_archive, help="the archive: s3://bucket/prefix"
+    )
     p.add_argument("--s3-endpoint", help="http(s) URL of the S3 API (unset: AWS)")
     p.add_argument("--s3-region")
     p.add_argument(
@@ -34,19 +37,47 @@ def _store_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _archive(v: str) -> str:
+    try:
+        return archive_url(v)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
 def _store(args: argparse.Namespace) -> S3ObjectStore:
-    split_archive_url(args.archive)
     creds = None
+    key, secret = os.environ.get("AWS_ACCESS_KEY_ID"), os.environ.get("AWS_SECRET_ACCESS_KEY")
     if args.s3_credentials_file:
         creds = read_credentials(Path(args.s3_credentials_file), "--s3-credentials-file")
-    elif os.environ.get("AWS_ACCESS_KEY_ID") and os.environ.get("AWS_SECRET_ACCESS_KEY"):
-        creds = (os.environ["AWS_ACCESS_KEY_ID"], os.environ["AWS_SECRET_ACCESS_KEY"])
+    elif key and secret:
+        creds = (key, secret)
+    elif key or secret:
+        given, missing = (
+            ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+            if key
+            else ("AWS_SECRET_ACCESS_KEY", "AWS_ACCESS_KEY_ID")
+        )
+        raise ValueError(f"{missing}: not set, but {given} is (set both, or --s3-credentials-file)")
     return S3ObjectStore(args.archive, args.s3_endpoint, args.s3_region, creds)
 
 
-def _fail(e: Exception) -> int:
+def _fail(e: Exception | str) -> int:
     print(f"raftctl: {e}", file=sys.stderr)
     return 1
+
+
+def _run_store(coro: Coroutine[Any, Any, int], archive: str) -> int:
+    """`_run`, with what the options and the object store refuse said in one line (obstore's
+    errors carry a multi-line debug dump after their first line)."""
+    from obstore.exceptions import BaseError
+
+    try:
+        return _run(coro)
+    except ValueError as e:  # an option's value, named (the credentials)
+        return _fail(e)
+    except (BaseError, TimeoutError) as e:
+        said = str(e).strip().splitlines()
+        return _fail(f"the object store of {archive}: {said[0] if said else type(e).__name__}")
 
 
 async def _backup_create(args: argparse.Namespace) -> int:
@@ -117,12 +148,12 @@ def add_parsers(sub: Any) -> None:
     add_common(p)
     _store_options(p)
     p.add_argument("name")
-    p.set_defaults(run=lambda a: _run(_backup_create(a)))
+    p.set_defaults(run=lambda a: _run_store(_backup_create(a), a.archive))
     p = bsub.add_parser("show", help="the index of each partition in backup NAME")
     _store_options(p)
     p.add_argument("--json", action="store_true", help="print JSON")
     p.add_argument("name")
-    p.set_defaults(run=lambda a: _run(_backup_show(a)))
+    p.set_defaults(run=lambda a: _run_store(_backup_show(a), a.archive))
 
     restore = sub.add_parser("restore", help="restore a new cluster from an archive")
     rsub = restore.add_subparsers(dest="restore_command", required=True, metavar="COMMAND")
@@ -140,4 +171,4 @@ def add_parsers(sub: Any) -> None:
         "backup:NAME (default latest)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(run=lambda a: _run(_restore_plan(a)))
+    p.set_defaults(run=lambda a: _run_store(_restore_plan(a), a.archive))

@@ -303,12 +303,7 @@ class NodeSettings(BaseSettings):
     @field_validator("archive_url", "restore_url")
     @classmethod
     def _archive_url(cls, v: str | None) -> str | None:
-        if v is None:
-            return None
-        u = urlsplit(v)
-        if u.scheme != "s3" or not u.netloc or u.query or u.fragment:
-            raise ValueError(f"{v!r} is not s3://bucket/prefix")
-        return f"s3://{u.netloc}/{u.path.strip('/')}".rstrip("/")
+        return None if v is None else archive_url(v)
 
     @field_validator("archive_endpoint")
     @classmethod
@@ -429,6 +424,14 @@ class NodeSettings(BaseSettings):
         if config:
             sources.append(JsonConfigSettingsSource(settings_cls, json_file=config))
         return tuple(sources)
+
+
+def archive_url(v: str) -> str:
+    """`v` as `s3://bucket/prefix` without a slash at its end (ValueError: it is not one)."""
+    u = urlsplit(v)
+    if u.scheme != "s3" or not u.netloc or u.query or u.fragment:
+        raise ValueError(f"{v!r} is not s3://bucket/prefix")
+    return f"s3://{u.netloc}/{u.path.strip('/')}".rstrip("/")
 
 
 def load_settings(flags: dict[str, Any], config_file: str | None = None) -> NodeSettings:
