@@ -15,7 +15,7 @@ import pytest
 from tests.client.test_faces import Seen, Server, answer
 from tests.steady import STEADY_RAFT
 
-from raftlog.cli.main import main
+from raftlog.cli.main import build_parser, main
 from raftlog.client import Client
 from raftlog.harness.local import LocalCluster
 
@@ -380,6 +380,27 @@ def test_admin_commands_send_what_was_asked_and_print_the_outcome(scripted, caps
     with pytest.raises(SystemExit) as usage:
         main(["members", "add-learner", *at, "n4"])
     assert usage.value.code == 2 and "--url" in capsys.readouterr().err
+
+
+def test_snapshot_install_waits_as_long_as_told_for_the_stream_to_end(scripted, capsys):
+    """The answer comes once the whole snapshot is streamed: `--timeout` (600 s unless given)
+    bounds the wait, not the client's 15 s for an ordinary call."""
+
+    def slow(_: dict[str, str]) -> Answer:
+        time.sleep(1.0)
+        return {"status": "installed", "target": "n2", "source": "leader"}
+
+    node = scripted({
+        "/v1/status": {"node": "n1", "partitions": [partition(0, "leader")]},
+        "/v1/admin/partitions/0/snapshot-install": slow,
+    })  # fmt: skip
+    install = ("snapshot", "install", "--endpoints", node.url, "--target", "n2")
+    code, out, err = run_ctl(capsys, *install, "--timeout", "0.3")
+    assert (code, out) == (1, "") and err.startswith("raftctl: ") and "no answer" in err, err
+    code, out, _ = run_ctl(capsys, *install, "--timeout", "5")
+    assert (code, out) == (0, "snapshot installed on n2 from leader\n")
+    args = build_parser().parse_args(list(install))
+    assert args.timeout == 600.0
 
 
 def test_local_status_and_down_say_when_there_is_no_cluster_or_it_is_stopped(tmp_path, capsys):

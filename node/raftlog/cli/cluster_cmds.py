@@ -227,7 +227,9 @@ async def _members(args: argparse.Namespace) -> int:
 
 async def _snapshot_install(args: argparse.Namespace) -> int:
     async with _client(args) as c:
-        r = await c.install_snapshot(args.partition, args.target, args.source)
+        r = await c.install_snapshot(
+            args.partition, args.target, args.source, timeout_s=args.timeout
+        )
     if r["status"] == "already_installed":
         text = f"{args.target} needs no snapshot: it is in state {r['state']}, lag {r['lag']}"
     else:
@@ -384,6 +386,14 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("--target", required=True)
     p.add_argument("--source", default="leader", help='a follower\'s name, or "leader"')
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=600.0,
+        metavar="SECONDS",
+        help="how long to wait for the answer, which comes once the whole snapshot is "
+        "streamed (default 600)",
+    )
 
     local = sub.add_parser("local", help="a local cluster of real node processes")
     lo = local.add_subparsers(dest="local_command", required=True, metavar="COMMAND")
