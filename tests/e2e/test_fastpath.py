@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import select
 import signal
 import socket
 import threading
@@ -167,6 +168,16 @@ def test_answers_are_the_same_as_aiohttp_s(nodes):
     assert [s for s, _ in got["fast"]] == [200, 200, 400, 400, 400, 400, 400, 400, 400, 400, 404]
 
 
+def test_client_fast_path_off_leaves_appends_to_aiohttp(nodes):
+    """Which of the two answered shows in aiohttp's own `Server` header."""
+    servers = {}
+    for name, c in nodes.items():
+        [(status, headers, _)] = exchange(c, append_request(b'{"value": "who"}'), 1)
+        assert status == 200
+        servers[name] = headers.get("server", "")
+    assert "aiohttp" in servers["aiohttp"] and servers["fast"] == "", servers
+
+
 def test_pipelined_requests_are_answered_in_order_across_the_hand_over(nodes):
     """Two appends, a status read (aiohttp's) and an append, in one send: four answers, in
     order; the connection stays on aiohttp after the hand-over."""
@@ -320,6 +331,98 @@ def test_a_client_that_does_not_read_its_answers_cannot_grow_the_node(nodes):
         grown = rss_kib(proc.pid) - before
     assert sent < 16 << 20, f"the node took {sent >> 20} MiB it could not answer yet"
     assert grown < 16 << 10, f"its memory grew by {grown >> 10} MiB"
+
+
+def test_a_client_that_sent_ahead_gets_every_answer_once_it_reads(nodes):
+    """Pipelined requests sent until the node stops reading them (its answers backed up, its
+    buffer full): once the client reads, the node writes again, takes the rest, and answers
+    every request, in order, then the one completed after."""
+    c = nodes["fast"]
+    one = b"POST /v1/partitions/7/records HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}"
+    data = one * 200_000
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(("127.0.0.1", c.nodes["n1"].port))
+        s.setblocking(False)
+        sent = 0
+        while sent < len(data):
+            _, writable, _ = select.select([], [s], [], 1.0)
+            if not writable:
+                break  # the node stopped reading: the client's buffers are full
+            sent += s.send(data[sent : sent + 65536])
+        assert sent < len(data), "the node took 15 MiB of requests it could not answer yet"
+        whole = sent // len(one)
+        s.setblocking(True)
+        s.settimeout(10)
+        buf = b""
+        for _ in range(whole):
+            (status, _, _), buf = read_answer(s, buf)
+            assert status == 404
+        s.sendall(data[sent : (whole + 1) * len(one)])  # the rest of a request cut short
+        (status, _, _), buf = read_answer(s, buf)
+        assert status == 404 and buf == b""
+
+
+def test_a_burst_larger_than_the_buffer_is_read_on_as_the_buffer_empties(nodes):
+    """Pipelined requests sent faster than the node answers them, past what it buffers, while
+    the client reads every answer: the node stops reading at its buffer's limit and goes on
+    once it has answered its way below it."""
+    c = nodes["fast"]
+    one = b"POST /v1/partitions/7/records HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}"
+    count = 20_000  # 1.5 MiB: over 20 times the node's buffer (max_request_bytes and a head)
+    with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=10) as s:
+        sender = threading.Thread(target=s.sendall, args=(one * count,))
+        sender.start()
+        buf = b""
+        try:
+            for _ in range(count):
+                (status, _, _), buf = read_answer(s, buf)
+                assert status == 404
+        finally:
+            sender.join(timeout=30)
+    assert buf == b""
+
+
+def test_a_half_closed_connection_is_closed_once_answered(nodes):
+    with socket.create_connection(("127.0.0.1", nodes["fast"].nodes["n1"].port), timeout=10) as s:
+        s.sendall(append_request(b'{"value": "then closed"}'))
+        s.shutdown(socket.SHUT_WR)
+        (status, headers, _), rest = read_answer(s)
+        assert status == 200 and headers["connection"] == "close", headers
+        assert rest == b"" and s.recv(65536) == b""  # closed by the node, not kept alive
+
+
+def test_a_head_whose_end_arrives_in_pieces_is_answered(nodes):
+    """The blank line ending a head split across reads, at each of its bytes."""
+    req = append_request(b'{"value": "split"}')
+    end = req.index(b"\r\n\r\n")
+    with socket.create_connection(("127.0.0.1", nodes["fast"].nodes["n1"].port), timeout=15) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = b""
+        for cut in (end + 1, end + 2, end + 3):
+            s.sendall(req[:cut])
+            time.sleep(0.1)  # read by the node apart from what follows
+            s.sendall(req[cut:])
+            (status, _, _), buf = read_answer(s, buf)
+            assert status == 200
+
+
+def test_a_body_has_its_own_deadline_from_the_end_of_its_head(strict_nodes):
+    """A head sent within its deadline (1 s), then its body within the body's (2 s from the
+    head's end, more than 2 s from the head's start): answered, on both paths."""
+    body = b'{"value": "on time"}'
+    head = b"POST /v1/partitions/1/records HTTP/1.1\r\nHost: t\r\nContent-Length: %d\r\n" % len(
+        body
+    )
+    for name, c in strict_nodes.items():
+        with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=10) as s:
+            s.sendall(head)
+            time.sleep(0.7)  # within the head's deadline
+            s.sendall(b"\r\n")
+            time.sleep(1.5)  # past the head's deadline, within the body's
+            s.sendall(body)
+            (status, _, answer), _ = read_answer(s)
+        assert status == 200, (name, answer)
 
 
 def test_appends_under_way_at_sigterm_are_answered_before_the_node_exits(tmp_path):

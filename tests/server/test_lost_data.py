@@ -103,3 +103,12 @@ def test_a_disk_that_fails_at_start_is_one_line_and_exit_2(tmp_path, monkeypatch
     assert server_main.main([*argv, "--insecure-no-auth"]) == 2
     err = capsys.readouterr().err
     assert f"cannot start: write of {tmp_path / 'journal'} failed: ENOSPC" in err, err
+
+
+def test_a_node_on_a_lost_partition_exits_3_naming_it(tmp_path, capsys):
+    """Exit 3 (a damaged or lost log, README), not 2 (bad settings, a failing disk)."""
+    asyncio.run(append_and_close(Node(settings(tmp_path))))
+    shutil.rmtree(tmp_path / "p1")
+    argv = ["--node-id", "n1", "--peers", "n1=http://127.0.0.1:10", "--data-dir", str(tmp_path)]
+    assert server_main.main([*argv, "--partitions", "2", "--insecure-no-auth"]) == 3
+    assert "p1 is invalid: is missing" in capsys.readouterr().err

@@ -446,3 +446,22 @@ async def test_a_member_that_joins_restores_nothing(tmp_path: Path) -> None:
     )
     assert await restore.restore_missing(s) == []
     assert not (tmp_path / "p0").exists()
+
+
+def test_a_naive_time_is_read_as_local_time_as_python_reads_it(monkeypatch) -> None:
+    """`epoch_ms` of a datetime without a zone (Spark's timestamps, collected): local time."""
+    import datetime as dt
+    import time
+
+    from raftlog.node.record import epoch_ms
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        naive = dt.datetime(2024, 1, 15, 12, 0, 0, 250_000)
+        assert epoch_ms(naive) == int(naive.timestamp() * 1000) == 1_705_338_000_250
+        aware = naive.replace(tzinfo=dt.UTC)
+        assert epoch_ms(aware) == 1_705_320_000_250
+    finally:
+        monkeypatch.undo()  # the TZ this process had
+        time.tzset()

@@ -148,3 +148,61 @@ def test_a_mapping_setting_is_a_json_flag_as_its_environment_variable(tmp_path, 
     text = " ".join(capsys.readouterr().out.split())
     assert "RAFTLOG_RESTORE_INDEXES; default {}]" in text
     assert "--log-level {DEBUG,INFO,WARNING,ERROR}" in text
+
+
+def test_peers_are_name_url_pairs_separated_by_commas_and_spaces(capsys):
+    args = build_parser().parse_args(["--peers", "n1=http://a:1, n2=http://b:2 ,n3=http://c:3"])
+    assert args.peers == {"n1": "http://a:1", "n2": "http://b:2", "n3": "http://c:3"}
+    for bad in ("n1=", "=http://a:1", "n1"):
+        with pytest.raises(SystemExit) as info:
+            build_parser().parse_args(["--peers", f"n0=http://z:1,{bad}"])
+        assert info.value.code == 2
+        assert f"{bad!r} is not NAME=URL" in capsys.readouterr().err, bad
+
+
+def test_peer_urls_are_kept_without_a_trailing_slash(tmp_path):
+    peers = {"n1": "http://127.0.0.1:7001/", "n2": "https://n2.example:7002//"}
+    s = load_settings({"node_id": "n1", "peers": peers, "data_dir": str(tmp_path), **OPEN})
+    assert s.peers == {"n1": "http://127.0.0.1:7001", "n2": "https://n2.example:7002"}
+
+
+def test_a_token_file_is_read_without_its_newline_and_an_empty_one_is_refused(tmp_path):
+    token = tmp_path / "token"
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path), "auth_token_file": token}
+    token.write_text("s3cret\n")
+    assert load_settings(base).token() == "s3cret"
+    token.write_text(" \n")
+    with pytest.raises(ValueError, match=f"auth_token_file: {token} is empty"):
+        load_settings(base).token()
+
+
+def test_restore_indexes_need_a_restore_url(tmp_path):
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path), **OPEN}
+    with pytest.raises(ValidationError, match=r"restore_indexes: set, but restore_url \(where"):
+        load_settings({**base, "restore_indexes": {0: 5}})
+
+
+def test_only_the_peer_listener_asks_for_client_certificates(tmp_path):
+    import ssl
+
+    import trustme
+
+    ca = trustme.CA()
+    cert, key, ca_file = tmp_path / "c.pem", tmp_path / "k.pem", tmp_path / "ca.pem"
+    issued = ca.issue_cert("127.0.0.1")
+    issued.cert_chain_pems[0].write_to_path(str(cert))
+    issued.private_key_pem.write_to_path(str(key))
+    ca.cert_pem.write_to_path(str(ca_file))
+    tls = {"tls_cert_file": cert, "tls_key_file": key, "tls_ca_file": ca_file}
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path), **OPEN, **tls}
+    s = load_settings({**base, "peer_port": 7002, "peer_client_cert_auth": True})
+    client, peer = s.server_ssl(), s.server_ssl(peer=True)
+    assert client is not None and client.verify_mode == ssl.CERT_NONE
+    assert peer is not None and peer.verify_mode == ssl.CERT_REQUIRED
+
+
+def test_a_config_file_that_is_not_there_is_refused_naming_it(tmp_path):
+    base = {"node_id": "n1", "peers": PEERS, "data_dir": str(tmp_path), **OPEN}
+    missing = tmp_path / "nowhere.json"
+    with pytest.raises(ValueError, match=f"config: {missing} is not a file"):
+        load_settings(base, str(missing))
