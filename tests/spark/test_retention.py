@@ -93,7 +93,9 @@ def run_until_sink_holds(
     stands past them; returns the rows `then` appended."""
     query = start(spark, cluster, path, **options)
     try:
-        wait_until("the query to start", lambda: bool(query.recentProgress), timeout=60)
+        # Its first micro-batch starts Spark's Python workers: over a minute once, on this
+        # 2-core machine with other test runs beside it.
+        wait_until("the query to start", lambda: bool(query.recentProgress), timeout=180)
         added = append(cluster, 0, then) if then else []
         n += len(added)
         wait_until(f"{n} records in the sink", lambda: len(sink(spark, path)) >= n)
