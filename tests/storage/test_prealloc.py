@@ -174,19 +174,21 @@ def test_truncation_in_a_preallocated_segment_leaves_no_stale_records(tmp_path):
     again.close()
 
 
-def test_a_lower_segment_size_seals_the_larger_segment_at_its_records(tmp_path):
-    w = Wal.open(str(tmp_path), segment_bytes=4 * SEG)
+@pytest.mark.parametrize("big_size", [4 * SEG, SEG + 1024], ids=["much", "a_little"])
+def test_a_lower_segment_size_seals_the_larger_segment_at_its_records(tmp_path, big_size):
+    w = Wal.open(str(tmp_path), segment_bytes=big_size)
     w.append(zeros_entries(1, 20, 1))
     w.sync()
     w.close()
     (big,) = segments(tmp_path)
-    assert big.stat().st_size == 4 * SEG
+    assert big.stat().st_size == big_size
     w = Wal.open(str(tmp_path), segment_bytes=SEG)
     while w.segment_count() < 2:
         w.append(zeros_entries(w.last_index() + 1, w.last_index() + 10, 1))
     w.sync()
     sealed_end, last = w._segments[0].end, w.last_index()
     w.close()
+    assert sealed_end < big_size, "allocated space was left past the records"
     assert big.stat().st_size == sealed_end, "the zeros of a sealed segment would be damage"
     again = Wal.open(str(tmp_path), segment_bytes=SEG)
     assert again.recovery == [] and again.entries(1, last + 1) == zeros_entries(1, last, 1)
@@ -317,3 +319,51 @@ def test_wal_check_on_a_live_wal_never_reads_zeros_before_new_records(tmp_path):
         w.close()
     assert damaged == []
     assert len(set(seen)) > 20, "the checks raced the writer"
+
+
+def test_records_written_after_a_hole_in_the_newest_segment_are_read_and_judged(tmp_path):
+    """The newest segment is read only up to its first hole when nothing follows it; records
+    past a hole (writes that reached the disk after ones that never did) are damage, not the
+    log's end, and opening refuses at the first record missing."""
+    entries = zeros_entries(1, 200, 1)
+    records = [fmt.encode_entry(e) for e in entries]
+    offsets = [fmt.HEADER_SIZE + sum(len(r) for r in records[:i]) for i in range(len(records))]
+    assert offsets[150] - offsets[50] > 2 * 4096, "a hole of a whole block between them"
+    seg = tmp_path / "0000000000000001-0000000000000001.wal"
+    fd = os.open(seg, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        os.pwrite(fd, fmt.encode_header(1, 0, fmt.FLAG_RESET) + b"".join(records[:50]), 0)
+        os.pwrite(fd, b"".join(records[150:]), offsets[150])
+        assert os.lseek(fd, 0, os.SEEK_HOLE) < offsets[150], "the file has a hole"
+    finally:
+        os.close(fd)
+    with pytest.raises(WalCorruption) as info:
+        Wal.open(str(tmp_path), segment_bytes=SEG)
+    assert (info.value.path, info.value.offset, info.value.index) == (str(seg), offsets[50], 51)
+
+
+def test_closing_removes_the_spare_prepared_for_the_next_segment(tmp_path):
+    w = Wal.open(str(tmp_path), segment_bytes=SEG)
+    while w._spare is None:  # prepared once the active segment is half full
+        assert w.segment_count() == 1, "no spare was prepared in the first segment"
+        w.append(ents(w.last_index() + 1, w.last_index() + 5, 1, size=200))
+    w.append(ents(w.last_index() + 1, w.last_index() + 5, 1, size=200))
+    assert w.segment_count() == 1
+    w.close()
+    assert not (tmp_path / SPARE_NAME).exists(), "its allocated space is not left behind"
+    assert os.listdir(tmp_path) == [segments(tmp_path)[0].name]
+
+
+def test_a_torn_tail_cut_on_a_disk_that_cannot_allocate_is_not_grown_back(tmp_path):
+    w = Wal.open(str(tmp_path), segment_bytes=SEG)
+    w.append(zeros_entries(1, 30, 1))
+    w.sync()
+    last_off = w._segments[-1].offsets[-1]
+    w.close()
+    (seg,) = segments(tmp_path)
+    raw = seg.read_bytes()
+    seg.write_bytes(raw[: last_off + 20])  # entry 30 torn, and no allocated space after it
+    again = Wal.open(str(tmp_path), segment_bytes=SEG, ops=NoSpace(errno.EOPNOTSUPP, 0))
+    assert again.last_index() == 29 and len(again.recovery) == 1
+    again.close()
+    assert seg.stat().st_size == last_off, "cut at the last whole record, and left there"

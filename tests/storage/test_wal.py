@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -10,6 +13,7 @@ from tests.storage.helpers import ents, payload
 from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
 from raftlog.node.core.types import Entry, EntryKind, Membership
 from raftlog.node.storage import wal as wal_module
+from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.recovery import list_segments
 from raftlog.node.storage.wal import Wal
 
@@ -47,6 +51,8 @@ def test_new_wal_is_anchored_at_its_base(tmp_path):
         w.term(49)
     with pytest.raises(SafetyViolation):
         w.append(ents(53, 54, 3))  # a gap
+    with pytest.raises(SafetyViolation, match="leaves a gap after the last index 50"):
+        w.append(ents(52, 52, 3))  # a gap of one entry
     w.append(ents(51, 52, 3))
     assert w.last_index() == 52
 
@@ -76,6 +82,8 @@ def test_the_last_committed_entry_is_never_truncated(tmp_path):
     w.append_commit(7)
     with pytest.raises(SafetyViolation, match="committed"):
         w.truncate_from(7)
+    with pytest.raises(SafetyViolation, match="outside the log"):
+        w.truncate_from(11)  # nothing there to remove
     w.truncate_from(8)
     assert w.last_index() == 7
 
@@ -101,6 +109,19 @@ def test_commit_is_recovered_from_the_wal(tmp_path):
     w.sync()
     w.close()
     assert open_wal(tmp_path).commit == 9
+
+
+def test_a_commit_index_riding_with_an_append_is_recorded_after_its_entries(tmp_path):
+    w = open_wal(tmp_path)
+    w.append(ents(1, 4, 1), commit=2)
+    assert w.commit == 2
+    w.append(ents(5, 5, 1), commit=5)  # one entry, and the commit index covering it
+    assert w.commit == 5
+    w.append(ents(6, 6, 1), commit=5)  # not above: nothing more recorded
+    w.sync()
+    w.close()
+    w2 = open_wal(tmp_path)
+    assert (w2.last_index(), w2.commit, w2.recovery) == (6, 5, [])
 
 
 def test_compaction_deletes_whole_segments_only(tmp_path):
@@ -242,7 +263,8 @@ def test_tail_cache_follows_truncation_reset_and_its_bounds(tmp_path, monkeypatc
         disk = open_wal(tmp_path)
         try:
             for a in range(lo, hi + 1):
-                assert w.entries(a, hi + 1) == disk.entries(a, hi + 1)
+                for b in range(a, hi + 2):  # ranges ending below the last entry too
+                    assert w.entries(a, b) == disk.entries(a, b), (a, b)
         finally:
             disk.close()
 
@@ -262,3 +284,259 @@ def test_tail_cache_follows_truncation_reset_and_its_bounds(tmp_path, monkeypatc
     check()
     assert [e.index for e in w.entries(41, 44)] == [41, 42, 43]
     w.close()
+
+
+def test_the_term_below_the_floor_is_the_anchor_of_the_oldest_segment_kept(tmp_path):
+    w = open_wal(tmp_path)
+    for t in range(1, 31):  # a new term every 10 entries, so neighbouring segments differ
+        w.append(ents(10 * t - 9, 10 * t, t))
+    w.sync()
+    w.compact(150)
+    floor = w.first_index()
+    assert 100 < floor <= 150 and w._segments[-1].first_index > floor + 20
+    expected = (floor - 2) // 10 + 1  # the term of entry floor - 1
+    assert w.term(floor - 1) == expected
+    w.close()
+    w2 = open_wal(tmp_path)
+    assert (w2.first_index(), w2.term(floor - 1)) == (floor, expected)
+
+
+def test_a_configuration_entry_at_the_truncation_or_the_floor_is_indexed_as_the_log_is(tmp_path):
+    w = open_wal(tmp_path)
+    m = Membership.of(["a", "b"]).encode()
+    w.append([*ents(1, 59, 1), Entry(60, 1, EntryKind.CONFIG, m), *ents(61, 100, 1)])
+    assert w.config_indexes == [60]
+    w.append(ents(60, 61, 2))  # the configuration entry at 60 is replaced
+    assert w.config_indexes == []
+    # A configuration entry first in a segment, then the segments below it compacted.
+    w.append(ents(62, 200, 2))
+    first = w._segments[3].first_index
+    w.truncate_from(first)
+    w.append([Entry(first, 3, EntryKind.CONFIG, m), *ents(first + 1, first + 40, 3)])
+    assert w._segments[3].first_index == first and w.config_indexes == [first]
+    w.append_commit(first)
+    w.compact(first)
+    assert w.first_index() == first
+    assert w.config_indexes == [first], "the floor's own entry is still in the log"
+    w.sync()
+    w.close()
+    assert open_wal(tmp_path).config_indexes == [first]
+
+
+def test_a_reset_commits_the_snapshot_it_starts_after(tmp_path):
+    w = open_wal(tmp_path)
+    w.append([*ents(1, 29, 1), Entry(30, 1, EntryKind.CONFIG, Membership.of(["a"]).encode())])
+    w.append(ents(31, 50, 1))
+    w.append_commit(10)
+    assert w.config_indexes == [30]
+    w.reset(500, 7)
+    assert w.commit == 500
+    assert w.config_indexes == [], "the old log's membership changes went with it"
+    assert len(list_segments(str(tmp_path))) == 1, "the old log's files are gone"
+    with pytest.raises(SafetyViolation):
+        w.truncate_from(500)
+
+
+class SyncCounter(FileOps):
+    """Counts fdatasyncs; `during` runs inside the next one (a write landing while it runs)."""
+
+    def __init__(self) -> None:
+        self.fdatasyncs = 0
+        self.during: Callable[[], None] | None = None
+
+    def fdatasync(self, fd: int) -> None:
+        self.fdatasyncs += 1
+        during, self.during = self.during, None
+        if during is not None:
+            during()
+        super().fdatasync(fd)
+
+
+def test_sync_fdatasyncs_what_was_written_and_only_then(tmp_path):
+    disk = SyncCounter()
+    w = open_wal(tmp_path, ops=disk)
+    w.append(ents(1, 3, 1))
+    w.sync()
+    assert disk.fdatasyncs == 1
+    w.sync()
+    assert disk.fdatasyncs == 1, "nothing written since"
+    w.append_commit(2)
+    w.sync()
+    assert disk.fdatasyncs == 2, "a commit record alone is synced too"
+    w.append(ents(4, 4, 1), commit=3)
+    w.sync()
+    assert disk.fdatasyncs == 3
+    # A write that lands while the fsync runs (the owner appends while a worker thread syncs)
+    # is not covered by it: the next sync must fdatasync again.
+    w.append(ents(5, 5, 1))
+    disk.during = lambda: w.append(ents(6, 6, 1))
+    w.sync()
+    assert disk.fdatasyncs == 4
+    w.sync()
+    assert disk.fdatasyncs == 5
+
+
+class SyncLog(FileOps):
+    """Records, in order, fsyncs and truncations (with the file's name), directory fsyncs,
+    unlinks and renames: what each step made durable before it returned."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, str]] = []
+
+    @staticmethod
+    def _name(fd: int) -> str:
+        return os.path.basename(os.readlink(f"/proc/self/fd/{fd}"))
+
+    def fsync(self, fd: int) -> None:
+        self.events.append(("fsync", self._name(fd)))
+        super().fsync(fd)
+
+    def truncate(self, fd: int, size: int) -> None:
+        self.events.append(("truncate", self._name(fd)))
+        super().truncate(fd, size)
+
+    def fsync_dir(self, path: str) -> None:
+        self.events.append(("fsync_dir", ""))
+        super().fsync_dir(path)
+
+    def unlink(self, path: str) -> None:
+        self.events.append(("unlink", os.path.basename(path)))
+        super().unlink(path)
+
+    def replace(self, src: str, dst: str) -> None:
+        self.events.append(("replace", os.path.basename(dst)))
+        super().replace(src, dst)
+
+
+def test_rolling_truncation_compaction_and_reset_are_durable_before_they_return(tmp_path):
+    disk = SyncLog()
+    w = open_wal(tmp_path, ops=disk)
+    w.append(ents(1, 10, 1))
+    sealed = os.path.basename(w._segments[-1].path)
+    disk.events.clear()
+    while w.segment_count() < 2:
+        w.append(ents(w.last_index() + 1, w.last_index() + 5, 1))
+    new = os.path.basename(w._segments[-1].path)
+    ev = disk.events
+    assert ev.index(("fsync", sealed)) < ev.index(("replace", new)), "sealed before the next"
+    while w.segment_count() < 4:
+        w.append(ents(w.last_index() + 1, w.last_index() + 5, 1))
+    kept = os.path.basename(w._segments[-2].path)
+    disk.events.clear()
+    w.truncate_from(w._segments[-1].first_index - 2)
+    assert disk.events[-1] == ("fsync", kept), "the cut and the commit record after it"
+    w.append_commit(w.last_index() - 1)
+    w.append(ents(w.last_index() + 1, w.last_index() + 40, 1))
+    disk.events.clear()
+    assert w.compact(w.commit) > 0
+    assert disk.events[-1] == ("fsync_dir", "") and disk.events[0][0] == "unlink"
+    disk.events.clear()
+    w.reset(1000, 5)
+    assert disk.events[-1] == ("fsync_dir", ""), "the old segments' removal"
+    assert sum(1 for e in disk.events if e[0] == "unlink") >= 2
+    w.close()
+
+
+def test_what_opening_repairs_is_durable_before_it_returns(tmp_path):
+    w = open_wal(tmp_path)
+    w.append(ents(1, 20, 1))
+    w.sync()
+    w.close()
+    saved = {n: (tmp_path / n).read_bytes() for _, n in list_segments(str(tmp_path))}
+    w = open_wal(tmp_path)
+    w.reset(100, 2)
+    w.append(ents(101, 110, 2))
+    active = w._segments[-1]
+    name, end = os.path.basename(active.path), active.end
+    w.close()
+    for n, raw in saved.items():  # the old segments reappear (crash before the unlinks)
+        (tmp_path / n).write_bytes(raw)
+    with open(tmp_path / name, "r+b") as f:  # and the newest record is torn
+        f.truncate(end - 3)
+    disk = SyncLog()
+    w2 = open_wal(tmp_path, ops=disk)
+    assert w2.last_index() == 109 and len(w2.recovery) == len(saved) + 1, w2.recovery
+    assert ("fsync_dir", "") in disk.events, "the removal of the superseded segments"
+    ev = disk.events
+    assert ("fsync", name) in ev[ev.index(("truncate", name)) :], "the cut torn tail"
+
+
+def test_leftovers_of_a_reset_inside_the_old_log_are_removed_on_open(tmp_path):
+    """A snapshot install whose index is inside the log (its term differs there): the new
+    segment starts below the old ones' indexes, and still supersedes them all."""
+    w = open_wal(tmp_path)
+    w.append(ents(1, 150, 1))
+    w.sync()
+    w.close()
+    saved = {n: (tmp_path / n).read_bytes() for _, n in list_segments(str(tmp_path))}
+    assert len(saved) > 3
+    w = open_wal(tmp_path)
+    w.reset(40, 2)
+    w.append(ents(41, 45, 2))
+    w.close()
+    for name, raw in saved.items():  # the old segments reappear (crash before the unlinks)
+        (tmp_path / name).write_bytes(raw)
+    w2 = open_wal(tmp_path)
+    assert (w2.first_index(), w2.last_index(), w2.term(40)) == (41, 45, 2)
+    assert w2.entries(41, 46) == ents(41, 45, 2)
+    assert len(w2.recovery) == len(saved) and len(list_segments(str(tmp_path))) == 1
+
+
+def test_the_commit_index_is_at_least_the_floor_after_its_records_were_compacted(tmp_path):
+    """Only committed entries are compacted: with the segment holding the last commit record
+    gone, the commit index opened is the entry below the floor, not 0."""
+    w = open_wal(tmp_path)
+    while w._segments[-1].end < w.segment_bytes:
+        w.append(ents(w.last_index() + 1, w.last_index() + 1, 1))
+    full = w.last_index()
+    w.append_commit(full)  # into the full segment: the next append starts a new one
+    w.append(ents(full + 1, full + 40, 1))
+    assert w.compact(full + 1) == full and w.first_index() == full + 1
+    w.sync()
+    w.close()
+    w2 = open_wal(tmp_path)
+    assert w2.first_index() == full + 1 and w2.commit == full
+
+
+def test_write_behind_records_reach_their_own_segment_and_every_read(tmp_path, monkeypatch):
+    """With write-behind (the journal's WALs) the newest records wait in memory: a read past
+    the tail cache writes them first, and each goes to the segment it belongs to."""
+    monkeypatch.setattr(wal_module, "TAIL_CACHE_ENTRIES", 8)
+    w = open_wal(tmp_path, durable=False)
+    w.write_behind = 1 << 20  # never written out for size: only by rolls, reads and close
+    written = ents(1, 100, 1)
+    for i in range(0, 100, 7):
+        w.append(written[i : i + 7])
+    assert w.segment_count() > 3
+    assert w.entries(1, 101) == written, "read from the files, after writing what is held"
+    w.append(ents(101, 110, 1))
+    assert w.entries(95, 111) == written[94:] + ents(101, 110, 1)
+    w.append(ents(111, 120, 1))
+    w.append(ents(115, 118, 2))  # overlaps records still held: written before the cut
+    now = written + ents(101, 114, 1) + ents(115, 118, 2)
+    assert w.entries(1, 119) == now
+    w.close()
+    w2 = open_wal(tmp_path, durable=False)
+    assert w2.recovery == [] and w2.entries(1, 119) == now
+
+
+def test_a_reset_drops_what_write_behind_holds_for_the_log_it_replaces(tmp_path):
+    w = open_wal(tmp_path, durable=False)
+    w.write_behind = 1 << 20
+    w.append(ents(1, 8, 1))  # held, never written to the old segment's file
+    w.reset(50, 2)
+    w.append(ents(51, 54, 2))
+    assert w.entries(51, 55) == ents(51, 54, 2)
+    w.close()
+    w2 = open_wal(tmp_path, durable=False)
+    assert (w2.recovery, w2.first_index(), w2.entries(51, 55)) == ([], 51, ents(51, 54, 2))
+
+
+def test_compaction_keeps_the_segment_holding_the_index_asked(tmp_path):
+    """Entries below `new_first_index` are covered by a snapshot; the one at it is not."""
+    w = open_wal(tmp_path)
+    w.append(ents(1, 100, 1))
+    edge = w._segments[1].last_index
+    assert w.compact(edge) == w._segments[0].first_index - 1
+    assert w.first_index() <= edge and w.entries(edge, edge + 1) == ents(edge, edge, 1)
+    assert w.compact(edge + 1) > 0 and w.first_index() == edge + 1

@@ -10,6 +10,7 @@ from tests.storage.helpers import ents
 
 from raftlog.node.core.errors import Compacted, Unavailable
 from raftlog.node.core.types import Entry, EntryKind
+from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.errors import WalCorruption
 from raftlog.node.storage.segment import Rows
 from raftlog.node.storage.wal import Wal
@@ -80,20 +81,53 @@ def test_bulk_read_refuses_what_is_not_there(tmp_path):
     assert as_tuples(bulk(w, w.first_index(), 401))[-1][0] == 400
 
 
-@pytest.mark.parametrize("where", ["data", "header"])
+@pytest.mark.parametrize("where", ["data", "header", "kind"])
 def test_a_record_damaged_after_open_is_never_served(tmp_path, where):
     w, written = written_wal(str(tmp_path))
     raw = w.read_raw(120, 121, 1 << 20)[0]
     off = raw.offsets[0]
-    # A bit flipped on disk after the WAL was opened (the scan at open saw it intact).
-    at = off + (30 if where == "data" else 12)
+    # A bit flipped on disk after the WAL was opened (the scan at open saw it intact). The
+    # kind's: the entry reads as a no-op, which a read skips, unless its checksum is checked.
+    at, bit = {"data": (30, 0x10), "header": (12, 0x10), "kind": (8 + 17, 0x01)}[where]
+    at += off
     fd = os.open(raw.path, os.O_RDWR)
     try:
         byte = os.pread(fd, 1, at)
-        os.pwrite(fd, bytes([byte[0] ^ 0x10]), at)
+        os.pwrite(fd, bytes([byte[0] ^ bit]), at)
     finally:
         os.close(fd)
     with pytest.raises(WalCorruption) as e:
         bulk(w, 100, 140)
     assert e.value.path == raw.path and e.value.offset == off and e.value.index == 120
     assert as_tuples(bulk(w, 121, 140)) == normal(written[120:139]), "the rest still reads"
+
+
+def test_a_whole_record_of_another_entry_where_the_index_points_is_never_served(tmp_path):
+    """A record whose checksum holds but that is not the entry the in-memory index says (the
+    file changed under the WAL): refused, naming the entry expected, not skipped."""
+    w, written = written_wal(str(tmp_path))
+    raw = w.read_raw(120, 121, 1 << 20)[0]
+    off = raw.offsets[0]
+    other = fmt.encode_entry(Entry(121, 1, EntryKind.NORMAL, written[119].data))
+    assert len(other) == 8 + fmt.REC_HEAD.unpack_from(raw.buf, 0)[0], "the same length"
+    fd = os.open(raw.path, os.O_RDWR)
+    try:
+        os.pwrite(fd, other, off)
+    finally:
+        os.close(fd)
+    with pytest.raises(WalCorruption, match="not the entry the index says") as e:
+        bulk(w, 100, 140)
+    assert e.value.path == raw.path and e.value.offset == off and e.value.index == 120
+
+
+def test_a_file_cut_short_under_the_reader_names_the_record_cut(tmp_path):
+    w, written = written_wal(str(tmp_path))
+    seg = w._segment_of(120)
+    last = seg.last_index
+    assert last > 121
+    cut_at = seg.offsets[last - seg.first_index]
+    os.truncate(seg.path, cut_at + 10)  # the file's last entry record cut after 10 bytes
+    with pytest.raises(WalCorruption, match="record cut short") as e:
+        bulk(w, 120, last + 1)
+    assert (e.value.path, e.value.offset, e.value.index) == (seg.path, cut_at, last)
+    assert as_tuples(bulk(w, 120, last)) == normal(written[119 : last - 1]), "the rest reads"
