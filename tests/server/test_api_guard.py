@@ -374,13 +374,7 @@ def test_what_the_leader_says_of_an_append_is_answered_as_what_it_is(tmp_path: P
         assert r.status == 503, got
         assert got == {"error": "refused", "reason": "a leadership transfer is under way"}
 
-        async def loses(*_: object) -> None:
-            raise LeadershipLost("n1 stepped down")
-
-        d.propose = loses
-        async with s.post(APPEND, json={"value": "v"}) as r:
-            got = await r.json()
-        assert r.status == 503 and got["error"] == "leader_lost", got
+        got = await _leader_lost(s, d)
         assert (got["leader"], got["leader_url"]) == ("n1", "http://127.0.0.1:9"), got
 
         async def long_ago(*_: object) -> None:
@@ -633,17 +627,24 @@ def test_an_admin_body_nested_too_deep_is_a_400_naming_the_body(tmp_path: Path) 
     asyncio.run(_with_node(tmp_path, body))
 
 
+async def _leader_lost(s: ClientSession, d: Any) -> dict[str, Any]:
+    """The answer to an append whose partition's leadership was lost while it waited."""
+
+    async def loses(*_: object) -> None:
+        raise LeadershipLost("n1 stepped down")
+
+    d.propose = loses
+    async with s.post(APPEND, json={"value": "v"}) as r:
+        got: dict[str, Any] = await r.json()
+    assert r.status == 503 and got["error"] == "leader_lost", got
+    return got
+
+
 def test_a_lost_leaderships_hint_is_the_leaders_client_url_when_peers_have_their_own_port(
     tmp_path: Path,
 ) -> None:
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
-        async def loses(*_: object) -> None:
-            raise LeadershipLost("n1 stepped down")
-
-        d.propose = loses
-        async with s.post(APPEND, json={"value": "v"}) as r:
-            got = await r.json()
-        assert r.status == 503 and got["error"] == "leader_lost", got
+        got = await _leader_lost(s, d)
         assert (got["leader"], got["leader_url"]) == ("n1", "http://127.0.0.1:7001"), got
 
     split = {"port": 7001, "peer_port": 7002, "peers": {"n1": "http://127.0.0.1:7002"}}

@@ -23,6 +23,25 @@ def open_wal(path, **kw) -> Wal:
     return Wal.open(str(path), **kw)
 
 
+def reset_over(path, last: int, index: int, term: int) -> tuple[Wal, dict[str, bytes]]:
+    """A WAL of entries 1..`last` (term 1, synced), reopened and reset to a snapshot at
+    (`index`, `term`); and the bytes its segments had before, to put back as a crash before the
+    reset's unlinks would leave them."""
+    w = open_wal(path)
+    w.append(ents(1, last, 1))
+    w.sync()
+    w.close()
+    saved = {n: (path / n).read_bytes() for _, n in list_segments(str(path))}
+    w = open_wal(path)
+    w.reset(index, term)
+    return w, saved
+
+
+def put_back(path, saved: dict[str, bytes]) -> None:
+    for name, raw in saved.items():  # the old segments reappear (crash before the unlinks)
+        (path / name).write_bytes(raw)
+
+
 def test_entries_round_trip_across_segments_and_reopen(tmp_path):
     w = open_wal(tmp_path)
     written = ents(1, 300, 1) + ents(301, 400, 2, size=500)
@@ -178,16 +197,9 @@ def test_reset_starts_a_new_log(tmp_path):
 
 
 def test_reset_leftovers_are_removed_on_open(tmp_path):
-    w = open_wal(tmp_path)
-    w.append(ents(1, 50, 1))
-    w.sync()
+    w, saved = reset_over(tmp_path, 50, 500, 7)
     w.close()
-    saved = {n: (tmp_path / n).read_bytes() for _, n in list_segments(str(tmp_path))}
-    w = open_wal(tmp_path)
-    w.reset(500, 7)
-    w.close()
-    for name, raw in saved.items():  # the old segments reappear (crash before the unlinks)
-        (tmp_path / name).write_bytes(raw)
+    put_back(tmp_path, saved)
     w2 = open_wal(tmp_path)
     assert (w2.first_index(), w2.last_index()) == (501, 500)
     assert any("superseded by a snapshot install" in r for r in w2.recovery)
@@ -438,19 +450,12 @@ def test_rolling_truncation_compaction_and_reset_are_durable_before_they_return(
 
 
 def test_what_opening_repairs_is_durable_before_it_returns(tmp_path):
-    w = open_wal(tmp_path)
-    w.append(ents(1, 20, 1))
-    w.sync()
-    w.close()
-    saved = {n: (tmp_path / n).read_bytes() for _, n in list_segments(str(tmp_path))}
-    w = open_wal(tmp_path)
-    w.reset(100, 2)
+    w, saved = reset_over(tmp_path, 20, 100, 2)
     w.append(ents(101, 110, 2))
     active = w._segments[-1]
     name, end = os.path.basename(active.path), active.end
     w.close()
-    for n, raw in saved.items():  # the old segments reappear (crash before the unlinks)
-        (tmp_path / n).write_bytes(raw)
+    put_back(tmp_path, saved)
     with open(tmp_path / name, "r+b") as f:  # and the newest record is torn
         f.truncate(end - 3)
     disk = SyncLog()
@@ -464,18 +469,11 @@ def test_what_opening_repairs_is_durable_before_it_returns(tmp_path):
 def test_leftovers_of_a_reset_inside_the_old_log_are_removed_on_open(tmp_path):
     """A snapshot install whose index is inside the log (its term differs there): the new
     segment starts below the old ones' indexes, and still supersedes them all."""
-    w = open_wal(tmp_path)
-    w.append(ents(1, 150, 1))
-    w.sync()
-    w.close()
-    saved = {n: (tmp_path / n).read_bytes() for _, n in list_segments(str(tmp_path))}
+    w, saved = reset_over(tmp_path, 150, 40, 2)
     assert len(saved) > 3
-    w = open_wal(tmp_path)
-    w.reset(40, 2)
     w.append(ents(41, 45, 2))
     w.close()
-    for name, raw in saved.items():  # the old segments reappear (crash before the unlinks)
-        (tmp_path / name).write_bytes(raw)
+    put_back(tmp_path, saved)
     w2 = open_wal(tmp_path)
     assert (w2.first_index(), w2.last_index(), w2.term(40)) == (41, 45, 2)
     assert w2.entries(41, 46) == ents(41, 45, 2)
