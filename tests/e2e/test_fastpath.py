@@ -388,7 +388,9 @@ def test_a_half_closed_connection_is_closed_once_answered(nodes):
         s.sendall(append_request(b'{"value": "then closed"}'))
         s.shutdown(socket.SHUT_WR)
         (status, headers, _), rest = read_answer(s)
-        assert status == 200 and headers["connection"] == "close", headers
+        # Said `Connection: close` when the node read the end before it answered (a CI run had
+        # the answer first: the end is read on a later turn of the loop than the request).
+        assert status == 200 and headers.get("connection", "close") == "close", headers
         assert rest == b"" and s.recv(65536) == b""  # closed by the node, not kept alive
 
 
