@@ -530,6 +530,52 @@ def test_the_node_checkpoints_its_journal_again_and_again_as_it_fills(tmp_path):
     asyncio.run(run())
 
 
+def test_a_partition_stopped_while_its_sync_runs_answers_nothing_after_it(tmp_path):
+    """Stopped while the pass's sync ran in the fsync thread (a failed checkpoint stops every
+    partition, from its own task): the pass does not finish it, so a follower that stopped
+    writing acknowledges nothing more."""
+
+    async def run() -> None:
+        # Every sync in the fsync thread: the loop runs on while one is held.
+        node = Node(
+            NodeSettings(
+                insecure_no_auth=True,
+                node_id="n2",
+                peers=PEERS,
+                data_dir=tmp_path,
+                tick_ms=5,
+                fsync_in_loop_below_ms=0,
+            )
+        )
+        await node.start()
+        sent: list[Any] = []
+        hold: HeldSync | None = None
+        try:
+            d = node.drivers[0]
+            real_send = node.transport.send
+
+            def send(partition: int, messages: list[Any]) -> bool:
+                sent.extend(messages)
+                return real_send(partition, messages)
+
+            node.transport.send = send  # type: ignore[method-assign]
+            hold = HeldSync(node)
+            d.step(AppendRequest("n1", "n2", 2, 0, 0, (Entry(1, 2, data=b"x"),), 0))
+            await until(hold.held.is_set, "the pass's sync")
+            eio = OSError(5, "Input/output error")
+            d.stop(StorageFailed(str(tmp_path / "journal"), "checkpoint fdatasync", eio))
+            hold.release.set()
+            await until(hold.returned.is_set, "the sync done")
+            await asyncio.sleep(0.1)  # the pass's end, and the next
+            assert not [m for m in sent if isinstance(m, AppendResponse)], sent
+        finally:
+            if hold is not None:
+                hold.release.set()
+            await node.close()
+
+    asyncio.run(run())
+
+
 def test_a_follower_whose_fsync_fails_never_answers_the_append(tmp_path):
     """Its entries are not durable: the partition stops, and no AppendResponse (which says
     "durable here") goes to the leader."""

@@ -236,6 +236,8 @@ class Node:
                 self._stop_all_if_journal_failed()
                 begun = [(d, rd) for d, rd in begun if rd.hard_state is None and d.failed is None]
         for d, rd in begun:
+            if d.failed is not None:  # stopped while the sync ran (a checkpoint failed the journal)
+                continue
             try:
                 d.finish(rd)
             except Exception as e:
