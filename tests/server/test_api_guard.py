@@ -263,6 +263,14 @@ def test_the_offending_text_quoted_in_an_error_is_cut_short() -> None:
 
 
 # =========================================================== answers as clients read them
+async def _append(s: ClientSession, body: dict[str, Any]) -> dict[str, Any]:
+    """Append `body`'s records; the answer once committed (a refusal fails the test)."""
+    async with s.post(APPEND, json=body) as r:
+        got = await r.json()
+        assert r.status == 200, got
+        return cast(dict[str, Any], got)
+
+
 async def _read(s: ClientSession, query: str) -> dict[str, Any]:
     async with s.get(f"{APPEND}?{query}") as r:
         got = await r.json()
@@ -281,8 +289,7 @@ def test_a_json_read_gives_what_is_not_text_as_base64(tmp_path: Path) -> None:
             "headers": [{"key": "h", "value_b64": "gA=="}, {"key": "t", "value": "x"}],
             "timestamp_ms": 7,
         }
-        async with s.post(APPEND, json=record) as r:
-            index = (await r.json())["first_index"]
+        index = (await _append(s, record))["first_index"]
         got = (await _read(s, f"from={index}&limit=1"))["records"]
         assert got == [
             {
@@ -304,8 +311,7 @@ def test_a_records_answer_fits_max_bytes_exactly_and_one_byte_less_holds_one_rec
     """`max_bytes` bounds the records as sent, the comma between two records included."""
 
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
-        async with s.post(APPEND, json={"records": [{"value": "a" * 50}, {"value": "b" * 60}]}):
-            pass
+        await _append(s, {"records": [{"value": "a" * 50}, {"value": "b" * 60}]})
         whole = await _read(s, "from=1&limit=100")
         records = [r for r in whole["records"] if r.get("value") in ("a" * 50, "b" * 60)]
         first = records[0]["index"]
@@ -395,8 +401,7 @@ def test_a_read_waiting_for_records_from_past_the_mark_answers_the_first_one_com
     """`wait_ms` with `from` past the high-water mark: a long poll, answered by the append."""
 
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
-        async with s.post(APPEND, json={"value": "early"}) as r:  # past the leader's no-op
-            nxt = (await r.json())["last_index"] + 1
+        nxt = (await _append(s, {"value": "early"}))["last_index"] + 1  # past the no-op
         read = asyncio.create_task(_read(s, f"from={nxt}&wait_ms=20000"))
         # The append is sent once the read waits (or, were it not to, once it answered).
         async with asyncio.timeout(10):
@@ -434,8 +439,7 @@ def test_read_bounds_out_of_range_are_400s_naming_them(
 def test_a_read_answers_at_most_limit_records_however_many_pages_it_takes(tmp_path: Path) -> None:
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
         records = [{"value": f"v{i}"} for i in range(150)]
-        async with s.post(APPEND, json={"records": records}) as r:
-            first = (await r.json())["first_index"]
+        first = (await _append(s, {"records": records}))["first_index"]
         got = await _read(s, f"from={first}&limit=100")
         assert [r["value"] for r in got["records"]] == [f"v{i}" for i in range(100)]
         assert got["next"] == first + 100
@@ -458,12 +462,10 @@ def test_index_for_time_names_what_it_needs_and_what_was_compacted(tmp_path: Pat
             assert r.status == 503 and got["error"] == "behind", got
             assert got["high_water_mark"] == d.raft.commit, got
         records = [{"value": "v", "timestamp_ms": 1000 + i} for i in range(120)]
-        async with s.post(APPEND, json={"records": records}):
-            pass
+        await _append(s, {"records": records})
         await d.compact_now()
         floor = d.storage.compaction_floor()
-        async with s.post(APPEND, json={"value": "kept", "timestamp_ms": 5000}) as r:
-            kept = (await r.json())["first_index"]
+        kept = (await _append(s, {"value": "kept", "timestamp_ms": 5000}))["first_index"]
         assert 1 < floor <= kept
         async with s.get(f"{path}?timestamp_ms=0") as r:
             got = await r.json()
@@ -478,8 +480,7 @@ def test_index_for_time_names_what_it_needs_and_what_was_compacted(tmp_path: Pat
 
 def test_a_key_read_gives_a_value_that_is_not_text_as_base64(tmp_path: Path) -> None:
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
-        async with s.post(APPEND, json={"key": "bin", "value_b64": "/w=="}) as r:
-            assert r.status == 200
+        await _append(s, {"key": "bin", "value_b64": "/w=="})
         async with s.get("/v1/partitions/0/keys/bin") as r:
             got = await r.json()
         assert r.status == 200 and got["found"], got
@@ -513,9 +514,7 @@ def test_an_append_of_more_than_a_mebibyte_is_taken_up_to_max_request_bytes(tmp_
 
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
         records = {"records": [{"value": "a" * 700_000}, {"value": "b" * 700_000}]}
-        async with s.post(APPEND, json=records) as r:
-            got = await r.json()
-            assert r.status == 200, got
+        got = await _append(s, records)
         assert got["last_index"] == got["first_index"] + 1
 
     asyncio.run(_with_node(tmp_path, body))
@@ -848,8 +847,7 @@ def test_an_append_under_way_when_the_node_stops_is_answered_then_its_connection
 
 def test_a_bulk_read_the_disk_fails_is_a_503_saying_to_read_elsewhere(tmp_path: Path) -> None:
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
-        async with s.post(APPEND, json={"records": [{"value": "v"}] * 10}) as r:
-            assert r.status == 200
+        await _append(s, {"records": [{"value": "v"}] * 10})
 
         def eio(*_: object) -> None:
             raise OSError(errno.EIO, "Input/output error")
@@ -873,8 +871,7 @@ def test_a_bulk_page_holds_at_most_16_mib_of_records_whatever_max_bytes_asks(
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
         indexes = []
         for i in range(20):  # 20 MB of records
-            async with s.post(APPEND, json={"value": chr(97 + i) * 1_000_000}) as r:
-                indexes.append((await r.json())["first_index"])
+            indexes.append((await _append(s, {"value": chr(97 + i) * 1_000_000}))["first_index"])
         first, cap, ask = indexes[0], MAX_PAGE_BYTES, 64 << 20
         async with s.get(f"/v1/partitions/0/columns?from={first}&max_bytes={ask}") as r:
             page = msgspec.msgpack.decode(await r.read())
@@ -892,8 +889,7 @@ def test_metrics_tell_the_snapshot_index_from_the_compaction_floor(tmp_path: Pat
     every = RaftConfig(compact_every_operations=50, compact_number_entries=0)
 
     async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
-        async with s.post(APPEND, json={"records": [{"value": "v"}] * 120}):
-            pass
+        await _append(s, {"records": [{"value": "v"}] * 120})
         await d.compact_now()
         snap, floor = d.storage.snapshot_meta().index, d.storage.compaction_floor()
         assert snap != floor
