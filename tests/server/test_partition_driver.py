@@ -162,18 +162,38 @@ def test_an_append_not_committed_in_time_is_told_timeout_and_others_are_not(tmp_
 
 
 class HeldSync:
-    """The node's journal sync held (as a disk that hangs) until `release`, then done."""
+    """The node's journal sync held (as a disk that hangs) until `release`, then done; leaving
+    the `with` releases it, so the node can close."""
 
     def __init__(self, node: Node) -> None:
         self.held, self.release, self.returned = (threading.Event() for _ in range(3))
         self.real = node.journal.sync
         node.journal.sync = self._sync  # type: ignore[method-assign]
 
+    def __enter__(self) -> HeldSync:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.release.set()
+
     def _sync(self) -> None:
         self.held.set()
         self.release.wait(10)
         self.returned.set()
         self.real()
+
+
+def _sent_by(node: Node) -> list[Any]:
+    """Every message the node's transport is given to send from now on (and still sends)."""
+    sent: list[Any] = []
+    real_send = node.transport.send
+
+    def send(partition: int, messages: list[Any]) -> bool:
+        sent.extend(messages)
+        return real_send(partition, messages)
+
+    node.transport.send = send  # type: ignore[method-assign]
+    return sent
 
 
 def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_path):
@@ -184,16 +204,13 @@ def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_p
         node = _single_node(tmp_path, "n1", {"n1": PEERS["n1"]})
         await node.start()
         d = node.drivers[0]
-        hold: HeldSync | None = None
         try:
             await until(lambda: d.raft.role == Role.LEADER, "election")
-            hold = HeldSync(node)
-            with pytest.raises(TimeoutError):
-                await d.propose([b"stuck"], timeout=0.2)
-            assert hold.held.is_set() and not hold.returned.is_set(), "answered while it hung"
+            with HeldSync(node) as hold:
+                with pytest.raises(TimeoutError):
+                    await d.propose([b"stuck"], timeout=0.2)
+                assert hold.held.is_set() and not hold.returned.is_set(), "answered while it hung"
         finally:
-            if hold is not None:
-                hold.release.set()
             await node.close()
 
     asyncio.run(run())
@@ -208,15 +225,13 @@ def test_an_append_told_it_timed_out_while_the_driver_was_stuck_is_not_appended_
         node = _single_node(tmp_path, "n1", {"n1": PEERS["n1"]})
         await node.start()
         d = node.drivers[0]
-        hold: HeldSync | None = None
         try:
             await until(lambda: d.raft.role == Role.LEADER, "election")
-            hold = HeldSync(node)
-            stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
-            await until(hold.held.is_set, "the driver stuck in the first append's sync")
-            with pytest.raises(TimeoutError):
-                await d.propose([b"late"], timeout=0.2)  # never taken by the stuck driver
-            hold.release.set()
+            with HeldSync(node) as hold:
+                stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
+                await until(hold.held.is_set, "the driver stuck in the first append's sync")
+                with pytest.raises(TimeoutError):
+                    await d.propose([b"late"], timeout=0.2)  # never taken by the stuck driver
             node.journal.sync = hold.real  # type: ignore[method-assign]
             with contextlib.suppress(TimeoutError):
                 await stuck
@@ -224,8 +239,6 @@ def test_an_append_told_it_timed_out_while_the_driver_was_stuck_is_not_appended_
             got = [e.data for e in d.raft.read_committed(1, done.last_index + 1)]
             assert b"after" in got and b"late" not in got, got
         finally:
-            if hold is not None:
-                hold.release.set()
             await node.close()
 
     asyncio.run(run())
@@ -257,31 +270,16 @@ def test_a_follower_answers_an_append_only_once_its_entries_are_synced(tmp_path)
     async def run() -> None:
         node = _single_node(tmp_path, "n2", PEERS)
         await node.start()
-        held, release = threading.Event(), threading.Event()
-        sent: list[Any] = []
         try:
             d = node.drivers[0]
-            real_sync, real_send = node.journal.sync, node.transport.send
-
-            def hung() -> None:
-                held.set()
-                release.wait(10)
-                real_sync()
-
-            def send(partition: int, messages: list[Any]) -> bool:
-                sent.extend(messages)
-                return real_send(partition, messages)
-
-            node.journal.sync = hung  # type: ignore[method-assign]
-            node.transport.send = send  # type: ignore[method-assign]
-            entries = (Entry(1, 2, data=b"x"), Entry(2, 2, data=b"y"))
-            d.step(AppendRequest("n1", "n2", 2, 0, 0, entries, 0))
-            await until(held.is_set, "the entries' sync")  # what `begin` sends is sent by now
-            assert not [m for m in sent if isinstance(m, AppendResponse)], sent
-            release.set()
+            sent = _sent_by(node)
+            with HeldSync(node) as hold:
+                entries = (Entry(1, 2, data=b"x"), Entry(2, 2, data=b"y"))
+                d.step(AppendRequest("n1", "n2", 2, 0, 0, entries, 0))
+                await until(hold.held.is_set, "the entries' sync")  # `begin`'s sends are out
+                assert not [m for m in sent if isinstance(m, AppendResponse)], sent
             await until(lambda: any(isinstance(m, AppendResponse) for m in sent), "the answer")
         finally:
-            release.set()
             await node.close()
 
     asyncio.run(run())
@@ -389,17 +387,11 @@ def test_a_leader_whose_storage_fails_hands_over_to_a_follower(tmp_path):
 
     async def run() -> None:
         async with _elected_by_hand(tmp_path) as d:
-            sent: list[Any] = []
-            real_send = d.node.transport.send
-
-            def send(partition: int, messages: list[Any]) -> bool:
-                sent.extend(messages)
-                return real_send(partition, messages)
+            sent = _sent_by(d.node)
 
             def full() -> None:
                 raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
 
-            d.node.transport.send = send  # type: ignore[method-assign]
             d.node.journal.sync = full  # type: ignore[method-assign]
             with pytest.raises(StorageFailed):
                 await d.propose([b"lost"])
@@ -548,29 +540,18 @@ def test_a_partition_stopped_while_its_sync_runs_answers_nothing_after_it(tmp_pa
             )
         )
         await node.start()
-        sent: list[Any] = []
-        hold: HeldSync | None = None
         try:
             d = node.drivers[0]
-            real_send = node.transport.send
-
-            def send(partition: int, messages: list[Any]) -> bool:
-                sent.extend(messages)
-                return real_send(partition, messages)
-
-            node.transport.send = send  # type: ignore[method-assign]
-            hold = HeldSync(node)
-            d.step(AppendRequest("n1", "n2", 2, 0, 0, (Entry(1, 2, data=b"x"),), 0))
-            await until(hold.held.is_set, "the pass's sync")
-            eio = OSError(5, "Input/output error")
-            d.stop(StorageFailed(str(tmp_path / "journal"), "checkpoint fdatasync", eio))
-            hold.release.set()
+            sent = _sent_by(node)
+            with HeldSync(node) as hold:
+                d.step(AppendRequest("n1", "n2", 2, 0, 0, (Entry(1, 2, data=b"x"),), 0))
+                await until(hold.held.is_set, "the pass's sync")
+                eio = OSError(5, "Input/output error")
+                d.stop(StorageFailed(str(tmp_path / "journal"), "checkpoint fdatasync", eio))
             await until(hold.returned.is_set, "the sync done")
             await asyncio.sleep(0.1)  # the pass's end, and the next
             assert not [m for m in sent if isinstance(m, AppendResponse)], sent
         finally:
-            if hold is not None:
-                hold.release.set()
             await node.close()
 
     asyncio.run(run())
@@ -583,20 +564,14 @@ def test_a_follower_whose_fsync_fails_never_answers_the_append(tmp_path):
     async def run() -> None:
         node = _single_node(tmp_path, "n2", PEERS)
         await node.start()
-        sent: list[Any] = []
         try:
             d = node.drivers[0]
-            real_send = node.transport.send
+            sent = _sent_by(node)
 
             def full() -> None:
                 raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
 
-            def send(partition: int, messages: list[Any]) -> bool:
-                sent.extend(messages)
-                return real_send(partition, messages)
-
             node.journal.sync = full  # type: ignore[method-assign]
-            node.transport.send = send  # type: ignore[method-assign]
             entries = (Entry(1, 2, data=b"x"), Entry(2, 2, data=b"y"))
             d.step(AppendRequest("n1", "n2", 2, 0, 0, entries, 0))
             await until(lambda: d.failed is not None, "the partition stopped")
