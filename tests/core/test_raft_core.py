@@ -363,6 +363,14 @@ def compacted_leader(cfg: RaftConfig = CFG) -> tuple[Raft, MemoryStorage]:
     return r, s
 
 
+def b_silent(r: Raft, s: MemoryStorage) -> None:
+    """Two election timeouts in which c answers the leader's heartbeats and b does not."""
+    for _ in range(2 * CFG.election_ticks):
+        r.tick()
+        r.step(HeartbeatResponse("c", "a", r.term))
+        drain(r, s)
+
+
 def test_follower_below_the_floor_goes_to_snapshot_state() -> None:
     r, s = compacted_leader()
     r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
@@ -433,10 +441,7 @@ def test_a_follower_needing_a_snapshot_that_goes_silent_holds_nothing() -> None:
     r.step(AppendResponse("b", "a", r.term, False, 100, hint_index=40, hint_term=1))
     drain(r, s)
     assert r.catch_up_floor() == 91
-    for _ in range(2 * CFG.election_ticks):  # c answers, b does not
-        r.tick()
-        r.step(HeartbeatResponse("c", "a", r.term))
-        drain(r, s)
+    b_silent(r, s)
     assert r.status().followers["b"].snapshot_required and r.catch_up_floor() is None
     # Streamed a snapshot before it answers again (back from a long stop): held meanwhile.
     r.snapshot_transfer("b")
@@ -459,10 +464,7 @@ def test_a_catching_up_follower_that_goes_silent_holds_nothing() -> None:
     r.step(AppendResponse("b", "a", r.term, True, 100))  # installed: catching up from 100
     drain(r, s)
     assert r.catch_up_floor() == 101
-    for _ in range(2 * CFG.election_ticks):  # c answers, b does not
-        r.tick()
-        r.step(HeartbeatResponse("c", "a", r.term))
-        drain(r, s)
+    b_silent(r, s)
     assert r.catch_up_floor() is None
 
 
