@@ -201,17 +201,11 @@ def test_an_append_is_answered_in_time_while_the_driver_is_stuck_in_a_sync(tmp_p
     while the sync is held, from a backstop that does not need the driver."""
 
     async def run() -> None:
-        node = _single_node(tmp_path, "n1", {"n1": PEERS["n1"]})
-        await node.start()
-        d = node.drivers[0]
-        try:
-            await until(lambda: d.raft.role == Role.LEADER, "election")
-            with HeldSync(node) as hold:
+        async with _leading(tmp_path) as d:
+            with HeldSync(d.node) as hold:
                 with pytest.raises(TimeoutError):
                     await d.propose([b"stuck"], timeout=0.2)
                 assert hold.held.is_set() and not hold.returned.is_set(), "answered while it hung"
-        finally:
-            await node.close()
 
     asyncio.run(run())
 
@@ -222,24 +216,18 @@ def test_an_append_told_it_timed_out_while_the_driver_was_stuck_is_not_appended_
     them after all (they would be in the log twice)."""
 
     async def run() -> None:
-        node = _single_node(tmp_path, "n1", {"n1": PEERS["n1"]})
-        await node.start()
-        d = node.drivers[0]
-        try:
-            await until(lambda: d.raft.role == Role.LEADER, "election")
-            with HeldSync(node) as hold:
+        async with _leading(tmp_path) as d:
+            with HeldSync(d.node) as hold:
                 stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
                 await until(hold.held.is_set, "the driver stuck in the first append's sync")
                 with pytest.raises(TimeoutError):
                     await d.propose([b"late"], timeout=0.2)  # never taken by the stuck driver
-            node.journal.sync = hold.real  # type: ignore[method-assign]
+            d.node.journal.sync = hold.real  # type: ignore[method-assign]
             with contextlib.suppress(TimeoutError):
                 await stuck
             done = await asyncio.wait_for(d.propose([b"after"]), 10)
             got = [e.data for e in d.raft.read_committed(1, done.last_index + 1)]
             assert b"after" in got and b"late" not in got, got
-        finally:
-            await node.close()
 
     asyncio.run(run())
 
