@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from tests.steady import STEADY_RAFT
 from raftlog.cli.main import build_parser, main
 from raftlog.client import Client
 from raftlog.harness.local import LocalCluster
+from raftlog.operator.local_cli import started_at
 
 pytestmark = [pytest.mark.e2e]
 
@@ -419,6 +421,33 @@ def test_local_status_and_down_say_when_there_is_no_cluster_or_it_is_stopped(tmp
     assert (code, out) == (1, "not running (2 nodes stopped)\n")
     code, out, _ = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
     assert (code, out) == (0, "stopped 2 nodes\n"), "nothing left to kill"
+
+
+def test_local_down_leaves_alone_a_process_that_took_a_recorded_pid(tmp_path, capsys):
+    """A node gone without `down` (a crash, a reboot) leaves its pid in cluster.json, and any
+    process may take that pid since: that one is no node, so `status` says the cluster is not
+    running and `down` signals nothing; the process `local up` did record is stopped."""
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = started_at(other.pid)
+        assert started is not None and started_at(other.pid) == started
+        state = {"supervisor": other.pid, "pids": [other.pid], "endpoints": [],
+                 "started": {str(other.pid): started - 1}}  # fmt: skip
+        (tmp_path / "cluster.json").write_text(json.dumps(state))
+        code, out, _ = run_ctl(capsys, "local", "status", "--data-dir", str(tmp_path))
+        assert (code, out) == (1, "not running (1 nodes stopped)\n")
+        code, out, _ = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
+        assert (code, out) == (0, "stopped 1 nodes\n")
+        time.sleep(0.2)
+        assert other.poll() is None, "a process that only took a node's pid was signalled"
+        state["started"] = {str(other.pid): started}
+        (tmp_path / "cluster.json").write_text(json.dumps(state))
+        code, out, _ = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
+        assert (code, out) == (0, "stopped 1 nodes\n")
+        assert other.wait(timeout=10) == -signal.SIGTERM
+    finally:
+        other.kill()
+        other.wait()
 
 
 def test_backup_create_refuses_a_bad_name_before_it_archives_anything(scripted, capsys):

@@ -19,6 +19,7 @@ from typing import Any
 
 from raftlog.client import NO_ANSWER, AsyncClient, ClientError
 from raftlog.operator.local_cli import add_commands as add_local_commands
+from raftlog.operator.local_cli import started_at
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -248,10 +249,16 @@ async def _transfer(args: argparse.Namespace) -> int:
 
 
 # ====================================================================== local
-def _alive(pid: int) -> bool:
-    try:
+def _alive(pid: int, state: dict[str, Any]) -> bool:
+    """Whether `pid` is still the process `local up` recorded, not one that took its pid since."""
+    recorded = state.get("started", {}).get(str(pid))
+    if recorded is not None:
+        return started_at(pid) == recorded
+    try:  # a cluster.json written before start times were recorded
         os.kill(pid, 0)
     except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: not a process this user's `local up` started
         return False
     return True
 
@@ -272,14 +279,14 @@ def _local_down(args: argparse.Namespace) -> int:
     state = _local_state(args)
     if state is None:
         return 1
-    targets = [state["supervisor"]] if _alive(state["supervisor"]) else state["pids"]
+    targets = [state["supervisor"]] if _alive(state["supervisor"], state) else state["pids"]
     for pid in targets:
-        if _alive(pid):
+        if _alive(pid, state):
             os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(p) for p in state["pids"]):
+    while time.monotonic() < deadline and any(_alive(p, state) for p in state["pids"]):
         time.sleep(0.1)
-    left = [p for p in state["pids"] if _alive(p)]
+    left = [p for p in state["pids"] if _alive(p, state)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     print(f"stopped {len(state['pids'])} nodes" + (f" ({len(left)} killed)" if left else ""))
@@ -290,7 +297,7 @@ def _local_status(args: argparse.Namespace) -> int:
     state = _local_state(args)
     if state is None:
         return 1
-    running = [p for p in state["pids"] if _alive(p)]
+    running = [p for p in state["pids"] if _alive(p, state)]
     if not running:
         print(f"not running ({len(state['pids'])} nodes stopped)")
         return 1

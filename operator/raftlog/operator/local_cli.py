@@ -123,12 +123,28 @@ def local_up(args: argparse.Namespace) -> int:
     return asyncio.run(run())
 
 
+def started_at(pid: int) -> int | None:
+    """When process `pid` started (clock ticks since boot, the 22nd field of /proc/PID/stat);
+    None when there is no such process, or it has exited (a zombie its parent has not reaped).
+    A pid and its start name one process: `raftctl local down` must not signal whatever took
+    the pid of a node that is gone (after a reboot, say)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rsplit(")", 1)[1].split()  # after the command, which may hold spaces
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
 def _write_state(base: Path, local_operator: LocalOperator) -> None:
     """`cluster.json`, read by `raftctl local status|down`."""
+    pids = local_operator.runtime.pids()
+    supervisor = os.getpid()  # `local down` asks it to stop its nodes
     state = {
         "endpoints": local_operator.endpoints(),
-        "pids": local_operator.runtime.pids(),
-        "supervisor": os.getpid(),  # `local down` asks it to stop its nodes
+        "pids": pids,
+        "supervisor": supervisor,
+        "started": {str(pid): started_at(pid) for pid in [*pids, supervisor]},
         "phase": local_operator.status.phase,
     }
     store = local_operator.runtime.object_store
