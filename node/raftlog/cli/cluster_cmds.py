@@ -251,7 +251,7 @@ async def _transfer(args: argparse.Namespace) -> int:
 # ====================================================================== local
 def _alive(pid: int, state: dict[str, Any]) -> bool:
     """Whether `pid` is still the process `local up` recorded, not one that took its pid since."""
-    recorded = state.get("started", {}).get(str(pid))
+    recorded: int | None = state.get("started", {}).get(str(pid))
     if recorded is not None:
         return started_at(pid) == recorded
     try:  # a cluster.json written before start times were recorded
