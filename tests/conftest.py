@@ -9,7 +9,9 @@ native.install()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Tests marked `slow` first, each group in its usual order: xdist hands out tests in this
-    order, so the two workers share the long ones and end on short ones together, rather than
-    one worker ending alone on the crash tests that sort last."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The files holding a test marked `slow` first, each file's tests together and in their
+    usual order: xdist hands out tests in this order, so its two workers share the long files
+    and end on short ones together, rather than one ending alone on the crash tests (which sort
+    last). A file kept whole sets its module fixtures (clusters, servers) up once per worker."""
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)
