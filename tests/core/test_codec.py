@@ -94,6 +94,8 @@ def test_malformed_entries_are_refused_with_a_reason(entries: list[object]) -> N
         # A negative type must not index the types from the end (the last one's shape).
         ([0, -1, "a", "b", 4], "unknown message type -1"),
         ([-1, 255, ""], "a ping is [-1, 255, node name]"),  # a ping names its node
+        ([0, 6, ["a"], "b", 4, 0, 0, False], "must be a node name"),  # the sender a list
+        ([0, 9, "a", "b", 4, [float("inf"), 1, ["a"], []]], "malformed InstallSnapshot"),
     ],
 )
 def test_malformed_messages_are_refused_naming_what_is_wrong(

@@ -152,6 +152,15 @@ def test_stale_term_messages_are_answered_with_the_current_term_and_ignored() ->
         (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 3, kind=7),), 0), "entries[0].kind"),  # type: ignore[arg-type]
         (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 3), (3, 3)), 0), "entries[1]"),  # type: ignore[arg-type]
         (AppendRequest("a", "b", 3, 1, 1, (Entry(2, 0),), 0), "entries[0].term"),  # below prev
+        # Past any term or index a cluster reaches (a term of 2**64 - 1 could never be raised).
+        (HeartbeatRequest("a", "b", 2**64 - 1, 0), "term"),
+        (VoteRequest("a", "b", 2**62 + 1, 0, 0), "term"),
+        (AppendResponse("a", "b", 2**63, False, 1), "term"),
+        (AppendResponse("a", "b", 3, True, 2**62 + 1), "index"),
+        (
+            InstallSnapshot("a", "b", 3, SnapshotMeta(2**63, 2, Membership(frozenset({"a"})))),
+            "meta.index",
+        ),
     ],
 )
 def test_malformed_messages_are_rejected_with_a_reason_and_change_nothing(

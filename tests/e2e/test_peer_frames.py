@@ -8,13 +8,21 @@ import socket
 import time
 from pathlib import Path
 
+import msgspec
 import pytest
 from tests.e2e.node_metrics import requests_counted
 from tests.e2e.raw_frame_stream import open_frame_stream
 
 from raftlog.client import Client
 from raftlog.harness.local import LocalCluster
-from raftlog.node.core.messages import HeartbeatRequest
+from raftlog.node.core.messages import (
+    AppendResponse,
+    HeartbeatRequest,
+    Message,
+    PreVoteRequest,
+    TimeoutNow,
+    VoteRequest,
+)
 from raftlog.node.transport.codec import encode_frame
 from raftlog.node.transport.frames import frame, handshake
 
@@ -114,6 +122,80 @@ def test_a_bad_frame_closes_the_stream_and_changes_nothing(node, bad):
     text = Path(node.nodes["n1"].log_path).read_text()
     assert "a message for unknown partition 7 dropped" in text
     assert "bad frame" in text
+
+
+@pytest.mark.parametrize(
+    "item",
+    [
+        [0, 6, ["n9"], "n1", 1, 0, 0, False],  # a heartbeat whose sender is a list, not a name
+        [0, 9, "n9", "n1", 1, [float("inf"), 1, ["n9"], []]],  # a snapshot at index infinity
+    ],
+    ids=["src-a-list", "snapshot-index-infinite"],
+)
+def test_a_message_of_the_wrong_shape_closes_the_stream_naming_it_without_a_traceback(node, item):
+    """The receiver noted the sender's name (a dict key) before the core validated it, and
+    `int(inf)` escaped the codec: each was a `Fatal error on transport` with a traceback in the
+    log instead of one line saying what was wrong."""
+    before = last_index(node)
+    log_path = Path(node.nodes["n1"].log_path)
+    start = len(log_path.read_bytes())
+    s, status, _ = open_frame_stream("127.0.0.1", node.nodes["n1"].port, TOKEN)
+    with s:
+        assert status == 101
+        s.sendall(frame(msgspec.msgpack.encode([item])))
+        assert closed_by_peer(s)
+    logged = log_path.read_bytes()[start:].decode()
+    assert "Traceback" not in logged and "Fatal error" not in logged, logged
+    assert "bad frame (" in logged, logged
+    assert last_index(node) == before
+    assert node.status("n1")["partitions"][0]["role"] == "leader"
+
+
+def test_a_message_with_a_term_or_index_past_any_a_cluster_reaches_changes_nothing(tmp_path):
+    """A term of 2**64 - 1 in one valid frame was taken: the leader stepped down to it and could
+    never campaign again (its next term does not fit the codec's 64 bits), its log full of
+    OverflowError tracebacks and the partition without a leader for good, even after a restart
+    (the term is durable). Terms and indexes past 2**62, the bound of the peer HTTP calls, are
+    refused and counted, and the stream stays up."""
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    with LocalCluster(
+        tmp_path, replicas=1, partitions=1, auth_token_file=tmp_path / "token", durable=False
+    ) as c:
+        c.wait_ready()
+        term = c.status("n1")["partitions"][0]["term"]
+        refused = rejections(c)
+        huge = 2**64 - 1
+        messages: list[Message] = [
+            HeartbeatRequest("n9", "n1", huge, 0),
+            VoteRequest("n9", "n1", 2**63, 0, 0),
+            PreVoteRequest("n9", "n1", 2**62 + 1, 0, 0),
+            AppendResponse("n9", "n1", huge, False, 0),
+            AppendResponse("n9", "n1", term, True, huge),  # an index no log reaches
+            TimeoutNow("n9", "n1", huge),
+        ]
+        s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
+        with s:
+            assert status == 101
+            for m in messages:
+                s.sendall(frame(encode_frame([(0, m)])))
+            s.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                s.recv(1)  # still open: refused messages are dropped, not the stream
+        time.sleep(0.5)  # a few ticks: a campaign the messages caused would have begun
+        p = c.status("n1")["partitions"][0]
+        assert (p["role"], p["term"]) == ("leader", term), p
+        code, done = c.request(
+            "n1", "POST", "/v1/partitions/0/records", b'{"value": "after"}',
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        assert code == 200 and done["term"] == term, done
+        logged = Path(c.nodes["n1"].log_path).read_text()
+        assert "Traceback" not in logged, logged
+        assert rejections(c) == refused + len(messages)
+
+
+def rejections(c: LocalCluster) -> int:
+    return int(c.status("n1")["partitions"][0]["counters"]["events"].get("message_rejected", 0))
 
 
 def test_a_restarted_follower_catches_up_on_large_records(tmp_path):

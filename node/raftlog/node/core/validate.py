@@ -21,12 +21,19 @@ from raftlog.node.core.messages import (
 )
 from raftlog.node.core.types import Entry, EntryKind, Membership
 
+# The largest term or index a message may carry, as the peer HTTP calls take (`int_param`): no
+# cluster gets near it, and a term taken past it could never be raised again (a campaign's
+# term + 1 no longer fits the codec's 64 bits), so one frame would end the partition for good.
+MAX_NUMBER = 2**62
+
 
 def _non_negative_int(value: object, field: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool):
         raise InvalidMessage(field, f"must be an integer, got {type(value).__name__}")
     if value < 0:
         raise InvalidMessage(field, f"must not be negative, got {value}")
+    if value > MAX_NUMBER:
+        raise InvalidMessage(field, f"must be at most {MAX_NUMBER}, got {value}")
 
 
 def validate_message(m: object, node_id: str, config: RaftConfig) -> Message:
@@ -51,6 +58,7 @@ def validate_message(m: object, node_id: str, config: RaftConfig) -> Message:
             and type(msg.hint_term) is int
             and type(msg.commit) is int
             and min(msg.term, msg.index, msg.hint_index, msg.hint_term, msg.commit) >= 0
+            and max(msg.term, msg.index, msg.hint_index, msg.hint_term, msg.commit) <= MAX_NUMBER
         ):
             _non_negative_int(msg.term, "term")
             _non_negative_int(msg.index, "index")

@@ -98,6 +98,10 @@ def _decode_one(item: Any) -> Item:
     names = _FIELDS[cls]
     if len(values) != len(names):
         raise InvalidMessage("frame", f"{cls.__name__} has {len(names)} fields, got {len(values)}")
+    if type(values[0]) is not str:
+        # The receiver keys what it knows of its peers by the sender's name (`seen`, `heard`)
+        # before the core validates the rest: a list there was a TypeError in the protocol.
+        raise InvalidMessage("src", f"must be a node name, got {type(values[0]).__name__}")
     try:
         # The fields in their declared order, as the encoder wrote them: positional, with no
         # keyword dict built per message.
@@ -115,5 +119,5 @@ def _decode_one(item: Any) -> Item:
                 int(i), int(t), Membership(frozenset(voters), frozenset(learners))
             )
         return partition, cls(*values)
-    except (TypeError, ValueError, msgspec.ValidationError) as e:
+    except (TypeError, ValueError, OverflowError, msgspec.ValidationError) as e:  # int(inf)
         raise InvalidMessage("frame", f"malformed {cls.__name__}: {e}") from None
