@@ -192,6 +192,33 @@ def test_pipelined_requests_are_answered_in_order_across_the_hand_over(nodes):
     assert last["first_index"] == second["last_index"] + 1
 
 
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+def test_requests_pipelined_before_a_malformed_one_are_each_answered_before_its_400(nodes, name):
+    """An append, two reads and a request aiohttp cannot parse, in one send: the three are
+    answered in order, then the 400, and the connection closes. aiohttp parsed the whole send
+    at once and, at the malformed head, dropped the requests it had already parsed: the reads
+    went unanswered and a pipelining client took the 400 for its first read's answer."""
+    c = nodes[name]
+    tag = f"before-the-bad-one-{name}"
+    status = b"GET /v1/status HTTP/1.1\r\nHost: t\r\n\r\n"
+    bad = b"GET /v1/status HTTP/1.1\r\nHost: t\r\nContent-Length: zz\r\n\r\n"
+    after = append_request(b'{"value": "%s-after"}' % tag.encode())
+    with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=10) as s:
+        s.sendall(append_request(b'{"value": "%s"}' % tag.encode()) + status + status + bad + after)
+        buf, statuses = b"", []
+        for _ in range(4):
+            (code, _, body), buf = read_answer(s, buf)
+            statuses.append((code, json.loads(body)))
+        assert buf == b"" and s.recv(65536) == b""  # then closed: nothing after the 400
+    assert [code for code, _ in statuses] == [200, 200, 200, 400], statuses
+    assert statuses[1][1]["node"] == statuses[2][1]["node"] == "n1"
+    assert statuses[3][1]["error"] == "bad_request" and "Content-Length" in statuses[3][1]["at"]
+    first = statuses[0][1]["first_index"]
+    code, page = c.get("n1", f"/v1/partitions/1/records?from={first}&limit=10000")
+    values = [r["value"] for r in page["records"]]
+    assert values.count(tag) == 1 and f"{tag}-after" not in values, values
+
+
 def test_a_request_in_pieces_is_answered(nodes):
     """A head and body arriving a few bytes at a time, then a second request in one piece."""
     c = nodes["fast"]

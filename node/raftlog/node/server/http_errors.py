@@ -10,11 +10,13 @@ aiohttp's reason on one line, and the offending text where aiohttp names it.
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
 from aiohttp import web
-from aiohttp.web_protocol import RequestHandler
+from aiohttp.http_parser import HttpRequestParser
+from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 _ERRORS = {400: "bad_request", 413: "too_large", 431: "too_large", 500: "internal", 504: "timeout"}
 
@@ -36,9 +38,35 @@ def error_body(status: int, message: str | None) -> bytes:
 
 
 class JsonErrors(RequestHandler):
-    """aiohttp's request handler (one per connection), answering its own errors in JSON."""
+    """aiohttp's request handler (one per connection), answering its own errors in JSON, and
+    parsing one request ahead at most.
+
+    aiohttp parses all the bytes it receives at once, and when a head in them is malformed it
+    drops the requests it had parsed before it: of `GET a, GET b, <malformed>` sent together only
+    the 400 was answered, which a pipelining client takes for its answer to `GET a`. Its parser
+    can stop after each complete request and keep the rest until that request is taken (its
+    queue of parsed requests, 32 deep, made one deep here): a malformed request is then parsed
+    only once those before it are queued, and answered after them."""
 
     __slots__ = ()
+
+    def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, **kw: Any):
+        super().__init__(manager, loop=loop, **kw)
+        if not hasattr(self, "_max_msg_queue_size"):
+            return  # an aiohttp before the queue's bound (3.14): its parser as it is
+        self._max_msg_queue_size = 1
+        self._msg_queue_resume_size = 0
+        self._parser = HttpRequestParser(
+            self,
+            loop,
+            self._read_bufsize,
+            max_line_size=self.max_line_size,
+            max_field_size=self.max_field_size,
+            max_headers=self.max_headers,
+            payload_exception=RequestPayloadError,
+            auto_decompress=kw.get("auto_decompress", True),
+            max_msg_queue_size=1,
+        )
 
     def handle_error(
         self,
