@@ -155,6 +155,27 @@ def test_bad_reads(node):
     assert code == 503 and reply["error"] == "behind"
 
 
+@pytest.mark.parametrize(
+    ("path", "field"),
+    [
+        ("/v1/partitions/0/records?from=1&from=5", "from"),
+        ("/v1/partitions/0/records?limit=1&limit=10000", "limit"),
+        ("/v1/partitions/0/records?wait_ms=0&wait_ms=60000", "wait_ms"),
+        ("/v1/partitions/0/records?min_index=0&min_index=0", "min_index"),  # even equal
+        ("/v1/partitions/0/columns?max_bytes=1&max_bytes=2", "max_bytes"),
+        ("/v1/partitions/0/columns?format=wal&format=columns", "format"),
+        ("/v1/partitions/0/index-for-time?timestamp_ms=1&timestamp_ms=2", "timestamp_ms"),
+        ("/v1/partitions/0/keys/colour?consistency=local&consistency=linearizable", "consistency"),
+    ],
+)
+def test_a_parameter_given_twice_is_a_400_naming_it(node, path, field):
+    """Which of two values was meant cannot be known (the node took the first, a proxy in front
+    of it may judge by the last): refused, naming the parameter, rather than read either way."""
+    code, reply = node.get("n1", path)
+    assert (code, reply.get("field")) == (400, field), reply
+    assert "more than once" in reply["reason"], reply
+
+
 def test_reads_are_bounded_in_bytes(node):
     big = "x" * 10_000
     code, done = post(node, "/v1/partitions/1/records",

@@ -197,8 +197,17 @@ def partition_driver(node: Node, p: int) -> PartitionDriver:
     return driver
 
 
+def query_param(request: web.Request, name: str) -> str | None:
+    """The query parameter `name`, None when absent; 400 when given more than once (which was
+    meant cannot be known: a proxy in front may judge a request by the last one)."""
+    values = request.query.getall(name, ())
+    if len(values) > 1:
+        raise bad(name, f"is given more than once ({len(values)} times); give it once")
+    return values[0] if values else None
+
+
 def int_param(request: web.Request, name: str, default: int, lo: int, hi: int) -> int:
-    raw = request.query.get(name)
+    raw = query_param(request, name)
     if raw is None:
         return default
     if not _INTEGER.fullmatch(raw):

@@ -36,6 +36,7 @@ from raftlog.node.server.api_common import (
     make_guard,
     node_of,
     not_leader,
+    query_param,
     stopped,
 )
 from raftlog.node.server.append_parse import parse_append
@@ -270,7 +271,8 @@ async def read_columns(request: web.Request) -> web.Response:
     limit = int_param(request, "limit", 10_000, 1, 50_000)
     max_bytes = int_param(request, "max_bytes", 8 << 20, 1, 64 << 20)
     min_index = int_param(request, "min_index", 0, 0, 2**62)
-    fmt = request.query.get("format", "columns")
+    fmt = query_param(request, "format")
+    fmt = "columns" if fmt is None else fmt
     if fmt not in ("columns", "wal"):
         raise bad("format", f"format {fmt!r}: columns or wal")
     require_mark(driver, min_index)
@@ -331,7 +333,8 @@ async def get_key(request: web.Request) -> web.Response:
     # The key's bytes as the client percent-encoded them: aiohttp's decoded path keeps an
     # escape that is not UTF-8 (%FF) as text, so the key 0xFF would be read as "%FF".
     key = unquote_to_bytes(request.raw_path.split("?", 1)[0].split("/keys/", 1)[1])
-    consistency = request.query.get("consistency", "linearizable")
+    consistency = query_param(request, "consistency")
+    consistency = "linearizable" if consistency is None else consistency
     if consistency not in ("linearizable", "local"):
         raise bad("consistency", "must be linearizable or local")
     if consistency == "linearizable":
@@ -465,7 +468,7 @@ async def readyz(request: web.Request) -> web.Response:
 # Raft messages come over the frame stream (`peer_frames.py`); these routes carry snapshots.
 def _snapshot_params(request: web.Request) -> tuple[PartitionDriver, str, int, int, int]:
     driver = driver_of(request)
-    leader = request.query.get("leader", "")
+    leader = query_param(request, "leader") or ""
     if not leader:
         raise bad("leader", "is required")
     term = int_param(request, "term", 0, 1, 2**62)
