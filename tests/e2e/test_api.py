@@ -644,6 +644,26 @@ def test_aiohttps_own_errors_are_json_naming_the_reason(node):
     assert b'"error": "too_large"' in rest and b'"field": "body"' in rest, answer[:500]
 
 
+def test_an_expectation_the_node_does_not_know_is_a_417_in_json_naming_the_header(node):
+    """aiohttp answers an `Expect` other than 100-continue before any middleware runs: it was
+    a text/plain 417 ("Unknown Expect: ..."), the one error outside the API's JSON shape. The
+    body is not appended."""
+    before = last_index(node)
+    body = b'{"value": "expected"}'
+    answer = raw_http(
+        node,
+        b"POST /v1/partitions/0/records HTTP/1.1\r\nHost: n1\r\nContent-Length: %d\r\n"
+        b"Expect: 200-ok\r\nConnection: close\r\n\r\n%s" % (len(body), body),
+    )
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 417 "), answer[:300]
+    assert b"\r\ncontent-type: application/json" in head.lower(), head
+    reply = json.loads(rest)
+    assert reply["error"] == "expectation_failed" and reply["field"] == "Expect", reply
+    assert "200-ok" in reply["reason"], reply
+    assert last_index(node) == before
+
+
 def test_a_client_gone_mid_body_is_no_500_and_no_error_in_the_log(node):
     import socket
     import urllib.request

@@ -68,6 +68,18 @@ class JsonErrors(RequestHandler):
             max_msg_queue_size=1,
         )
 
+    async def finish_response(
+        self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        # An HTTP error raised before the app's middleware (`api_common.make_guard`) ran, which
+        # would answer it in JSON: aiohttp's 417 for an `Expect` other than 100-continue.
+        if isinstance(resp, web.HTTPException) and resp.status >= 400:
+            body = {"error": resp.reason.lower().replace(" ", "_"), "reason": resp.text}
+            if resp.status == 417:
+                body["field"] = "Expect"
+            resp = web.json_response(body, status=resp.status)
+        return await super().finish_response(request, resp, start_time)
+
     def handle_error(
         self,
         request: web.BaseRequest,
