@@ -131,6 +131,14 @@ class NodeSettings(BaseSettings):
         "holds at once until their readers' sockets take them; a read past it is answered 503 "
         "busy (retry), so slow or stalled readers cannot fill the node's memory",
     )
+    max_body_buffer_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024 * 1024,
+        description="bytes of request bodies over 64 KiB the node holds at once, each from its "
+        "head (its Content-Length, or max_request_bytes when chunked) until it is answered; a "
+        "request past it is answered 503 busy before its body is read (retry), so clients "
+        "sending large bodies slowly, or many at once, cannot fill the node's memory",
+    )
     answer_send_timeout_s: float = Field(
         30.0,
         gt=0,

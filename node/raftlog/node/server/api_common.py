@@ -59,6 +59,7 @@ def make_guard(token: str | None) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.perf_counter()
+        taken = 0  # bytes of `node.bodies` this request's body holds until it is answered
         try:
             if (
                 token
@@ -100,6 +101,21 @@ def make_guard(token: str | None) -> Middleware:
                     status=413,
                 )
                 resp.force_close()
+            elif (
+                request.body_exists
+                and not request.path.startswith("/peer/")
+                and not node_of(request).bodies.take(
+                    taken := request.content_length or node_of(request).settings.max_request_bytes
+                )
+            ):
+                # Refused before it is read: clients' bodies being read fill no more memory
+                # than max_body_buffer_bytes (a chunked one counts as max_request_bytes). Peers'
+                # snapshot chunks (with the token, checked above) are not held up by them.
+                resp = web.json_response(
+                    node_of(request).bodies.busy(taken), status=503, headers={"Retry-After": "1"}
+                )
+                resp.force_close()
+                taken = 0
             else:
                 if request.body_exists:
                     # The whole body in time however it trickles in (handlers then read it
@@ -129,6 +145,9 @@ def make_guard(token: str | None) -> Middleware:
                 resp.force_close()
         except Exception as e:  # a bug: logged with its trace, answered without internals
             resp = _internal(request, e)
+        finally:
+            if taken:
+                node_of(request).bodies.release(taken)
         route = request.match_info.route.resource
         name = route.canonical if route is not None else "unmatched"
         node_of(request).metrics.request_latency(name, request.method, resp.status).observe(

@@ -209,6 +209,7 @@ class ListenerProtocol(asyncio.Protocol):
         self.head: tuple[int, int, int, bool] | None = None  # (body start, p, length, close)
         self.scanned = 0  # where the search for the end of the head resumes
         self.since = 0.0  # loop time the request being read began (its head, then its body)
+        self.taken = 0  # bytes of `node.bodies` the request being read or answered holds
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # A stream transport (uvloop's do not subclass asyncio.Transport, hence no isinstance).
@@ -225,6 +226,8 @@ class ListenerProtocol(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.conns.open.discard(self)
+        if not self.busy:  # else its answer, still to come, lets the body go (`_respond`)
+            self._release()
         if self.transport is not None:
             self.admission.release(self.transport)
         self.transport = None
@@ -310,6 +313,11 @@ class ListenerProtocol(asyncio.Protocol):
             if parsed is None or parsed[1] > self.max_body:
                 self._hand_over()
                 return
+            if not self.node.bodies.take(parsed[1]):
+                busy = json.dumps(self.node.bodies.busy(parsed[1])).encode()
+                self._respond(503, busy, b"application/json; charset=utf-8", True, 0.0)
+                return
+            self.taken = parsed[1]
             self.head = (end + 4, *parsed)
             self.since = asyncio.get_running_loop().time()  # the body's time starts
         start, partition, length, close = self.head
@@ -354,6 +362,7 @@ class ListenerProtocol(asyncio.Protocol):
         self.node.metrics.request_latency(*route, status).observe(took)
         transport = self.transport
         self.busy = False
+        self._release()
         if transport is None or transport.is_closing():
             return
         close = close or self.close_when_done or self.conns.draining
@@ -363,6 +372,11 @@ class ListenerProtocol(asyncio.Protocol):
             return
         self._next()
         self._flow()
+
+    def _release(self) -> None:
+        if self.taken:
+            self.node.bodies.release(self.taken)
+            self.taken = 0
 
     def _upgrade(self, upgrade: frames.Upgrade, start: int) -> None:
         """Accept a peer's frame stream whose handshake head ends at `start`: the connection

@@ -12,7 +12,7 @@ import time
 from raftlog.node.core.liveness import PeerLiveness
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
-from raftlog.node.server.answers import AnswerBudget
+from raftlog.node.server.answers import AnswerBudget, BodyBudget
 from raftlog.node.server.archive import make_archiver
 from raftlog.node.server.metrics import NodeMetrics
 from raftlog.node.server.partition import COMMIT_TELL_DELAY, PartitionDriver
@@ -58,6 +58,7 @@ class Node:
         self.answers = AnswerBudget(
             settings.max_answer_buffer_bytes, settings.answer_send_timeout_s
         )
+        self.bodies = BodyBudget(settings.max_body_buffer_bytes)
         # One journal and one group commit for every partition: one fsync per batch of the
         # whole node, however the appends are spread (`journal.py`).
         self.journal = Journal(
