@@ -23,6 +23,7 @@ from tests.spark.helpers import (
     FakeNode,
     Row,
     append,
+    column_page,
     error,
     raftlog_df,
     records,
@@ -84,6 +85,7 @@ def test_offsets_partitions_and_replicas_select_the_same_records_as_the_python_s
 ):
     acked = cluster.acked
     first = {p: min(r[1] for r in acked if r[0] == p) for p in range(3)}
+    only_1 = {"startingOffsets": json.dumps({"1": first[1] + 5})}
     cases = [
         {
             "partitions": "0,2",
@@ -94,6 +96,7 @@ def test_offsets_partitions_and_replicas_select_the_same_records_as_the_python_s
         {"endingOffsets": json.dumps({"0": first[0] + 30, "1": -1}), "pageRecords": "7"},
         {"startingOffsets": "latest"},
         {"preferFollowers": "false", "maxRecordsPerSplit": "9"},
+        only_1,
     ]
     for options in cases:
         got = rows_of(jvm(spark, cluster, **options))
@@ -105,12 +108,15 @@ def test_offsets_partitions_and_replicas_select_the_same_records_as_the_python_s
                 if (r[0] == 0 and first[0] + 10 <= r[1] < first[0] + 30) or r[0] == 2
             ]
             assert got == want
+        if options is only_1:  # partitions left out of the JSON start at their earliest
+            assert got == [r for r in acked if r[0] != 1 or r[1] >= first[1] + 5]
     assert rows_of(jvm(spark, cluster, startingOffsets="latest")) == []
     leader = cluster.leader(0)
     assert leader is not None
     df = (
         spark.read.format("raftlog-jvm")
-        .option("endpoints", cluster.nodes[leader].url)  # one node has every partition
+        # one node has every partition; the trailing slash is not part of the paths asked
+        .option("endpoints", cluster.nodes[leader].url + "/")
         .load()
     )
     assert rows_of(df) == acked
@@ -205,6 +211,115 @@ def test_a_range_compacted_after_planning_fails_as_data_loss_or_is_skipped(spark
     assert got == [r for r in acked0 if r[1] >= floor]
 
 
+def test_a_410_whose_floor_is_not_past_the_read_is_retried_not_data_loss(spark, cluster):
+    """The only replica answers the first two page requests with 410 and a floor at the index
+    asked for (a snapshot install under way, the floor not moved past the read): the reader
+    retries it, as the Python source does, and reads every record; no data loss is reported."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    real = cluster.nodes[leader].url
+    status = json.dumps(follower_of(cluster)).encode()
+    installing = [2]
+
+    def install_under_way(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", status
+        if installing[0] > 0:
+            installing[0] -= 1
+            return error(410, "compacted", compaction_floor=int(query(path)["from"]))
+        with urllib.request.urlopen(real + path, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+
+    node = FakeNode(install_under_way)
+    got = read_partition_0_through(spark, node)
+    assert got == [r for r in cluster.acked if r[0] == 0]
+    assert installing == [0]
+
+
+def test_a_replica_whose_pages_make_no_progress_is_passed_over(spark, cluster):
+    """A follower that answers every page with no records and `next` at the index asked for
+    (it serves nothing from there): the reader takes each page from the next replica instead
+    of asking the same one again, and the read is exact."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    status = json.dumps(follower_of(cluster)).encode()
+
+    def empty(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", status
+        start = int(query(path)["from"])
+        return 200, columnar.CONTENT_TYPE, column_page(0, [], start, start)
+
+    node = FakeNode(empty)
+    got = read_partition_0_through(spark, node, cluster.nodes[leader].url)
+    assert got == [r for r in cluster.acked if r[0] == 0]
+    pages = [p for p in node.requests if "/columns?" in p]
+    assert len(pages) >= 6 and len(set(pages)) == len(pages), "each page asked of it once"
+
+
+def test_a_replica_behind_the_others_neither_shortens_the_read_nor_is_asked_first(spark, cluster):
+    """A follower that answered the survey with a floor above the others' and a mark below
+    theirs: the read plans from the lowest floor to the highest mark (each replica's mark is
+    committed), and pages are asked first of the replica that has them (the leader), not of the
+    follower that would answer 503 `behind`."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    acked0 = [r for r in cluster.acked if r[0] == 0]
+    lagging = follower_of(cluster, partitions=1)
+    partitions = cast(list[dict[str, Any]], lagging["partitions"])
+    partitions[0].update(
+        high_water_mark=acked0[-10][1], compaction_floor=acked0[10][1], readable_from=acked0[10][1]
+    )
+    body = json.dumps(lagging).encode()
+
+    def behind(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", body
+        return error(503, "behind", high_water_mark=acked0[-10][1])
+
+    node = FakeNode(behind)
+    got = read_partition_0_through(spark, node, cluster.nodes[leader].url)
+    assert got == acked0
+    assert [p for p in node.requests if "/columns?" in p] == []
+
+
+def test_a_replica_compacted_past_the_read_is_not_data_loss_while_another_may_serve_it(
+    spark, cluster
+):
+    """Of two replicas, one answers every page with 410 and a floor past the read, the other
+    is busy (503) the first time it is asked for each page: the busy one is asked again (the
+    compacted one is not), and the read is exact; the records are not reported lost."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    real = cluster.nodes[leader].url
+    status = json.dumps(follower_of(cluster)).encode()
+    far = max(r[1] for r in cluster.acked) + 1000
+    asked: set[str] = set()
+
+    def compacted(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", status
+        return error(410, "compacted", compaction_floor=far)
+
+    def busy_once(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            return 200, "application/json", status
+        if path not in asked:
+            asked.add(path)
+            return error(503, "busy")
+        with urllib.request.urlopen(real + path, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+
+    gone, busy = FakeNode(compacted), FakeNode(busy_once)
+    try:
+        got = read_partition_0_through(spark, gone, busy.url)
+    finally:
+        busy.close()
+    assert got == [r for r in cluster.acked if r[0] == 0]
+    pages = [p for p in gone.requests if "/columns?" in p]
+    assert len(pages) == len(set(pages)) >= 6, "the compacted replica asked once per page"
+
+
 def wal_page(partition: int, entries: list[Entry], first: int, nxt: int, hwm: int) -> bytes:
     """A WAL page (`walpage`) of `entries` [first, nxt), a COMMIT record after every third."""
     records = b""
@@ -258,6 +373,17 @@ ODD_DATA = [
         18, 4, EntryKind.NORMAL, b"\x93\xc0\xc0\xdf\x00\xf4\x24\x00\xa0\xa0"
     ),  # 16M pairs claimed
     Entry(19, 4, EntryKind.NORMAL, encode_record(Record(b"after", b"v", {"h": "x"}))),
+    Entry(20, 4, EntryKind.NORMAL, b"\x93\xc4\x01k\xc4\x01v\x81\xa3\xed\xa0\x80\xa1x"),  # surrogate
+    # a header key cut short: the first byte of a two-byte character (the next byte, a
+    # continuation byte, is the header of the value)
+    Entry(21, 4, EntryKind.NORMAL, b"\x93\xc4\x01k\xc4\x01v\x81\xa1\xc3\xa1x"),
+    Entry(22, 4, EntryKind.NORMAL, encode_record(Record(b"k", b"v", {"k" * 40: "v" * 300}))),
+    Entry(23, 4, EntryKind.NORMAL, encode_record(Record(b"k", b"v", {}, -100_000))),  # int32
+    Entry(24, 4, EntryKind.NORMAL, encode_record(Record(b"k", b"v", {}, -1000))),  # int16
+    Entry(25, 4, EntryKind.NORMAL, msgspec.msgpack.encode([b"k", b"v", {}, 7, None, 0, 1.5, 2.5])),
+    Entry(26, 4, EntryKind.NORMAL, msgspec.msgpack.encode([b"k", b"v", {"h": "3 fields"}])),
+    Entry(27, 4, EntryKind.NORMAL, msgspec.msgpack.encode([b"k", b"v", {}, 1_700_000_000_004])),
+    Entry(28, 4, EntryKind.NORMAL, encode_record(Record(b"k", b"v", [("a", b"1"), ("a", b"2")]))),
 ]
 
 
@@ -291,9 +417,10 @@ def leader_of(cluster: LocalCluster, entries: list[Entry]) -> Answer:
 
 def test_odd_data_reads_as_the_python_source_reads_it(spark, cluster):
     """A node serving entries the API never writes (data that is not a record, records with
-    fewer or more fields, a str key, bad UTF-8, trailing bytes, no-op and membership entries,
-    commit records between): the JVM reader's WAL decoding gives the rows of the node's own
-    column page, as the Python source reads it."""
+    fewer or more fields, a str key, bad UTF-8 (a surrogate, a character cut short), trailing
+    bytes, no-op and membership entries, commit records between) and records with long header
+    strings, negative times of each integer width and floats in extra fields: the JVM reader's
+    WAL decoding gives the rows of the node's own column page, as the Python source reads it."""
     node = FakeNode(leader_of(cluster, ODD_DATA))
     try:
         options = {"partitions": "0", "pageRecords": "4"}
@@ -304,8 +431,45 @@ def test_odd_data_reads_as_the_python_source_reads_it(spark, cluster):
         node.close()
     assert [r[1] for r in got] == [e.index for e in ODD_DATA if e.kind == EntryKind.NORMAL]
     assert got == want
-    assert sum(r[5] == {"raftlog.raw": "true"} for r in got) == 8
+    assert sum(r[5] == {"raftlog.raw": "true"} for r in got) == 10
     assert any("format=wal" in p for p in node.requests)
+
+
+def test_times_past_the_planned_mark_or_reached_by_no_record_end_the_batch_at_the_mark(
+    spark, cluster
+):
+    """A replica answers a time with an index past the high-water mark the survey saw (a
+    record committed since), or with none (no record stamped at or after it): as an ending
+    time, either ends the batch at the planned mark (every record read, not an error); as a
+    starting time past the mark, the batch is empty."""
+    answer = leader_of(cluster, VARIED)
+    hwm = VARIED[-1].index
+
+    def times(path: str, n: int) -> tuple[int, str, bytes]:
+        if "/index-for-time?" not in path:
+            return answer(path, n)
+        t = int(query(path)["timestamp_ms"])
+        index = {1: 2, 2: hwm + 10, 3: None}[t]
+        body = {"partition": 0, "timestamp_ms": t, "index": index, "compacted": False}
+        return 200, "application/json", json.dumps(body).encode()
+
+    node = FakeNode(times)
+    read: dict[tuple[str, str], list[int]] = {}
+    try:
+        for start, end in [("1", "2"), ("1", "3"), ("2", "3")]:
+            df = (
+                spark.read.format("raftlog-jvm")
+                .option("endpoints", node.url)
+                .option("partitions", "0")
+                .option("startingTimestamp", start)
+                .option("endingTimestamp", end)
+                .load()
+            )
+            read[start, end] = [r[1] for r in rows_of(df)]
+    finally:
+        node.close()
+    every = list(range(2, hwm + 1))
+    assert read == {("1", "2"): every, ("1", "3"): every, ("2", "3"): []}
 
 
 def varied_value(i: int) -> bytes:
@@ -345,10 +509,13 @@ def test_pages_of_varied_size_read_whole_with_or_without_a_length(spark, cluster
     assert sum("format=wal" in p for p in node.requests) == 2 * 4  # 4 pages, 2 reads
 
 
-def test_a_replica_serving_a_damaged_record_is_passed_over(spark, cluster):
+@pytest.mark.parametrize("damage", ["a flipped byte", "next short of the entries", "a gap"])
+def test_a_replica_serving_a_damaged_record_is_passed_over(spark, cluster, damage):
     """A replica whose WAL pages carry a flipped byte (in an entry's term: only the checksum
-    tells) is asked first for every page; the reader takes each page from the next replica
-    and the read is exact."""
+    tells), say `next` is the index of their last entry (one entry more than they claim), or
+    leave out their second entry (and say `next` one lower, so that the count agrees), is
+    asked first for every page; the reader takes each page from the next replica and the read
+    is exact."""
     leader = cluster.leader(0)
     assert leader is not None
     real = cluster.nodes[leader].url
@@ -360,8 +527,16 @@ def test_a_replica_serving_a_damaged_record_is_passed_over(spark, cluster):
         with urllib.request.urlopen(real + path, timeout=10) as r:
             ctype, raw = r.headers["Content-Type"], r.read()
         page = msgspec.msgpack.decode(raw)
+        if damage != "a flipped byte":
+            page["next"] -= 1
         records, pos = bytearray(page["records"]), 0
-        while pos < len(records):  # the first NORMAL entry's term
+        while damage == "a gap" and pos < len(records):  # the second entry's frame cut out
+            length, rtype = int.from_bytes(records[pos : pos + 4], "little"), records[pos + 8]
+            if rtype == 1 and ENTRY_FRAME.unpack_from(records, pos)[3] == page["first"] + 1:
+                del records[pos : pos + 8 + length]
+                break
+            pos += 8 + length
+        while damage == "a flipped byte" and pos < len(records):  # the first NORMAL's term
             length, _, rtype, _, _, kind = ENTRY_FRAME.unpack_from(records, pos)
             if rtype == 1 and kind == EntryKind.NORMAL:
                 records[pos + 8 + 9] ^= 0x01
@@ -377,9 +552,11 @@ def test_a_replica_serving_a_damaged_record_is_passed_over(spark, cluster):
     assert len(pages) >= 7 and all("format=wal" in p for p in pages)
 
 
-def test_a_node_that_refuses_format_wal_is_read_by_column_pages(spark, cluster):
-    """An older node answers `format=wal` with a 400: the reader asks it for column pages
-    from then on, and the read is exact."""
+@pytest.mark.parametrize("refusal", [400, 404])
+def test_a_node_that_refuses_format_wal_is_read_by_column_pages(spark, cluster, tmp_path, refusal):
+    """An older node answers `format=wal` with a 400 (or a 404): the reader asks it for
+    column pages from then on, and the read is exact. The token is given in a file that ends
+    with a newline: every request carries the token without it."""
     leader = cluster.leader(0)
     assert leader is not None
     real = cluster.nodes[leader].url
@@ -389,12 +566,160 @@ def test_a_node_that_refuses_format_wal_is_read_by_column_pages(spark, cluster):
         if path == "/v1/status":
             return 200, "application/json", status
         if "format=wal" in path:
-            return error(400, "bad_request")
+            return error(refusal, "bad_request")
         with urllib.request.urlopen(real + path, timeout=10) as r:
             return r.status, r.headers["Content-Type"], r.read()
 
     node = FakeNode(older)
-    got = read_partition_0_through(spark, node)
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    try:
+        df = (
+            spark.read.format("raftlog-jvm")
+            .option("endpoints", node.url)
+            .option("tokenFile", str(token))
+            .option("partitions", "0")
+            .option("pageRecords", "20")
+            .load()
+        )
+        got = rows_of(df)
+    finally:
+        node.close()
     assert got == [r for r in cluster.acked if r[0] == 0]
     pages = [p for p in node.requests if "/columns?" in p]
     assert sum("format=wal" in p for p in pages) == 1 and len(pages) >= 8
+    assert set(node.authorizations) == {"Bearer s3cret"}
+
+
+def test_a_streams_retention_hold_is_placed_at_its_start_and_moved_to_each_committed_end(
+    spark, cluster, tmp_path
+):
+    """A `raftlog-jvm` stream with retentionHold, in batches of at most 25 records: the hold is
+    put on the replica at the stream's first offset before anything is read, then at the end
+    of each batch committed (the next index to read), never below what was read; each batch's
+    progress tells how many records it trails the latest offset by."""
+    answer = leader_of(cluster, VARIED)
+
+    def with_holds(path: str, n: int) -> tuple[int, str, bytes]:
+        if "/holds/" in path:
+            return 200, "application/json", b"{}"
+        return answer(path, n)
+
+    node = FakeNode(with_holds)
+    try:
+        q = (
+            spark.readStream.format("raftlog-jvm")
+            .option("endpoints", node.url)
+            .option("partitions", "0")
+            .option("startingOffsets", "earliest")
+            .option("retentionHold", "jvm job")
+            .option("maxOffsetsPerTrigger", "25")
+            .load()
+            .writeStream.format("memory")
+            .queryName("jvm_hold")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start()
+        )
+        try:
+            q.processAllAvailable()
+            progress = [p for p in q.recentProgress if p["numInputRows"]]
+        finally:
+            q.stop()
+    finally:
+        node.close()
+    assert spark.table("jvm_hold").count() == len(VARIED) == 60
+    behind = [p["sources"][0]["metrics"]["maxOffsetsBehindLatest"] for p in progress]
+    assert behind == ["35", "10", "0"]
+    assert {p for p, _ in node.puts} == {"/v1/admin/partitions/0/holds/jvm%20job"}
+    held = [json.loads(body)["min_index"] for _, body in node.puts]
+    assert held == [1, 26, 51, 61]
+
+
+def run_available_now(reader: Any, checkpoint: str) -> list[int]:
+    """Runs `reader` (a readStream) with Trigger.AvailableNow on `checkpoint`; how many records
+    each of its batches read."""
+    q = (
+        reader.load()
+        .writeStream.format("noop")
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
+    try:
+        assert q.awaitTermination(60)
+        return [int(p["numInputRows"]) for p in q.recentProgress if p["numInputRows"]]
+    finally:
+        q.stop()
+
+
+def test_available_now_reads_what_was_committed_when_the_query_started(spark, cluster, tmp_path):
+    """Trigger.AvailableNow: a stream ends at the high-water mark the replicas reported when the
+    query started (30), not at records committed while it runs (the mark is 60 after)."""
+    answer = leader_of(cluster, VARIED)
+    statuses = [0]
+
+    def growing(path: str, n: int) -> tuple[int, str, bytes]:
+        if path == "/v1/status":
+            statuses[0] += 1
+            if statuses[0] == 1:  # the survey of the query's start
+                status = follower_of(cluster, partitions=1)
+                partitions = cast(list[dict[str, Any]], status["partitions"])
+                partitions[0].update(role="leader", high_water_mark=30, compaction_floor=1)
+                return 200, "application/json", json.dumps(status).encode()
+        return answer(path, n)
+
+    node = FakeNode(growing)
+    try:
+        reader = (
+            spark.readStream.format("raftlog-jvm")
+            .option("endpoints", node.url)
+            .option("partitions", "0")
+            .option("startingOffsets", "earliest")
+        )
+        read = run_available_now(reader, str(tmp_path / "checkpoint"))
+    finally:
+        node.close()
+    assert sum(read) == 30
+    assert statuses[0] >= 2
+
+
+def test_a_partition_new_to_a_streams_checkpoint_is_read_from_its_earliest_record(
+    spark, cluster, tmp_path
+):
+    """A stream of partition 0 is run, then started again on its checkpoint reading partitions
+    0 and 1, at most 20 records a batch: partition 1, absent from the checkpoint, is read from
+    its earliest record (as Kafka's source reads a new partition) within that limit, partition
+    0 from where the checkpoint ended. (Without startingOffsets a stream starts at the latest
+    offset: it reads nothing already committed.)"""
+    checkpoint = str(tmp_path / "checkpoint")
+    acked = {p: [r for r in cluster.acked if r[0] == p] for p in (0, 1)}
+
+    def reader(partitions: str) -> Any:
+        r = spark.readStream.format("raftlog-jvm").option("partitions", partitions)
+        return r.option("endpoints", ",".join(cluster.endpoints))
+
+    assert run_available_now(reader("0"), str(tmp_path / "latest")) == []
+    first = reader("0").option("startingOffsets", "earliest")
+    assert sum(run_available_now(first, checkpoint)) == len(acked[0])
+    second = run_available_now(reader("0,1").option("maxOffsetsPerTrigger", "20"), checkpoint)
+    assert sum(second) == len(acked[1]) and max(second) == 20
+
+
+def test_a_streams_limit_is_shared_without_reaching_past_a_partitions_mark(
+    spark, cluster, tmp_path
+):
+    """maxOffsetsPerTrigger=5 over the last 10 records of partitions 1 and 2, partition 0 at
+    its latest offset (nothing to read): each batch takes at most 5 records, shared in
+    proportion to what each partition has, and never asks partition 0 for an index past its
+    high-water mark; the stream reads the 20 records."""
+    last = {p: max(r[1] for r in cluster.acked if r[0] == p) for p in range(3)}
+    starting = {"0": last[0] + 1, "1": last[1] - 9, "2": last[2] - 9}
+    reader = (
+        spark.readStream.format("raftlog-jvm")
+        .option("endpoints", ",".join(cluster.endpoints))
+        .option("startingOffsets", json.dumps(starting))
+        .option("maxOffsetsPerTrigger", "5")
+        .option("timeoutSeconds", "3")
+    )
+    batches = run_available_now(reader, str(tmp_path / "checkpoint"))
+    assert sum(batches) == 20 and max(batches) == 5

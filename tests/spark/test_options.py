@@ -161,6 +161,7 @@ def load(spark: SparkSession, fmt: str = "raftlog", **options: str) -> DataFrame
         ({"startingOffsets": "{0: 1}"}, "raftlog option 'startingOffsets': must be earliest"),
         ({"endingOffsets": '{"0": 999999}'}, "past the high-water mark"),
         ({"startingOffsets": '{"7": 1}'}, "'startingOffsets': partition 7 is not read"),
+        ({"endingOffsets": '{"7": 1}'}, "'endingOffsets': partition 7 is not read"),
         ({"partitions": "5"}, "'partitions': [5] do not exist (the cluster has 0..1)"),
     ],
 )
