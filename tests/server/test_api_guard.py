@@ -55,7 +55,12 @@ async def _with_node(tmp_path: Path, body: Any, **more: Any) -> Any:
     try:
         d = node.drivers[0]
         async with asyncio.timeout(10):
-            while any(x.raft.role != Role.LEADER for x in node.drivers.values()):
+            # Leading, and its log applied (the bootstrap membership and its no-op): an admin
+            # call sent sooner may be told the membership change before it is not applied yet.
+            while any(
+                x.raft.role != Role.LEADER or x.raft.log.applied < x.raft.log.last_index()
+                for x in node.drivers.values()
+            ):
                 await asyncio.sleep(0.01)
         async with ClientSession(str(srv.make_url(""))) as s:
             return await body(s, srv, d)
