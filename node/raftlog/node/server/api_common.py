@@ -50,6 +50,14 @@ def bad(field: str, reason: str) -> ApiError:
     return ApiError(400, "bad_request", reason, field)
 
 
+def _transfer_codings(request: web.Request) -> list[str]:
+    return [
+        c.strip().lower()
+        for value in request.headers.getall("Transfer-Encoding", ())
+        for c in value.split(",")
+    ]
+
+
 def make_guard(token: str | None) -> Middleware:
     """The one middleware of every request: the bearer token of peer and admin calls (401
     without it), errors as JSON (an `ApiError` with its status, a bug as a 500 without
@@ -86,6 +94,19 @@ def make_guard(token: str | None) -> Middleware:
                         "field": "Content-Encoding",
                     },
                     status=415,
+                )
+                resp.force_close()
+            elif (codings := _transfer_codings(request)) not in ([], ["chunked"]):
+                # aiohttp reads a body whose last coding is chunked and passes it on still
+                # encoded (gzip, say): it would be refused later as JSON it is not.
+                resp = web.json_response(
+                    {
+                        "error": "unsupported_encoding",
+                        "reason": f"no transfer coding but chunked is taken, not "
+                        f"{', '.join(codings)!r} (send the body as it is)",
+                        "field": "Transfer-Encoding",
+                    },
+                    status=501,
                 )
                 resp.force_close()
             elif (request.content_length or 0) > node_of(request).settings.max_request_bytes:
