@@ -58,6 +58,17 @@ def _transfer_codings(request: web.Request) -> list[str]:
     ]
 
 
+def _refused_unread(
+    status: int, error: str, reason: str, field: str, headers: dict[str, str] | None = None
+) -> web.Response:
+    """An answer from the request's head alone: its body is never read, so the connection
+    closes (the unread bytes must not be taken for the next request)."""
+    body = {"error": error, "reason": reason, "field": field}
+    resp = web.json_response(body, status=status, headers=headers)
+    resp.force_close()
+    return resp
+
+
 def make_guard(token: str | None) -> Middleware:
     """The one middleware of every request: the bearer token of peer and admin calls (401
     without it), errors as JSON (an `ApiError` with its status, a bug as a 500 without
@@ -86,42 +97,33 @@ def make_guard(token: str | None) -> Middleware:
             elif request.headers.get("Content-Encoding", "identity").lower() != "identity":
                 # Bodies are taken as sent (aiohttp's decompression is off: a 1 MB gzip body of
                 # 1 GB held the loop 0.8 s before its 413).
-                resp = web.json_response(
-                    {
-                        "error": "unsupported_encoding",
-                        "reason": f"bodies are taken as sent, not "
-                        f"{request.headers['Content-Encoding']!r} (use identity)",
-                        "field": "Content-Encoding",
-                    },
-                    status=415,
+                resp = _refused_unread(
+                    415,
+                    "unsupported_encoding",
+                    f"bodies are taken as sent, not "
+                    f"{request.headers['Content-Encoding']!r} (use identity)",
+                    "Content-Encoding",
                 )
-                resp.force_close()
             elif (codings := _transfer_codings(request)) not in ([], ["chunked"]):
                 # aiohttp reads a body whose last coding is chunked and passes it on still
                 # encoded (gzip, say): it would be refused later as JSON it is not.
-                resp = web.json_response(
-                    {
-                        "error": "unsupported_encoding",
-                        "reason": f"no transfer coding but chunked is taken, not "
-                        f"{', '.join(codings)!r} (send the body as it is)",
-                        "field": "Transfer-Encoding",
-                    },
-                    status=501,
+                resp = _refused_unread(
+                    501,
+                    "unsupported_encoding",
+                    f"no transfer coding but chunked is taken, not "
+                    f"{', '.join(codings)!r} (send the body as it is)",
+                    "Transfer-Encoding",
                 )
-                resp.force_close()
             elif (request.content_length or 0) > node_of(request).settings.max_request_bytes:
                 # Refused from the head: the body is neither waited for nor buffered.
                 limit = node_of(request).settings.max_request_bytes
-                resp = web.json_response(
-                    {
-                        "error": "too_large",
-                        "reason": f"the body is {request.content_length} bytes, limit {limit} "
-                        "(max_request_bytes)",
-                        "field": "Content-Length",
-                    },
-                    status=413,
+                resp = _refused_unread(
+                    413,
+                    "too_large",
+                    f"the body is {request.content_length} bytes, limit {limit} "
+                    "(max_request_bytes)",
+                    "Content-Length",
                 )
-                resp.force_close()
             elif (
                 request.body_exists
                 and not request.path.startswith("/peer/")
