@@ -219,6 +219,32 @@ def test_requests_pipelined_before_a_malformed_one_are_each_answered_before_its_
     assert values.count(tag) == 1 and f"{tag}-after" not in values, values
 
 
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+@pytest.mark.parametrize(
+    "upgrade",
+    [b"Connection: Upgrade\r\nUpgrade: foo/1\r\n", b"Connection: upgrade\r\nUpgrade: h2c\r\n"],
+)
+def test_a_request_asking_an_upgrade_is_answered_then_its_connection_closed(nodes, name, upgrade):
+    """No upgrade but the peers' frame stream is served, so one asked of the client API is
+    ignored (as HTTP allows) and the request answered as it is. aiohttp then took the rest of the
+    connection as the upgraded protocol's bytes and dropped them: a request pipelined after it
+    was never answered, and the connection hung until the keep-alive ended it (75 s). It closes
+    after the answer now, so the client knows to send the next request again."""
+    c = nodes[name]
+    tag = f"upgrade-{name}-{upgrade[-8:-2].decode()}".encode()
+    after = append_request(b'{"value": "%s-after"}' % tag)
+    with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=10) as s:
+        s.sendall(append_request(b'{"value": "%s"}' % tag, extra=upgrade) + after)
+        (code, headers, body), buf = read_answer(s)
+        assert code == 200, body
+        assert headers.get("connection", "").lower() == "close", headers
+        assert buf == b"" and s.recv(65536) == b""  # closed, not left hanging
+    first = json.loads(body)["first_index"]
+    code, page = c.get("n1", f"/v1/partitions/1/records?from={first}&limit=10000")
+    values = [r["value"] for r in page["records"]]
+    assert values.count(tag.decode()) == 1 and f"{tag.decode()}-after" not in values, values
+
+
 def test_a_request_in_pieces_is_answered(nodes):
     """A head and body arriving a few bytes at a time, then a second request in one piece."""
     c = nodes["fast"]

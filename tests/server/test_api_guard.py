@@ -124,6 +124,44 @@ def _enospc(path: str) -> StorageFailed:
     return StorageFailed(path, "write", OSError(errno.ENOSPC, "No space left on device"))
 
 
+@pytest.mark.parametrize(
+    "tokens",
+    [
+        (f"Bearer {TOKEN}", "Bearer wrong"),
+        ("Bearer wrong", f"Bearer {TOKEN}"),
+        (f"Bearer {TOKEN}",) * 2,
+    ],
+)
+def test_two_authorization_headers_are_a_400_naming_it_whichever_holds_the_token(
+    tmp_path: Path, tokens: tuple[str, str]
+) -> None:
+    """Only the first was checked: a request whose first header held the token passed, whatever
+    the second said (a proxy judging by the second would have let through a caller the node
+    then took for a peer, or the other way round)."""
+
+    async def run(s: ClientSession, srv: TestServer, d: Any) -> None:
+        for path in (b"/v1/admin/partitions/0/holds", b"/peer/v1/partitions/0/snapshot"):
+            rd, wr = await asyncio.open_connection("127.0.0.1", srv.port)
+            heads = b"".join(b"Authorization: %s\r\n" % t.encode() for t in tokens)
+            wr.write(
+                b"GET " + path + b" HTTP/1.1\r\nHost: x\r\n" + heads + b"Connection: close\r\n\r\n"
+            )
+            await wr.drain()
+            reply = await rd.read()
+            wr.close()
+            head, _, body = reply.partition(b"\r\n\r\n")
+            assert head.split(b"\r\n")[0] == b"HTTP/1.1 400 Bad Request", reply
+            error = json.loads(body)
+            assert (error["error"], error["field"]) == ("bad_request", "Authorization"), error
+            assert "2 times" in error["reason"], error
+        async with s.get(  # one header holding the token is taken as before
+            "/v1/admin/partitions/0/holds", headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as r:
+            assert r.status == 200
+
+    asyncio.run(_with_node(tmp_path, run))
+
+
 def test_storage_faults_are_503s_naming_them_never_500s(tmp_path: Path) -> None:
     """A disk fault under a forced compaction, under a read that must first write the WAL's
     held records, and under a received snapshot chunk: each answered as what it is."""

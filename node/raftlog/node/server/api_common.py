@@ -58,6 +58,17 @@ def _transfer_codings(request: web.Request) -> list[str]:
     ]
 
 
+def _asks_upgrade(request: web.Request) -> bool:
+    """A protocol switch asked (as llhttp reads it: `Connection: upgrade` with an `Upgrade`,
+    or a CONNECT)."""
+    if request.method == "CONNECT":
+        return True
+    connection = request.headers.getall("Connection", ())
+    return "Upgrade" in request.headers and any(
+        t.strip().lower() == "upgrade" for value in connection for t in value.split(",")
+    )
+
+
 def _refused_unread(
     status: int, error: str, reason: str, field: str, headers: dict[str, str] | None = None
 ) -> web.Response:
@@ -80,15 +91,16 @@ def make_guard(token: str | None) -> Middleware:
         started = time.perf_counter()
         taken = 0  # bytes of `node.bodies` this request's body holds until it is answered
         try:
-            if (
-                token
-                and request.path.startswith(("/peer/", "/v1/admin/"))
-                and not hmac.compare_digest(
-                    # aiohttp reads header bytes as UTF-8 with surrogateescape: encode them
-                    # back the same way, so a non-UTF-8 byte is a mismatch (401), not a 500
-                    request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"),
-                    expected,
-                )
+            guarded = token and request.path.startswith(("/peer/", "/v1/admin/"))
+            if guarded and len(given := request.headers.getall("Authorization", ())) > 1:
+                # One of two tokens checked would let a proxy that judges by the other (or
+                # joins them) disagree with the node on who is calling.
+                raise bad("Authorization", f"given {len(given)} times; send it once")
+            if guarded and not hmac.compare_digest(
+                # aiohttp reads header bytes as UTF-8 with surrogateescape: encode them
+                # back the same way, so a non-UTF-8 byte is a mismatch (401), not a 500
+                request.headers.get("Authorization", "").encode("utf-8", "surrogateescape"),
+                expected,
             ):
                 resp: web.StreamResponse = web.json_response(
                     {"error": "unauthorized", "reason": "a valid bearer token is required"},
@@ -176,6 +188,11 @@ def make_guard(token: str | None) -> Middleware:
         node_of(request).metrics.request_latency(name, request.method, resp.status).observe(
             time.perf_counter() - started
         )
+        if _asks_upgrade(request):
+            # None is taken here (the frame stream's is the listener's): aiohttp's parser drops
+            # what follows such a request in the same read, so a request pipelined after it
+            # would never be answered. Closing tells the client to send it again.
+            resp.force_close()
         if isinstance(resp, web.HTTPException):
             raise resp  # a redirect (below 400): aiohttp's own
         if isinstance(resp, web.Response):
