@@ -4,8 +4,10 @@ logged, a bad frame closes the stream and changes nothing, and large records sti
 
 from __future__ import annotations
 
+import re
 import socket
 import time
+import urllib.request
 from pathlib import Path
 
 import msgspec
@@ -192,6 +194,43 @@ def test_a_message_with_a_term_or_index_past_any_a_cluster_reaches_changes_nothi
         logged = Path(c.nodes["n1"].log_path).read_text()
         assert "Traceback" not in logged, logged
         assert rejections(c) == refused + len(messages)
+
+
+def test_a_stream_holding_part_of_a_frame_too_long_is_closed_and_an_idle_one_is_not(tmp_path):
+    """Streams each holding a few bytes of a frame were kept for good (1,500 of them held 88 MB):
+    one whose frame is not complete within peer_frame_timeout_s is closed, logged and counted.
+    A stream with no frame under way stays, however long it is idle: a sender keeps its stream
+    while it has nothing to send."""
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    env = {"RAFTLOG_PEER_FRAME_TIMEOUT_S": "1"}
+    with LocalCluster(
+        tmp_path, replicas=1, partitions=1, auth_token_file=tmp_path / "token", durable=False,
+        env=env,
+    ) as c:  # fmt: skip
+        c.wait_ready()
+        port = c.nodes["n1"].port
+        idle, status, _ = open_frame_stream("127.0.0.1", port, TOKEN)
+        assert status == 101
+        held, status, _ = open_frame_stream("127.0.0.1", port, TOKEN)
+        assert status == 101
+        beat = frame(encode_frame([(0, HeartbeatRequest("n9", "n1", 0, 0))]))
+        with idle, held:
+            held.sendall(beat + beat[:7])  # a whole frame, then the start of the next
+            started = time.monotonic()
+            assert closed_by_peer(held)
+            assert time.monotonic() - started >= 0.9
+            idle.settimeout(1.5)
+            with pytest.raises(TimeoutError):
+                idle.recv(1)  # still open, past the timeout: nothing to read, no EOF
+        assert streams_timed_out(c) == 1
+        logged = Path(c.nodes["n1"].log_path).read_text()
+        assert "7 bytes of a frame not completed in 1 s (peer_frame_timeout_s)" in logged
+
+
+def streams_timed_out(c: LocalCluster) -> float:
+    with urllib.request.urlopen(c.nodes["n1"].url + "/metrics", timeout=5) as r:
+        m = re.search(r"^raftlog_peer_streams_timed_out_total (\S+)$", r.read().decode(), re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def rejections(c: LocalCluster) -> int:

@@ -109,6 +109,15 @@ class NodeSettings(BaseSettings):
         "body of max_request_bytes then needs at least that many bytes over it per second); "
         "else 408 and the connection is closed",
     )
+    peer_frame_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        le=3600,
+        description="a peer's frame stream that holds part of a frame must complete a frame "
+        "within this many seconds, else it is closed (its sender reconnects) and counted in "
+        "raftlog_peer_streams_timed_out; a stream with no frame under way may stay idle, as a "
+        "sender's does while it has nothing to send (checked every second)",
+    )
     max_client_connections: int = Field(
         4096,
         ge=8,

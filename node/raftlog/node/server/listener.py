@@ -129,15 +129,23 @@ class Connections:
     IDLE_S while it waits for no answer is closed; at shutdown, each is closed once its answer
     under way is written (`drain`)."""
 
-    def __init__(self, head_timeout_s: float = 10.0, body_timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        head_timeout_s: float = 10.0,
+        body_timeout_s: float = 30.0,
+        frame_timeout_s: float = 10.0,
+    ) -> None:
         # A request's head must be complete this long after its first byte, and its body this
         # long after its head, however the bytes trickle in (a byte every few seconds kept a
         # connection, and a buffered body, forever): answered 408 and closed.
         self.head_timeout_s = head_timeout_s
         self.body_timeout_s = body_timeout_s
+        # A peer's frame stream holding part of a frame must complete one this long after
+        # (`FrameReceiver.overdue`), or it is closed.
+        self.frame_timeout_s = frame_timeout_s
         self.open: set[ListenerProtocol] = set()
         self.answers: set[asyncio.Task[None]] = set()
-        self.streams: set[asyncio.Transport] = set()  # peers' frame streams
+        self.streams: set[FrameReceiver] = set()  # peers' frame streams
         self.draining = False
         self._sweeper: asyncio.Task[None] | None = None
 
@@ -146,7 +154,9 @@ class Connections:
 
     async def _sweep(self) -> None:
         loop = asyncio.get_running_loop()
-        every = min(SWEEP_S, self.head_timeout_s / 10, self.body_timeout_s / 10)
+        every = min(
+            SWEEP_S, self.head_timeout_s / 10, self.body_timeout_s / 10, self.frame_timeout_s / 10
+        )
         while True:
             await asyncio.sleep(every)
             now = loop.time()
@@ -155,6 +165,8 @@ class Connections:
                     conn.time_out()
                 elif conn.last_data < now - IDLE_S:
                     conn.close()
+            for stream in [s for s in self.streams if s.overdue(now, self.frame_timeout_s)]:
+                stream.time_out(self.frame_timeout_s)
 
     async def drain(self, timeout: float) -> None:
         """Stop taking requests; close each connection once its answer under way is written,
@@ -173,8 +185,8 @@ class Connections:
 
     def close_streams(self) -> None:
         """Close the peers' frame streams (last: appends under way need them to commit)."""
-        for t in list(self.streams):
-            t.close()
+        for stream in list(self.streams):
+            stream.close()
 
 
 class ListenerProtocol(asyncio.Protocol):

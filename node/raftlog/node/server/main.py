@@ -148,7 +148,11 @@ async def serve(settings: NodeSettings) -> None:
     )
     runners = []
     fast_servers: list[asyncio.Server] = []
-    fast_conns = Connections(settings.request_head_timeout_s, settings.request_body_timeout_s)
+    fast_conns = Connections(
+        settings.request_head_timeout_s,
+        settings.request_body_timeout_s,
+        settings.peer_frame_timeout_s,
+    )
     loop = asyncio.get_running_loop()
     limits = {"client": settings.max_client_connections, "peer": settings.max_peer_connections}
     names = ["client" if "client" in planes else "peer" for _, planes in listeners]

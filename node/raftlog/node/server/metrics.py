@@ -43,6 +43,12 @@ class NodeMetrics:
             ["listener"],
             registry=self.registry,
         )
+        self.peer_streams_timed_out = Counter(
+            "raftlog_peer_streams_timed_out",
+            "Peer frame streams closed because a frame begun was not complete within "
+            "peer_frame_timeout_s",
+            registry=self.registry,
+        )
         self._request_children: dict[tuple[str, str, int], Histogram] = {}
         self._fsync_children: dict[int, Histogram] = {}
 
