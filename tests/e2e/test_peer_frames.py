@@ -25,7 +25,7 @@ from raftlog.node.core.messages import (
     TimeoutNow,
     VoteRequest,
 )
-from raftlog.node.transport.codec import encode_frame
+from raftlog.node.transport.codec import Item, Ping, encode_frame
 from raftlog.node.transport.frames import frame, handshake
 
 pytestmark = [pytest.mark.e2e]
@@ -225,6 +225,46 @@ def test_a_stream_holding_part_of_a_frame_too_long_is_closed_and_an_idle_one_is_
         assert streams_timed_out(c) == 1
         logged = Path(c.nodes["n1"].log_path).read_text()
         assert "7 bytes of a frame not completed in 1 s (peer_frame_timeout_s)" in logged
+
+
+def test_names_that_are_not_peers_leave_nothing_behind(tmp_path):
+    """A stream's sender names itself, and so does each message: every name was kept, where it
+    connected from (`/v1/admin/peer-addresses`) and when it was last heard from, so a million
+    pings with names of their own held about 100 MB for good. Only peers' names are kept."""
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    with LocalCluster(
+        tmp_path, replicas=1, partitions=1, auth_token_file=tmp_path / "token", durable=False
+    ) as c:
+        c.wait_ready()
+        proc = c.nodes["n1"].proc
+        assert proc is not None
+        refused = rejections(c)
+        before = rss_kib(proc.pid)
+        s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
+        with s:
+            assert status == 101
+            for batch in range(10):
+                pings: list[Item] = [(-1, Ping(f"x{batch}-{i:06}")) for i in range(100_000)]
+                s.sendall(frame(encode_frame(pings)))
+            # Last, a message the node refuses and counts: all before it were taken then.
+            s.sendall(frame(encode_frame([(0, TimeoutNow("x-last", "n1", 2**64 - 1))])))
+            deadline = time.monotonic() + 30
+            while rejections(c) == refused:
+                assert time.monotonic() < deadline, "the frames were never taken"
+                time.sleep(0.1)
+        grown = rss_kib(proc.pid) - before
+        assert grown < 30 << 10, f"its memory grew by {grown >> 10} MiB"
+        code, body = c.request(
+            "n1", "GET", "/v1/admin/peer-addresses", headers={"Authorization": f"Bearer {TOKEN}"}
+        )
+        assert code == 200 and body == {"addresses": {}}, body
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmRSS")
 
 
 def streams_timed_out(c: LocalCluster) -> float:

@@ -316,9 +316,13 @@ class Node:
             d.call(functools.partial(d.raft.wake_if_silent, silent))
 
     def heard(self, items: list[Item]) -> None:
-        """Messages and pings from peers: each says its sender is alive."""
+        """Messages and pings from peers: each says its sender is alive. Only the names of this
+        node's peers are kept (a member it cannot reach is no use to hear from): every name a
+        frame carried was, and a million pings with names of their own held about 100 MB."""
+        peers = self.transport.peers
         for _, m in items:
-            self.liveness.heard(m.src, self.ticks)
+            if m.src in peers:
+                self.liveness.heard(m.src, self.ticks)
 
     def not_live(self) -> str | None:
         """Why this node should be restarted (`/healthz`): a partition stopped writing, by a

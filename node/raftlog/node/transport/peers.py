@@ -380,8 +380,10 @@ class Transport:
 
     def seen(self, name: str, address: str) -> None:
         """`name` is at `address`: it connected to this node from there (an authenticated
-        peer), or its operator says its pod is there. Tried beside its name (`_open_link`)."""
-        self.addresses[name] = address
+        peer), or its operator says its pod is there. Tried beside its name (`_open_link`).
+        Kept for this node's peers only: a stream's sender names itself, and every name was kept."""
+        if name in self.peers and name != self.node_id:
+            self.addresses[name] = address
 
     def ping(self, names: set[str]) -> None:
         """A liveness ping to each of `names` (`core/liveness.py`), with what else goes to it."""
