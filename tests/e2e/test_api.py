@@ -5,12 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
 import urllib.request
 from typing import Any
 
 import aiohttp
 import pytest
+from crc32c import crc32c
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tests.steady import STEADY_RAFT
@@ -555,6 +557,45 @@ def test_send_snapshot_to_a_member_that_is_down_names_it(tmp_path):
             {"Content-Type": "application/json", **AUTH},
         )  # fmt: skip
         assert code == 400 and answer["field"] == "target", answer
+
+
+def test_a_partition_keeps_one_partial_snapshot_upload(tmp_path):
+    """A peer could start a snapshot upload per index and term and leave each partial file on
+    disk: an upload that starts replaces the partition's partial one (the replaced transfer
+    starts over), and a restart keeps only the one written last, which still resumes."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    with LocalCluster(tmp_path, replicas=1, auth_token_file=token, durable=False) as c:
+        c.wait_ready()
+        snap = c.nodes["n1"].data_dir / "p0" / "snap"
+
+        def path(index: int) -> str:
+            return f"/peer/v1/partitions/0/snapshot?leader=n9&term=1&index={index}&snap_term=1"
+
+        def chunk(index: int, offset: int) -> tuple[int, Any]:
+            data = b"x" * 100
+            headers = {"X-Offset": str(offset), "X-Crc32c": str(crc32c(data)), "X-Total": "1000"}
+            return c.request("n1", "POST", path(index), data, {**AUTH, **headers})
+
+        for index in range(5, 25):
+            code, answer = chunk(index, 0)
+            assert code == 204, answer
+        assert [p.name for p in snap.glob("*.partial")] == [f"{24:020}-{1:020}.snap.partial"]
+        assert c.request("n1", "GET", path(24), None, AUTH) == (200, {"received": 100})
+        code, answer = chunk(5, 100)
+        assert code == 400 and answer["received"] == 0, answer
+        assert c.request("n1", "GET", path(5), None, AUTH) == (200, {"received": 0})
+        c.kill("n1")
+        for index in (3, 4):  # left by a node before this bound
+            stale = snap / f"{index:020}-{1:020}.snap.partial"
+            stale.write_bytes(b"x" * 100)
+            os.utime(stale, (time.time() - 60, time.time() - 60))
+        c.start("n1")
+        c.wait_ready()
+        assert [p.name for p in snap.glob("*.partial")] == [f"{24:020}-{1:020}.snap.partial"]
+        code, answer = chunk(24, 100)
+        assert code == 204, answer
+        assert c.request("n1", "GET", path(24), None, AUTH) == (200, {"received": 200})
 
 
 def metrics_text(c: LocalCluster) -> str:

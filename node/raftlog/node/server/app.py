@@ -492,8 +492,9 @@ async def snapshot_chunk(request: web.Request) -> web.Response:
         total = int(request.headers["X-Total"])
     except (KeyError, ValueError):
         raise bad("headers", "X-Offset, X-Crc32c and X-Total are required integers") from None
-    receiver = driver.storage.snapshots.receiver(index, snap_term)
     chunk = Chunk(offset, await request.read(), crc, total)
+    # After the body: what is on disk may have changed meanwhile (another upload began).
+    receiver = driver.storage.snapshots.receiver(index, snap_term)
     try:
         if receiver.write(chunk) and chunk.last:
             meta, data = receiver.verify()

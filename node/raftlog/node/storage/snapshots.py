@@ -10,6 +10,8 @@ crc32c; the receiver appends them to a `.partial` file (so a transfer can resume
 received), verifies the whole file when the last chunk is in, and only when the core accepts it is
 it renamed into place.
 A half-received snapshot never replaces a good one.
+A partition keeps one partial file: an upload that starts removes the others (a peer could start
+one per index and term and leave each on disk), and an open keeps only the newest one.
 """
 
 from __future__ import annotations
@@ -115,6 +117,13 @@ class SnapshotStore:
             if name.endswith(".tmp"):
                 os.unlink(os.path.join(path, name))  # a local write cut short: never valid
         self.meta, self.file = self._load_latest()
+        # Partial files verified whole and offered to the core, which installs or drops them in
+        # its next pass: never removed by an upload that starts meanwhile.
+        self.sealed: set[str] = set()
+        partials = self._partials()
+        partials.sort(key=os.path.getmtime)
+        for stale in partials[:-1]:
+            os.unlink(stale)  # the transfer that may resume is the one written last
 
     @staticmethod
     def peek(path: str) -> SnapshotMeta | None:
@@ -125,6 +134,17 @@ class SnapshotStore:
         full = os.path.join(path, files[-1][2])
         with open(full, "rb") as f:
             return decode_snapshot(full, f.read())[0]
+
+    def _partials(self) -> list[str]:
+        return [os.path.join(self.path, n) for n in os.listdir(self.path) if n.endswith(".partial")]
+
+    def begin_upload(self, partial: str) -> None:
+        """An upload into `partial` starts: the other partial files go, except those offered to
+        the core (`sealed`). A transfer cut off by it starts over (`SnapshotReceiver.write`)."""
+        for other in self._partials():
+            if other != partial and other not in self.sealed:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(other)
 
     def _files(self) -> list[tuple[int, int, str]]:
         return self._list(self.path)
@@ -240,6 +260,8 @@ class SnapshotReceiver:
             raise SnapshotCorruption(
                 self.partial, f"chunk at offset {chunk.offset}, expected {self.received}"
             )
+        if self.received == 0:
+            self.store.begin_upload(self.partial)
         fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             self.store.ops.write(fd, chunk.data)
@@ -263,6 +285,7 @@ class SnapshotReceiver:
             os.unlink(self.partial)
             self.received = 0
             raise
+        self.store.sealed.add(self.partial)
         return meta, data
 
     def commit(self, meta: SnapshotMeta) -> None:
@@ -275,10 +298,12 @@ class SnapshotReceiver:
             finally:
                 os.close(fd)
         self.store.ops.replace(self.partial, final)
+        self.store.sealed.discard(self.partial)
         if self.store.durable:
             self.store.ops.fsync_dir(self.store.path)
         self.store._became_latest(meta, final)
 
     def abort(self) -> None:
+        self.store.sealed.discard(self.partial)
         if os.path.exists(self.partial):
             os.unlink(self.partial)
