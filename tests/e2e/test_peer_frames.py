@@ -260,6 +260,44 @@ def test_names_that_are_not_peers_leave_nothing_behind(tmp_path):
         assert code == 200 and body == {"addresses": {}}, body
 
 
+def test_messages_for_unknown_partitions_are_counted_and_logged_once_per_sender(tmp_path):
+    """Each message for a partition the node does not have was a line in its log: a peer could
+    fill the disk with them (and a member with fewer partitions than its peers, during a rolling
+    raise of the count, would too). Each is counted; each sender and partition is logged once
+    a minute."""
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    with LocalCluster(
+        tmp_path, replicas=1, partitions=1, auth_token_file=tmp_path / "token", durable=False
+    ) as c:
+        c.wait_ready()
+        refused = rejections(c)
+        s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
+        with s:
+            assert status == 101
+            # 2,000 messages: 500 for each of partitions 7 and 8 from each of n8 and n9.
+            items: list[Item] = [
+                (p, HeartbeatRequest(src, "n1", 0, 0)) for p in (7, 8) for src in ("n8", "n9")
+            ]
+            for _ in range(100):
+                s.sendall(frame(encode_frame(items * 5)))
+            s.sendall(frame(encode_frame([(0, TimeoutNow("n9", "n1", 2**64 - 1))])))
+            deadline = time.monotonic() + 30
+            while rejections(c) == refused:  # the last message taken: all before it were
+                assert time.monotonic() < deadline, "the frames were never taken"
+                time.sleep(0.1)
+        lines = [
+            line
+            for line in Path(c.nodes["n1"].log_path).read_text().splitlines()
+            if "a message for unknown partition" in line
+        ]
+        assert len(lines) == 4, f"{len(lines)} lines: {lines[:3]}"
+        said = sorted(re.findall(r"partition (\d) dropped \(from (n\d)", "\n".join(lines)))
+        assert said == [("7", "n8"), ("7", "n9"), ("8", "n8"), ("8", "n9")], lines
+        with urllib.request.urlopen(c.nodes["n1"].url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        assert re.search(r"^raftlog_peer_messages_dropped_total 2000\.0$", text, re.M), text
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -49,6 +49,11 @@ class NodeMetrics:
             "peer_frame_timeout_s",
             registry=self.registry,
         )
+        self.peer_messages_dropped = Counter(
+            "raftlog_peer_messages_dropped",
+            "Messages from peers dropped because they are for a partition this node does not have",
+            registry=self.registry,
+        )
         self._request_children: dict[tuple[str, str, int], Histogram] = {}
         self._fsync_children: dict[int, Histogram] = {}
 

@@ -4,11 +4,12 @@ has accepted its handshake (`server/listener.py`).
 Each frame's messages are stepped into the partitions' drivers in the callback that completes
 the frame, in order: no task wakes between the socket and the driver. A frame that does not
 decode, or is larger than `max_request_bytes`, closes the stream (the sender reconnects and goes
-on with later frames); a message for a partition this node does not have is dropped and logged,
-and the stream stays up. A stream holding part of a frame, with no frame completed for
-`peer_frame_timeout_s`, is closed by the listener's sweep (`Connections`): 1,500 streams each
-holding a few bytes of a frame once held 88 MB, for good. A stream with no frame under way is
-left open however long it is idle: a sender keeps its stream while it has nothing to send.
+on with later frames); a message for a partition this node does not have is dropped, counted and
+logged (once a minute per sender and partition: `Node.step_streamed`), and the stream stays up.
+A stream holding part of a frame, with no frame completed for `peer_frame_timeout_s`, is closed
+by the listener's sweep (`Connections`): 1,500 streams each holding a few bytes of a frame once
+held 88 MB, for good. A stream with no frame under way is left open however long it is idle: a
+sender keeps its stream while it has nothing to send.
 """
 
 from __future__ import annotations
