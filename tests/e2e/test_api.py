@@ -559,10 +559,11 @@ def test_send_snapshot_to_a_member_that_is_down_names_it(tmp_path):
         assert code == 400 and answer["field"] == "target", answer
 
 
-def test_a_partition_keeps_one_partial_snapshot_upload(tmp_path):
+def test_a_partition_keeps_two_partial_snapshot_uploads(tmp_path):
     """A peer could start a snapshot upload per index and term and leave each partial file on
-    disk: an upload that starts replaces the partition's partial one (the replaced transfer
-    starts over), and a restart keeps only the one written last, which still resumes."""
+    disk: an upload that starts replaces the partition's oldest partial ones but the newest
+    (a replaced transfer starts over), and a restart keeps the two written last, which still
+    resume."""
     token = tmp_path / "token"
     token.write_text("s3cret-token\n")
     with LocalCluster(tmp_path, replicas=1, auth_token_file=token, durable=False) as c:
@@ -578,10 +579,13 @@ def test_a_partition_keeps_one_partial_snapshot_upload(tmp_path):
             return c.request("n1", "POST", path(index), data, {**AUTH, **headers})
 
         for index in range(5, 25):
+            time.sleep(0.01)  # each written later by the clock of file times (a tick or so)
             code, answer = chunk(index, 0)
             assert code == 204, answer
-        assert [p.name for p in snap.glob("*.partial")] == [f"{24:020}-{1:020}.snap.partial"]
+        kept = [f"{i:020}-{1:020}.snap.partial" for i in (23, 24)]
+        assert sorted(p.name for p in snap.glob("*.partial")) == kept
         assert c.request("n1", "GET", path(24), None, AUTH) == (200, {"received": 100})
+        assert c.request("n1", "GET", path(23), None, AUTH) == (200, {"received": 100})
         code, answer = chunk(5, 100)
         assert code == 400 and answer["received"] == 0, answer
         assert c.request("n1", "GET", path(5), None, AUTH) == (200, {"received": 0})
@@ -592,7 +596,7 @@ def test_a_partition_keeps_one_partial_snapshot_upload(tmp_path):
             os.utime(stale, (time.time() - 60, time.time() - 60))
         c.start("n1")
         c.wait_ready()
-        assert [p.name for p in snap.glob("*.partial")] == [f"{24:020}-{1:020}.snap.partial"]
+        assert sorted(p.name for p in snap.glob("*.partial")) == kept
         code, answer = chunk(24, 100)
         assert code == 204, answer
         assert c.request("n1", "GET", path(24), None, AUTH) == (200, {"received": 200})

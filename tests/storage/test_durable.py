@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -148,8 +149,9 @@ def test_chunked_install_interrupted_at_every_chunk_boundary_keeps_the_old_state
 
 
 def test_an_upload_that_starts_leaves_a_snapshot_verified_and_offered(tmp_path):
-    """An upload that starts removes the partition's other partial files, but not one verified
-    whole and offered to the core: the core installs it in its next pass, from that file."""
+    """An upload that starts removes the partition's oldest partial files but the newest, and
+    never one verified whole and offered to the core (the oldest here): the core installs it in
+    its next pass, from that file."""
     src, data = leader_with_snapshot(tmp_path / "src")
     chunks = list(src.snapshots.chunks(chunk_bytes=1000))
     dst = open_storage(tmp_path / "dst", bootstrap=ABC)
@@ -157,10 +159,16 @@ def test_an_upload_that_starts_leaves_a_snapshot_verified_and_offered(tmp_path):
     for c in chunks:
         offered.write(c)
     meta, _ = offered.verify()
-    dst.snapshots.receiver(400, 3).write(chunks[0])  # another upload starts meanwhile
-    dst.snapshots.receiver(500, 3).write(chunks[0])  # and another: it replaces the one before
-    names = sorted(p.name for p in (tmp_path / "dst" / "snap").glob("*.partial"))
-    assert names == [f"{i:020}-{t:020}.snap.partial" for i, t in ((300, 2), (500, 3))]
+
+    def partials() -> list[str]:
+        return sorted(p.name for p in (tmp_path / "dst" / "snap").glob("*.partial"))
+
+    for index in (400, 500, 600):  # other uploads start meanwhile, each after the one before
+        time.sleep(0.01)  # written later by the clock of file times too
+        dst.snapshots.receiver(index, 3).write(chunks[0])
+    assert partials() == [
+        f"{i:020}-{t:020}.snap.partial" for i, t in ((300, 2), (500, 3), (600, 3))
+    ]
     dst.install_received(offered, meta)
     assert dst.snapshot_meta() == SnapshotMeta(300, 2, ABC) and dst.snapshot_data() == data
 

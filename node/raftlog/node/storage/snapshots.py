@@ -10,8 +10,9 @@ crc32c; the receiver appends them to a `.partial` file (so a transfer can resume
 received), verifies the whole file when the last chunk is in, and only when the core accepts it is
 it renamed into place.
 A half-received snapshot never replaces a good one.
-A partition keeps one partial file: an upload that starts removes the others (a peer could start
-one per index and term and leave each on disk), and an open keeps only the newest one.
+A partition keeps at most PARTIALS_KEPT partial files: an upload that starts removes the oldest
+others (a peer could start one per index and term and leave each on disk), and an open keeps the
+newest.
 """
 
 from __future__ import annotations
@@ -33,6 +34,10 @@ from raftlog.node.storage.fileio import FileOps, atomic_write
 MAGIC = b"RLOGSNP1"
 SNAP_NAME = re.compile(r"^([0-9]{20})-([0-9]{20})\.snap$")
 DEFAULT_CHUNK_BYTES = 1024 * 1024
+# The upload that starts and the newest other: two transfers at once (a deposed leader's, not yet
+# stopped, beside its successor's) both finish, where cutting each other off they would each
+# start over in turn. Partial files verified and offered to the core are not counted.
+PARTIALS_KEPT = 2
 
 
 def snapshot_name(index: int, term: int) -> str:
@@ -120,10 +125,8 @@ class SnapshotStore:
         # Partial files verified whole and offered to the core, which installs or drops them in
         # its next pass: never removed by an upload that starts meanwhile.
         self.sealed: set[str] = set()
-        partials = self._partials()
-        partials.sort(key=os.path.getmtime)
-        for stale in partials[:-1]:
-            os.unlink(stale)  # the transfer that may resume is the one written last
+        for stale in self._oldest(self._partials(), PARTIALS_KEPT):
+            os.unlink(stale)  # the transfers that may resume are the ones written last
 
     @staticmethod
     def peek(path: str) -> SnapshotMeta | None:
@@ -138,13 +141,26 @@ class SnapshotStore:
     def _partials(self) -> list[str]:
         return [os.path.join(self.path, n) for n in os.listdir(self.path) if n.endswith(".partial")]
 
+    @staticmethod
+    def _oldest(partials: list[str], keep: int) -> list[str]:
+        """`partials` but the `keep` written last."""
+
+        def written(path: str) -> float:
+            try:
+                return os.path.getmtime(path)
+            except FileNotFoundError:
+                return 0.0
+
+        return sorted(partials, key=written)[: max(0, len(partials) - keep)]
+
     def begin_upload(self, partial: str) -> None:
-        """An upload into `partial` starts: the other partial files go, except those offered to
-        the core (`sealed`). A transfer cut off by it starts over (`SnapshotReceiver.write`)."""
-        for other in self._partials():
-            if other != partial and other not in self.sealed:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(other)
+        """An upload into `partial` starts: the oldest other partial files go, but for the
+        newest PARTIALS_KEPT - 1 and those offered to the core (`sealed`). A transfer cut off by
+        it starts over (`SnapshotReceiver.write`)."""
+        others = [p for p in self._partials() if p != partial and p not in self.sealed]
+        for stale in self._oldest(others, PARTIALS_KEPT - 1):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(stale)
 
     def _files(self) -> list[tuple[int, int, str]]:
         return self._list(self.path)
