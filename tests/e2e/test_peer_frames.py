@@ -298,6 +298,42 @@ def test_messages_for_unknown_partitions_are_counted_and_logged_once_per_sender(
         assert re.search(r"^raftlog_peer_messages_dropped_total 2000\.0$", text, re.M), text
 
 
+def test_replies_to_senders_that_are_no_members_are_logged_once_a_minute_per_name(tmp_path):
+    """A message from a name that is not a member, on a partition the node has, is answered by
+    its core (a stale term is told the current one), and the answer has nowhere to go: each was a
+    line in the log ("no address for"), so a flood of them filled the disk."""
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    with LocalCluster(
+        tmp_path, replicas=1, partitions=1, auth_token_file=tmp_path / "token", durable=False
+    ) as c:
+        c.wait_ready()
+        refused = rejections(c)
+        s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
+        with s:
+            assert status == 101
+            items: list[Item] = [(0, HeartbeatRequest(src, "n1", 0, 0)) for src in ("n8", "n9")]
+            for i in range(100):  # n8 and n9 500 times each, and 1,000 names once each
+                named: list[Item] = [
+                    (0, HeartbeatRequest(f"x{i}-{j}", "n1", 0, 0)) for j in range(10)
+                ]
+                s.sendall(frame(encode_frame(items * 5 + named)))
+            s.sendall(frame(encode_frame([(0, TimeoutNow("n9", "n1", 2**64 - 1))])))
+            deadline = time.monotonic() + 30
+            while rejections(c) == refused:  # the last message taken: all before it were
+                assert time.monotonic() < deadline, "the frames were never taken"
+                time.sleep(0.1)
+        lines = [
+            line
+            for line in Path(c.nodes["n1"].log_path).read_text().splitlines()
+            if "no address for" in line
+        ]
+        names = re.findall(r"no address for ([\w-]+)", "\n".join(lines))
+        # Once per name, for at most 256 names at once (past that only the first ones).
+        assert len(names) == len(set(names)) == 256, f"{len(lines)} lines: {lines[:3]}"
+        assert {"n8", "n9"} <= set(names)
+        assert c.status("n1")["partitions"][0]["role"] == "leader"  # and nothing else changed
+
+
 def rss_kib(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmRSS:"):

@@ -12,6 +12,7 @@ import time
 from raftlog.node.core.liveness import PeerLiveness
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
+from raftlog.node.lograte import OncePer
 from raftlog.node.server.answers import AnswerBudget, BodyBudget
 from raftlog.node.server.archive import make_archiver
 from raftlog.node.server.metrics import NodeMetrics
@@ -27,11 +28,6 @@ from raftlog.node.transport.peers import Transport
 # A checkpoint that failed without failing the journal (a segment not created, on a full
 # disk; old ones not deleted) is tried again after this, not on every tick.
 CHECKPOINT_RETRY_S = 5.0
-# Messages for a partition this node does not have are each counted, and logged once per sender
-# and partition this often (each was logged: a flood of them was a flood of lines), for at most
-# this many pairs at once (the names and numbers are the sender's to choose).
-UNKNOWN_PARTITION_LOG_S = 60.0
-UNKNOWN_PARTITION_LOG_KEYS = 256
 
 log = logging.getLogger("raftlog.node")
 
@@ -113,7 +109,9 @@ class Node:
         self._work = asyncio.Event()
         self._untold: set[PartitionDriver] = set()  # leaders with a commit followers lack
         self._tell_timer: asyncio.TimerHandle | None = None
-        self._unknown_logged: dict[tuple[str, int], float] = {}  # (sender, partition) -> when
+        # Messages for a partition this node lacks: each counted, logged once a minute per
+        # sender and partition (each was logged: a flood of them was a flood of lines).
+        self._unknown_logged = OncePer(60.0)
         self.archiver = make_archiver(self)  # None unless archive_url is set
         self.metrics.attach(self)
 
@@ -368,25 +366,13 @@ class Node:
             d.step(m)
 
     def _drop_unknown(self, p: int, src: str, source: str) -> None:
-        """Count a message for partition `p`, which this node does not have, and log it once
-        per sender and partition in UNKNOWN_PARTITION_LOG_S."""
+        """Count a message for partition `p`, which this node does not have; log it now and then."""
         self.metrics.peer_messages_dropped.inc()
-        now = time.monotonic()
-        logged = self._unknown_logged
-        last = logged.get((src, p))
-        if last is not None and now - last < UNKNOWN_PARTITION_LOG_S:
-            return
-        if last is None and len(logged) >= UNKNOWN_PARTITION_LOG_KEYS:
-            logged = {k: t for k, t in logged.items() if now - t < UNKNOWN_PARTITION_LOG_S}
-            self._unknown_logged = logged
-            if len(logged) >= UNKNOWN_PARTITION_LOG_KEYS:
-                return  # counted only: that many pairs at once say no more than the count
-        logged[(src, p)] = now
-        log.warning(
-            "%s: a message for unknown partition %d dropped (from %s; said once in %g s per "
-            "sender and partition, all counted in raftlog_peer_messages_dropped)",
-            source,
-            p,
-            src,
-            UNKNOWN_PARTITION_LOG_S,
-        )
+        if self._unknown_logged((src, p)):
+            log.warning(
+                "%s: a message for unknown partition %d dropped (from %s; said once a minute per "
+                "sender and partition, all counted in raftlog_peer_messages_dropped)",
+                source,
+                p,
+                src,
+            )

@@ -38,6 +38,7 @@ import aiohttp
 
 from raftlog.node.core.messages import Message
 from raftlog.node.core.types import SnapshotMeta
+from raftlog.node.lograte import OncePer
 from raftlog.node.storage.snapshots import DEFAULT_CHUNK_BYTES, Chunk, encode_snapshot
 from raftlog.node.transport import frames
 from raftlog.node.transport.codec import Item, Ping, encode_frame, size_hint
@@ -324,6 +325,7 @@ class Transport:
         self.session: aiohttp.ClientSession | None = None
         self.senders: dict[str, PeerSender] = {}
         self.addresses: dict[str, str] = {}  # where each peer was last seen (`seen`)
+        self._no_address = OncePer(60.0)
         self.snapshot_chunk_bytes = DEFAULT_CHUNK_BYTES
         # The snapshot streams under way, by (partition, target); each leaves when it ends.
         self.snapshot_sends: dict[tuple[int, str], SnapshotSend] = {}
@@ -405,7 +407,14 @@ class Transport:
             if sender is None:
                 url = self.peers.get(dst)
                 if url is None:
-                    log.warning("p%d: no address for %s; message dropped", partition, dst)
+                    # A reply to a sender that is no member (its name is its own to choose).
+                    if self._no_address((dst, partition)):
+                        log.warning(
+                            "p%d: no address for %s; message dropped (said once a minute per "
+                            "name and partition)",
+                            partition,
+                            dst,
+                        )
                     continue
                 sender = self._add(dst, url)
             written = sender.send(partition, ms) and written
