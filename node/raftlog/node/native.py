@@ -8,13 +8,13 @@ speed it gives is in bench/RESULTS.md ("Hot modules compiled with mypyc"), measu
 
 `python -m raftlog.node.native_build` (run by `make install`) compiles MODULES into
 `$RAFTLOG_NATIVE_DIR` (default `~/.cache/raftlog-native`), in a directory named by the key of
-their sources: the bytes of every module of their packages and the interpreter's extension
-suffix. `raftlog-node`, `raftlog-sim` and the tests call `install()` before anything imports
-the core: it computes the key of the sources as they are now and, if a build of that key
-exists, has the modules imported from it. An edit to any of them (or no build) runs them all
-interpreted: a build never runs stale code, and compiled and interpreted modules never mix
-(a compiled module reaches into the compiled classes of the others). `RAFTLOG_NATIVE=0` runs
-them interpreted whatever is built (for a debugger or a line profiler).
+their sources: the bytes of every module of their packages and of the build's recipe, and the
+interpreter's extension suffix. `raftlog-node`, `raftlog-sim` and the tests call `install()`
+before anything imports the core: it computes the key of the sources as they are now and, if
+a build of that key exists, has the modules imported from it. An edit to any of them (or no
+build) runs them all interpreted: a build never runs stale code, and compiled and interpreted
+modules never mix (a compiled module reaches into the compiled classes of the others).
+`RAFTLOG_NATIVE=0` runs them interpreted whatever is built (for a debugger or a line profiler).
 
 Left interpreted: the message and entry types and `validate.py`, since compiled classes check
 their fields' types on construction and the core's validation must be what refuses a
@@ -62,10 +62,12 @@ def source_of(module: str, root: Path) -> Path:
 
 
 def _keyed(root: Path) -> list[Path]:
-    """MODULES' sources and every other module of their packages: mypyc compiles against
-    the types (and inlines the constants) of what they import, all of it from these."""
+    """MODULES' sources and every other module of their packages (mypyc compiles against
+    the types, and inlines the constants, of what they import, all of it from these), and the
+    recipe that builds them: a changed recipe builds anew at the next `make install`."""
     packages = sorted({source_of(m, root).parent for m in MODULES})
-    return sorted(f for package in packages for f in package.glob("*.py"))
+    recipe = source_of("raftlog.node.native_build", root)
+    return sorted([recipe, *(f for package in packages for f in package.glob("*.py"))])
 
 
 def key(root: Path = ROOT) -> str:
