@@ -12,7 +12,6 @@ import time
 from raftlog.node.core.liveness import PeerLiveness
 from raftlog.node.core.raft import Raft
 from raftlog.node.core.types import Membership
-from raftlog.node.lograte import OncePer
 from raftlog.node.server.answers import AnswerBudget, BodyBudget
 from raftlog.node.server.archive import make_archiver
 from raftlog.node.server.metrics import NodeMetrics
@@ -23,6 +22,7 @@ from raftlog.node.storage.errors import CorruptFile
 from raftlog.node.storage.group_commit import GroupCommit
 from raftlog.node.storage.journal import Journal, lost_partitions
 from raftlog.node.transport.codec import Item, Ping
+from raftlog.node.transport.lograte import OncePer
 from raftlog.node.transport.peers import Transport
 
 # A checkpoint that failed without failing the journal (a segment not created, on a full

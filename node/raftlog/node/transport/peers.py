@@ -38,10 +38,10 @@ import aiohttp
 
 from raftlog.node.core.messages import Message
 from raftlog.node.core.types import SnapshotMeta
-from raftlog.node.lograte import OncePer
 from raftlog.node.storage.snapshots import DEFAULT_CHUNK_BYTES, Chunk, encode_snapshot
 from raftlog.node.transport import frames
 from raftlog.node.transport.codec import Item, Ping, encode_frame, size_hint
+from raftlog.node.transport.lograte import OncePer
 
 log = logging.getLogger("raftlog.transport")
 
