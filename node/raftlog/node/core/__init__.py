@@ -2,66 +2,9 @@
 
 Nothing in this package touches sockets, files, clocks or asyncio. Drivers feed it messages and
 ticks, and carry out what its `Ready` asks for (persist, send, apply, snapshot) before `advance`.
+
+Its names are imported from their modules (`core.raft`, `core.types`, `core.messages`, ...),
+not re-exported here: a reader that needs only `core.types` (Spark's workers, through the
+archive's objects) then does not load the core and its settings' pydantic (about 75 ms a
+process).
 """
-
-from raftlog.node.core.errors import (
-    InvalidMessage,
-    MembershipError,
-    NotLeader,
-    ProposalRefused,
-    SafetyViolation,
-)
-from raftlog.node.core.messages import (
-    AppendRequest,
-    AppendResponse,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    InstallSnapshot,
-    Message,
-    PreVoteRequest,
-    PreVoteResponse,
-    TimeoutNow,
-    VoteRequest,
-    VoteResponse,
-)
-from raftlog.node.core.progress import ProgressState
-from raftlog.node.core.raft import Raft, Ready, Role
-from raftlog.node.core.types import (
-    Entry,
-    EntryKind,
-    Event,
-    HardState,
-    Membership,
-    SnapshotMeta,
-    SnapshotRequest,
-)
-
-__all__ = [
-    "AppendRequest",
-    "AppendResponse",
-    "Entry",
-    "EntryKind",
-    "Event",
-    "HardState",
-    "HeartbeatRequest",
-    "HeartbeatResponse",
-    "InstallSnapshot",
-    "InvalidMessage",
-    "Membership",
-    "MembershipError",
-    "Message",
-    "NotLeader",
-    "PreVoteRequest",
-    "PreVoteResponse",
-    "ProgressState",
-    "ProposalRefused",
-    "Raft",
-    "Ready",
-    "Role",
-    "SafetyViolation",
-    "SnapshotMeta",
-    "SnapshotRequest",
-    "TimeoutNow",
-    "VoteRequest",
-    "VoteResponse",
-]
