@@ -336,12 +336,56 @@ def test_a_promotion_the_leader_refuses_restarts_the_window():
     assert "HTTP 409: lags" in events[1].message
 
 
-def test_one_new_member_at_a_time():
+def test_replicas_raised_again_while_a_learner_catches_up_wait_for_its_promotion():
     w, st, _ = learner_world(lag=500)
     s5 = spec(replicas=5)
     plan = step(st, w, s5)
     assert isinstance(plan.action, Wait)  # c-3 still catching up: no c-4 yet
     assert [m.name for m in plan.status.members] == ["c-0", "c-1", "c-2", "c-3"]
+
+
+def test_a_scale_up_creates_its_members_together_and_promotes_them_one_at_a_time():
+    """3 -> 5: both pods at once; the one running joins while the other still starts; their
+    windows run side by side; each promotion is a change of its own, one after the other."""
+    s = spec(replicas=5)
+    plan = step(running_status(MEMBERS), World(MEMBERS), s)
+    assert plan.action == CreateMembers(("c-3", "c-4"), join=True)
+    assert [e.message for e in plan.events if e.reason == "ScalingUp"] == [
+        "adding c-3, c-4 (5 of 5)"
+    ]
+    assert plan.status.next_ordinal == 5
+    w = World(MEMBERS)
+    w.pods.update({"c-3": "pending", "c-4": "running"})
+    plan = step(plan.status, w, s)
+    assert plan.action == ChangeMembership(0, "c-0", "add_learner", "c-4")  # c-3 holds up nothing
+    for p in (0, 1):
+        w.learners[p].add("c-4")
+        w.follower(p, fv("c-4", lag=0, learner=True))
+    plan = step(plan.status, w, s)
+    assert isinstance(plan.action, Wait) and plan.action.reason == "c-3 is starting"
+    assert plan.status.member("c-4").role == "learner"  # type: ignore[union-attr]
+    w.pods["c-3"] = "running"
+    st = plan.status
+    for p in (0, 1):
+        plan = step(st, w, s)
+        assert plan.action == ChangeMembership(p, "c-0", "add_learner", "c-3")
+        w.learners[p].add("c-3")
+        w.follower(p, fv("c-3", lag=0, learner=True))
+        st = plan.status
+    window = s.raft.learner_promotion_stable_window
+    plan = step(st, w, s, now=T0 + 0.1)  # both windows open
+    assert all(plan.status.member(n).promotion.window_started_at for n in ("c-3", "c-4"))  # type: ignore[union-attr]
+    promoted = []
+    now = T0 + window + 0.1
+    while (plan := step(plan.status, w, s, now=now)).action is not None:
+        action = plan.action
+        assert isinstance(action, ChangeMembership) and action.op == "promote", action
+        promoted.append((action.partition, action.member))
+        w.learners[action.partition].discard(action.member)
+        w.voters[action.partition].add(action.member)
+        now += 0.2
+    assert promoted == [(0, "c-3"), (1, "c-3"), (0, "c-4"), (1, "c-4")]
+    assert [m.role for m in plan.status.members] == ["voter"] * 5
 
 
 def test_a_scale_down_during_a_scale_up_removes_the_learner_without_promoting_it():
