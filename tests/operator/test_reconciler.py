@@ -336,6 +336,32 @@ def test_a_promotion_the_leader_refuses_restarts_the_window():
     assert "HTTP 409: lags" in events[1].message
 
 
+def test_a_member_that_does_not_start_keeps_no_other_from_its_promotion():
+    s = spec(replicas=5)
+    plan = step(running_status(MEMBERS), World(MEMBERS), s)
+    w = World(MEMBERS)
+    w.pods.update({"c-3": "pending", "c-4": "running"})
+    st = plan.status
+    for p in (0, 1):
+        plan = step(st, w, s)
+        assert plan.action == ChangeMembership(p, "c-0", "add_learner", "c-4")
+        w.learners[p].add("c-4")
+        w.follower(p, fv("c-4", lag=0, learner=True))
+        st = plan.status
+    plan = step(st, w, s)
+    assert isinstance(plan.action, Wait) and plan.action.reason == "c-3 is starting"
+    window = s.raft.learner_promotion_stable_window
+    plan = step(plan.status, w, s, now=T0 + window)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-4")
+    for p in (0, 1):
+        w.learners[p].discard("c-4")
+        w.voters[p].add("c-4")
+    plan = step(plan.status, w, s, now=T0 + window + 1)
+    assert isinstance(plan.action, Wait) and plan.action.reason == "c-3 is starting"
+    assert plan.status.member("c-4").role == "voter"  # type: ignore[union-attr]
+    assert plan.status.member("c-3").role == "joining"  # type: ignore[union-attr]
+
+
 def test_replicas_raised_again_while_a_learner_catches_up_wait_for_its_promotion():
     w, st, _ = learner_world(lag=500)
     s5 = spec(replicas=5)

@@ -176,6 +176,8 @@ def test_next_to_restart(stale: list[str], leading: set[str], expected: str) -> 
         (["c-0", "c-1", "c-2", "c-3:joining"], "c-3"),  # the joining one before any voter
         (["c-0", "c-4:learner", "c-2"], "c-4"),
         (["c-5", "c-1", "c-3"], "c-5"),  # by ordinal, not by position
+        (["c-0", "c-1", "c-2", "c-3:joining", "c-4"], "c-3"),  # not yet a voter, whatever ordinal
+        (["c-0", "c-1", "c-2", "c-3:learner", "c-4:joining"], "c-4"),
     ],
 )
 def test_next_to_remove(active: list[str], expected: str) -> None:

@@ -462,6 +462,11 @@ def _joining(cluster: _ClusterPass) -> Action | None:
         m.promotion = Promotion(window_seconds=cluster.spec.raft.learner_promotion_stable_window)
         cluster.event("LearnerAdded", f"{m.name} is a learner of every partition; catching up")
     if starting:
+        # A pod that does not start (unschedulable, an image not pulled) keeps no learner
+        # beside it from its promotion; every other step waits for it.
+        promotion = _promotions(cluster)
+        if isinstance(promotion, ChangeMembership):
+            return promotion
         return Wait(f"{', '.join(starting)} {'is' if len(starting) == 1 else 'are'} starting")
     return None
 

@@ -56,8 +56,10 @@ def next_to_restart(stale: Sequence[MemberStatus], leading: AbstractSet[str]) ->
 
 
 def next_to_remove(active: Sequence[MemberStatus]) -> MemberStatus:
-    """The newest goes first on a scale-down: a learner still joining before any voter."""
-    return max(active, key=lambda m: m.ordinal)
+    """A member not yet a voter (joining, a learner) goes first on a scale-down, then the newest:
+    a scale-up creates its members together, and a voter promoted beside one that never started
+    is not the one to lose."""
+    return max(active, key=lambda m: (m.role != "voter", m.ordinal))
 
 
 def fit_to_lead(follower: FollowerView, leaving: str, ready: AbstractSet[str]) -> bool:
