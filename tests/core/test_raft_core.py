@@ -68,6 +68,29 @@ def test_pre_vote_does_not_raise_anyones_term() -> None:
     assert voter.term == 1 and sent(rd2, PreVoteResponse)[0].granted  # type: ignore[union-attr]
 
 
+def test_answers_from_names_that_are_not_voters_are_kept_nowhere_and_count_for_nothing() -> None:
+    """A campaign kept every answer's sender: a peer could send answers under a million names of
+    its own and the partition held each until its next campaign."""
+    s = storage_with([(1, 1)])
+    r = Raft("a", CFG, s)
+    r.hup()
+    drain(r, s)
+    for i in range(1000):
+        r.step(PreVoteResponse(f"x{i}", r.id, r.term + 1, True))
+    roles = [r.role]
+    assert set(r._votes) <= {"a", "b", "c"}
+    r.step(PreVoteResponse("b", r.id, r.term + 1, True))
+    drain(r, s)
+    roles.append(r.role)
+    for i in range(1000):
+        r.step(VoteResponse(f"x{i}", r.id, r.term, True))
+    roles.append(r.role)
+    assert set(r._votes) <= {"a", "b", "c"}
+    r.step(VoteResponse("c", r.id, r.term, True))
+    roles.append(r.role)
+    assert roles == [Role.PRE_CANDIDATE, Role.CANDIDATE, Role.CANDIDATE, Role.LEADER]
+
+
 def test_vote_is_persisted_before_the_vote_is_sent() -> None:
     s = storage_with([(1, 1)])
     r = Raft("b", CFG, s)

@@ -738,6 +738,8 @@ class Raft:
             return
         if m.granted and m.term != self.term + 1:
             return
+        if m.src not in self.membership.voters:
+            return  # counts for nothing, and any name could be sent: none is kept
         self._votes[m.src] = m.granted
         result = self._tally()
         if result == "won":
@@ -746,7 +748,7 @@ class Raft:
             self._become_follower(self.term, None)
 
     def _on_vote_response(self, m: VoteResponse) -> None:
-        if self.role != Role.CANDIDATE:
+        if self.role != Role.CANDIDATE or m.src not in self.membership.voters:
             return
         self._votes[m.src] = m.granted
         result = self._tally()
