@@ -362,6 +362,31 @@ def test_a_member_that_does_not_start_keeps_no_other_from_its_promotion():
     assert plan.status.member("c-3").role == "joining"  # type: ignore[union-attr]
 
 
+def test_a_learner_that_lags_holds_up_no_other_learners_promotion():
+    s = spec(replicas=5)
+    st = step(running_status(MEMBERS), World(MEMBERS), s).status
+    w = World(MEMBERS)
+    w.pods.update({"c-3": "running", "c-4": "running"})
+    for name in ("c-3", "c-4"):
+        for p in (0, 1):
+            plan = step(st, w, s)
+            assert plan.action == ChangeMembership(p, "c-0", "add_learner", name)
+            w.learners[p].add(name)
+            w.follower(p, fv(name, lag=500 if name == "c-3" else 0, learner=True))
+            st = plan.status
+    window = s.raft.learner_promotion_stable_window
+    plan = step(st, w, s)
+    assert isinstance(plan.action, Wait) and plan.action.reason.startswith("c-3: lags by 500")
+    plan = step(plan.status, w, s, now=T0 + window)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-4")
+    for p in (0, 1):
+        w.learners[p].discard("c-4")
+        w.voters[p].add("c-4")
+    plan = step(plan.status, w, s, now=T0 + window + 1)
+    assert isinstance(plan.action, Wait) and plan.action.reason.startswith("c-3: lags by 500")
+    assert [m.role for m in plan.status.members] == ["voter"] * 3 + ["learner", "voter"]
+
+
 def test_replicas_raised_again_while_a_learner_catches_up_wait_for_its_promotion():
     w, st, _ = learner_world(lag=500)
     s5 = spec(replicas=5)

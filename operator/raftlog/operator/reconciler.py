@@ -518,25 +518,31 @@ def _promotion_windows(cluster: _ClusterPass) -> None:
 
 
 def _promotions(cluster: _ClusterPass) -> Action | None:
+    """The first learner whose whole window has run is promoted, one partition a pass; one
+    still lagging or within its window holds up no other (a scale-up's learners catch up side
+    by side). With none ready, the first learner's wait is the pass's."""
     _promotion_windows(cluster)
+    waiting: Wait | None = None
     for m in cluster.status.members:
         if m.role != "learner":
             continue
         promotion = m.promotion
         assert promotion is not None  # `_promotion_windows` gave every learner one
         if m.name in cluster.lagging:
-            return Wait(f"{m.name}: {cluster.lagging[m.name]}")
+            waiting = waiting or Wait(f"{m.name}: {cluster.lagging[m.name]}")
+            continue
         if promotion.elapsed_seconds < promotion.window_seconds:
-            return Wait(
+            waiting = waiting or Wait(
                 f"{m.name} within learnerPromotionLag for {promotion.elapsed_seconds:.1f} of "
                 f"{promotion.window_seconds:g} s"
             )
+            continue
         for partition, leader_view in cluster.led_partitions():
             if m.name in leader_view.learners:
                 return ChangeMembership(partition, leader_view.leader or "", "promote", m.name)
         m.role, m.promotion = "voter", None
         cluster.event("Promoted", f"{m.name} is a voter of every partition")
-    return None
+    return waiting
 
 
 def _scale_up(cluster: _ClusterPass) -> Action | None:
