@@ -260,36 +260,43 @@ def test_names_that_are_not_peers_leave_nothing_behind(tmp_path):
         assert code == 200 and body == {"addresses": {}}, body
 
 
+def flooded(c: LocalCluster, frames: list[list[Item]], said: str) -> list[str]:
+    """Send `frames` on one frame stream, then a message the node refuses and counts: once it is
+    counted, every message before it was taken. The lines of the node's log holding `said`."""
+    refused = rejections(c)
+    s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
+    with s:
+        assert status == 101
+        for items in frames:
+            s.sendall(frame(encode_frame(items)))
+        s.sendall(frame(encode_frame([(0, TimeoutNow("n9", "n1", 2**64 - 1))])))
+        deadline = time.monotonic() + 30
+        while rejections(c) == refused:
+            assert time.monotonic() < deadline, "the frames were never taken"
+            time.sleep(0.1)
+    log = Path(c.nodes["n1"].log_path).read_text().splitlines()
+    return [line for line in log if said in line]
+
+
+def token_node(tmp_path: Path) -> LocalCluster:
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    return LocalCluster(
+        tmp_path, replicas=1, partitions=1, auth_token_file=tmp_path / "token", durable=False
+    )
+
+
 def test_messages_for_unknown_partitions_are_counted_and_logged_once_per_sender(tmp_path):
     """Each message for a partition the node does not have was a line in its log: a peer could
     fill the disk with them (and a member with fewer partitions than its peers, during a rolling
     raise of the count, would too). Each is counted; each sender and partition is logged once
     a minute."""
-    (tmp_path / "token").write_text(TOKEN + "\n")
-    with LocalCluster(
-        tmp_path, replicas=1, partitions=1, auth_token_file=tmp_path / "token", durable=False
-    ) as c:
+    with token_node(tmp_path) as c:
         c.wait_ready()
-        refused = rejections(c)
-        s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
-        with s:
-            assert status == 101
-            # 2,000 messages: 500 for each of partitions 7 and 8 from each of n8 and n9.
-            items: list[Item] = [
-                (p, HeartbeatRequest(src, "n1", 0, 0)) for p in (7, 8) for src in ("n8", "n9")
-            ]
-            for _ in range(100):
-                s.sendall(frame(encode_frame(items * 5)))
-            s.sendall(frame(encode_frame([(0, TimeoutNow("n9", "n1", 2**64 - 1))])))
-            deadline = time.monotonic() + 30
-            while rejections(c) == refused:  # the last message taken: all before it were
-                assert time.monotonic() < deadline, "the frames were never taken"
-                time.sleep(0.1)
-        lines = [
-            line
-            for line in Path(c.nodes["n1"].log_path).read_text().splitlines()
-            if "a message for unknown partition" in line
+        # 2,000 messages: 500 for each of partitions 7 and 8 from each of n8 and n9.
+        items: list[Item] = [
+            (p, HeartbeatRequest(src, "n1", 0, 0)) for p in (7, 8) for src in ("n8", "n9")
         ]
+        lines = flooded(c, [items * 5] * 100, "a message for unknown partition")
         assert len(lines) == 4, f"{len(lines)} lines: {lines[:3]}"
         said = sorted(re.findall(r"partition (\d) dropped \(from (n\d)", "\n".join(lines)))
         assert said == [("7", "n8"), ("7", "n9"), ("8", "n8"), ("8", "n9")], lines
@@ -302,31 +309,14 @@ def test_replies_to_senders_that_are_no_members_are_logged_once_a_minute_per_nam
     """A message from a name that is not a member, on a partition the node has, is answered by
     its core (a stale term is told the current one), and the answer has nowhere to go: each was a
     line in the log ("no address for"), so a flood of them filled the disk."""
-    (tmp_path / "token").write_text(TOKEN + "\n")
-    with LocalCluster(
-        tmp_path, replicas=1, partitions=1, auth_token_file=tmp_path / "token", durable=False
-    ) as c:
+    with token_node(tmp_path) as c:
         c.wait_ready()
-        refused = rejections(c)
-        s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
-        with s:
-            assert status == 101
-            items: list[Item] = [(0, HeartbeatRequest(src, "n1", 0, 0)) for src in ("n8", "n9")]
-            for i in range(100):  # n8 and n9 500 times each, and 1,000 names once each
-                named: list[Item] = [
-                    (0, HeartbeatRequest(f"x{i}-{j}", "n1", 0, 0)) for j in range(10)
-                ]
-                s.sendall(frame(encode_frame(items * 5 + named)))
-            s.sendall(frame(encode_frame([(0, TimeoutNow("n9", "n1", 2**64 - 1))])))
-            deadline = time.monotonic() + 30
-            while rejections(c) == refused:  # the last message taken: all before it were
-                assert time.monotonic() < deadline, "the frames were never taken"
-                time.sleep(0.1)
-        lines = [
-            line
-            for line in Path(c.nodes["n1"].log_path).read_text().splitlines()
-            if "no address for" in line
+        items: list[Item] = [(0, HeartbeatRequest(src, "n1", 0, 0)) for src in ("n8", "n9")]
+        frames = [  # n8 and n9 500 times each, and 1,000 names once each
+            items * 5 + [(0, HeartbeatRequest(f"x{i}-{j}", "n1", 0, 0)) for j in range(10)]
+            for i in range(100)
         ]
+        lines = flooded(c, frames, "no address for")
         names = re.findall(r"no address for ([\w-]+)", "\n".join(lines))
         # Once per name, for at most 256 names at once (past that only the first ones).
         assert len(names) == len(set(names)) == 256, f"{len(lines)} lines: {lines[:3]}"

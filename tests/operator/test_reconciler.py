@@ -336,55 +336,43 @@ def test_a_promotion_the_leader_refuses_restarts_the_window():
     assert "HTTP 409: lags" in events[1].message
 
 
-def test_a_member_that_does_not_start_keeps_no_other_from_its_promotion():
-    s = spec(replicas=5)
-    plan = step(running_status(MEMBERS), World(MEMBERS), s)
-    w = World(MEMBERS)
-    w.pods.update({"c-3": "pending", "c-4": "running"})
-    st = plan.status
+def added_as_learner(
+    st: RaftClusterStatus, w: World, s: RaftClusterSpec, name: str, lag: int = 0
+) -> RaftClusterStatus:
+    """Step `st` through `name`'s addition as a learner of both partitions, answering each."""
     for p in (0, 1):
         plan = step(st, w, s)
-        assert plan.action == ChangeMembership(p, "c-0", "add_learner", "c-4")
-        w.learners[p].add("c-4")
-        w.follower(p, fv("c-4", lag=0, learner=True))
+        assert plan.action == ChangeMembership(p, "c-0", "add_learner", name)
+        w.learners[p].add(name)
+        w.follower(p, fv(name, lag=lag, learner=True))
         st = plan.status
-    plan = step(st, w, s)
-    assert isinstance(plan.action, Wait) and plan.action.reason == "c-3 is starting"
-    window = s.raft.learner_promotion_stable_window
-    plan = step(plan.status, w, s, now=T0 + window)
-    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-4")
-    for p in (0, 1):
-        w.learners[p].discard("c-4")
-        w.voters[p].add("c-4")
-    plan = step(plan.status, w, s, now=T0 + window + 1)
-    assert isinstance(plan.action, Wait) and plan.action.reason == "c-3 is starting"
-    assert plan.status.member("c-4").role == "voter"  # type: ignore[union-attr]
-    assert plan.status.member("c-3").role == "joining"  # type: ignore[union-attr]
+    return st
 
 
-def test_a_learner_that_lags_holds_up_no_other_learners_promotion():
+@pytest.mark.parametrize("c3", ["never starts", "lags"])
+def test_a_member_that_never_starts_or_lags_holds_up_no_other_learners_promotion(c3: str):
+    """3 -> 5 with c-3 stuck (its pod never runs, or it runs but lags): c-4's window runs and it
+    is promoted; c-3's reason is the pass's wait before and after."""
     s = spec(replicas=5)
     st = step(running_status(MEMBERS), World(MEMBERS), s).status
     w = World(MEMBERS)
-    w.pods.update({"c-3": "running", "c-4": "running"})
-    for name in ("c-3", "c-4"):
-        for p in (0, 1):
-            plan = step(st, w, s)
-            assert plan.action == ChangeMembership(p, "c-0", "add_learner", name)
-            w.learners[p].add(name)
-            w.follower(p, fv(name, lag=500 if name == "c-3" else 0, learner=True))
-            st = plan.status
+    w.pods.update({"c-3": "pending" if c3 == "never starts" else "running", "c-4": "running"})
+    if c3 == "lags":
+        st = added_as_learner(st, w, s, "c-3", lag=500)
+    st = added_as_learner(st, w, s, "c-4")
+    reason = "c-3 is starting" if c3 == "never starts" else "c-3: lags by 500"
     window = s.raft.learner_promotion_stable_window
     plan = step(st, w, s)
-    assert isinstance(plan.action, Wait) and plan.action.reason.startswith("c-3: lags by 500")
+    assert isinstance(plan.action, Wait) and plan.action.reason.startswith(reason)
     plan = step(plan.status, w, s, now=T0 + window)
     assert plan.action == ChangeMembership(0, "c-0", "promote", "c-4")
     for p in (0, 1):
         w.learners[p].discard("c-4")
         w.voters[p].add("c-4")
     plan = step(plan.status, w, s, now=T0 + window + 1)
-    assert isinstance(plan.action, Wait) and plan.action.reason.startswith("c-3: lags by 500")
-    assert [m.role for m in plan.status.members] == ["voter"] * 3 + ["learner", "voter"]
+    assert isinstance(plan.action, Wait) and plan.action.reason.startswith(reason)
+    c3_role = "joining" if c3 == "never starts" else "learner"
+    assert [m.role for m in plan.status.members] == ["voter"] * 3 + [c3_role, "voter"]
 
 
 def test_replicas_raised_again_while_a_learner_catches_up_wait_for_its_promotion():
@@ -416,13 +404,7 @@ def test_a_scale_up_creates_its_members_together_and_promotes_them_one_at_a_time
     assert isinstance(plan.action, Wait) and plan.action.reason == "c-3 is starting"
     assert plan.status.member("c-4").role == "learner"  # type: ignore[union-attr]
     w.pods["c-3"] = "running"
-    st = plan.status
-    for p in (0, 1):
-        plan = step(st, w, s)
-        assert plan.action == ChangeMembership(p, "c-0", "add_learner", "c-3")
-        w.learners[p].add("c-3")
-        w.follower(p, fv("c-3", lag=0, learner=True))
-        st = plan.status
+    st = added_as_learner(plan.status, w, s, "c-3")
     window = s.raft.learner_promotion_stable_window
     plan = step(st, w, s, now=T0 + 0.1)  # both windows open
     assert all(plan.status.member(n).promotion.window_started_at for n in ("c-3", "c-4"))  # type: ignore[union-attr]
