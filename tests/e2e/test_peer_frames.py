@@ -8,6 +8,7 @@ import re
 import socket
 import time
 import urllib.request
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
@@ -238,20 +239,11 @@ def test_names_that_are_not_peers_leave_nothing_behind(tmp_path):
         c.wait_ready()
         proc = c.nodes["n1"].proc
         assert proc is not None
-        refused = rejections(c)
         before = rss_kib(proc.pid)
-        s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
-        with s:
-            assert status == 101
-            for batch in range(10):
-                pings: list[Item] = [(-1, Ping(f"x{batch}-{i:06}")) for i in range(100_000)]
-                s.sendall(frame(encode_frame(pings)))
-            # Last, a message the node refuses and counts: all before it were taken then.
-            s.sendall(frame(encode_frame([(0, TimeoutNow("x-last", "n1", 2**64 - 1))])))
-            deadline = time.monotonic() + 30
-            while rejections(c) == refused:
-                assert time.monotonic() < deadline, "the frames were never taken"
-                time.sleep(0.1)
+        sent_and_taken(
+            c,
+            ([(-1, Ping(f"x{batch}-{i:06}")) for i in range(100_000)] for batch in range(10)),
+        )
         grown = rss_kib(proc.pid) - before
         assert grown < 30 << 10, f"its memory grew by {grown >> 10} MiB"
         code, body = c.request(
@@ -260,9 +252,9 @@ def test_names_that_are_not_peers_leave_nothing_behind(tmp_path):
         assert code == 200 and body == {"addresses": {}}, body
 
 
-def flooded(c: LocalCluster, frames: list[list[Item]], said: str) -> list[str]:
+def sent_and_taken(c: LocalCluster, frames: Iterable[list[Item]]) -> None:
     """Send `frames` on one frame stream, then a message the node refuses and counts: once it is
-    counted, every message before it was taken. The lines of the node's log holding `said`."""
+    counted, every message before it was taken."""
     refused = rejections(c)
     s, status, _ = open_frame_stream("127.0.0.1", c.nodes["n1"].port, TOKEN)
     with s:
@@ -274,6 +266,11 @@ def flooded(c: LocalCluster, frames: list[list[Item]], said: str) -> list[str]:
         while rejections(c) == refused:
             assert time.monotonic() < deadline, "the frames were never taken"
             time.sleep(0.1)
+
+
+def flooded(c: LocalCluster, frames: list[list[Item]], said: str) -> list[str]:
+    """`frames` sent and taken (`sent_and_taken`): the lines of the node's log holding `said`."""
+    sent_and_taken(c, frames)
     log = Path(c.nodes["n1"].log_path).read_text().splitlines()
     return [line for line in log if said in line]
 
