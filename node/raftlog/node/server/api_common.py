@@ -50,11 +50,10 @@ def bad(field: str, reason: str) -> ApiError:
     return ApiError(400, "bad_request", reason, field)
 
 
-def _transfer_codings(request: web.Request) -> list[str]:
+def _tokens(request: web.Request, name: str) -> list[str]:
+    """A comma-separated header's items (all its lines), lower-cased."""
     return [
-        c.strip().lower()
-        for value in request.headers.getall("Transfer-Encoding", ())
-        for c in value.split(",")
+        c.strip().lower() for value in request.headers.getall(name, ()) for c in value.split(",")
     ]
 
 
@@ -63,10 +62,7 @@ def _asks_upgrade(request: web.Request) -> bool:
     or a CONNECT)."""
     if request.method == "CONNECT":
         return True
-    connection = request.headers.getall("Connection", ())
-    return "Upgrade" in request.headers and any(
-        t.strip().lower() == "upgrade" for value in connection for t in value.split(",")
-    )
+    return "Upgrade" in request.headers and "upgrade" in _tokens(request, "Connection")
 
 
 def _refused_unread(
@@ -116,7 +112,7 @@ def make_guard(token: str | None) -> Middleware:
                     f"{request.headers['Content-Encoding']!r} (use identity)",
                     "Content-Encoding",
                 )
-            elif (codings := _transfer_codings(request)) not in ([], ["chunked"]):
+            elif (codings := _tokens(request, "Transfer-Encoding")) not in ([], ["chunked"]):
                 # aiohttp reads a body whose last coding is chunked and passes it on still
                 # encoded (gzip, say): it would be refused later as JSON it is not.
                 resp = _refused_unread(
