@@ -602,6 +602,51 @@ def test_a_partition_keeps_two_partial_snapshot_uploads(tmp_path):
         assert c.request("n1", "GET", path(24), None, AUTH) == (200, {"received": 200})
 
 
+def test_a_snapshot_upload_is_bounded_by_its_total_and_the_volumes_free_space(tmp_path):
+    """A peer's upload had no bound but the disk: a chunk past its total, another total for the
+    same file, or a total the volume cannot hold (it would stop every partition's log) are
+    refused, naming why; a file left larger than the real one no longer blocks its install."""
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    with LocalCluster(tmp_path, replicas=1, auth_token_file=token, durable=False) as c:
+        c.wait_ready()
+        snap = c.nodes["n1"].data_dir / "p0" / "snap"
+        path = "/peer/v1/partitions/0/snapshot?leader=n9&term=1&index=7&snap_term=1"
+
+        def chunk(offset: int, total: int, size: int = 100) -> tuple[int, Any]:
+            data = b"x" * size
+            headers = {
+                "X-Offset": str(offset),
+                "X-Crc32c": str(crc32c(data)),
+                "X-Total": str(total),
+            }
+            return c.request("n1", "POST", path, data, {**AUTH, **headers})
+
+        free = os.statvfs(snap).f_bavail * os.statvfs(snap).f_frsize
+        code, answer = chunk(0, free)
+        assert code == 507 and answer["error"] == "no_room", answer
+        assert answer["field"] == "X-Total" and str(free) in answer["reason"], answer
+        assert not list(snap.glob("*.partial"))
+        code, answer = chunk(0, 50)
+        assert code == 400 and "ends at 100, past 50" in answer["reason"], answer
+        code, answer = chunk(0, -1)
+        assert code == 400 and answer["field"] == "X-Total", answer
+        assert chunk(0, 10_000)[0] == 204
+        assert c.request("n1", "GET", path, None, AUTH) == (200, {"received": 100})
+        # Another total for the same index and term: the bytes held are another file's.
+        code, answer = chunk(100, 5_000)
+        assert code == 400 and answer["received"] == 0, answer
+        assert c.request("n1", "GET", path, None, AUTH) == (200, {"received": 0})
+        assert chunk(0, 10_000)[0] == 204 and chunk(100, 10_000)[0] == 204
+        c.kill("n1")
+        c.start("n1")
+        c.wait_ready()
+        # After a restart the total is not known; a file larger than the one sent starts over.
+        code, answer = chunk(0, 150)
+        assert code == 204, answer
+        assert c.request("n1", "GET", path, None, AUTH) == (200, {"received": 100})
+
+
 def metrics_text(c: LocalCluster) -> str:
     with urllib.request.urlopen(c.nodes["n1"].url + "/metrics", timeout=5) as r:
         return str(r.read().decode())

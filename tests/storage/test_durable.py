@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 from tests.storage.helpers import ents, records_end
 
 from raftlog.node.core.errors import Compacted, SafetyViolation
@@ -19,12 +20,13 @@ from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import (
     CorruptFile,
     SnapshotCorruption,
+    SnapshotNoRoom,
     StorageFailed,
     WalCorruption,
 )
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.segment import encode_commit
-from raftlog.node.storage.snapshots import Chunk, SnapshotStore, snapshot_name
+from raftlog.node.storage.snapshots import SPACE_KEPT, Chunk, SnapshotStore, snapshot_name
 
 ABC = Membership.of(["a", "b", "c"])
 
@@ -535,6 +537,55 @@ def test_a_chunk_one_byte_past_what_was_received_is_refused(tmp_path: Path) -> N
     with pytest.raises(SnapshotCorruption, match="chunk at offset 1001, expected 1000"):
         rx.write(Chunk.of(raw, 1001, 1000))
     assert rx.received == dst.snapshots.receiver(300, 2).received == 1000
+
+
+def test_a_partial_file_larger_than_the_snapshot_sent_starts_over_and_installs(
+    tmp_path: Path,
+) -> None:
+    """Bytes of another, larger file under the same index and term (a peer's, or one left by a
+    restart) made every chunk of the real one a retransmission: it never installed."""
+    src, data = leader_with_snapshot(tmp_path / "src")
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    raw_len = snapshot_file(src).stat().st_size
+    Path(dst.snapshots.receiver(300, 2).partial).write_bytes(b"j" * (raw_len + 500))
+    rx = dst.snapshots.receiver(300, 2)
+    assert rx.received == raw_len + 500
+    chunks = list(src.snapshots.chunks(chunk_bytes=1000))
+    assert all(rx.write(c) for c in chunks)
+    meta, got = rx.verify()
+    assert got == data
+    dst.install_received(rx, meta)
+    assert dst.snapshot_data() == data
+
+
+def test_a_chunk_past_its_total_or_giving_another_total_is_refused(tmp_path: Path) -> None:
+    src, _ = leader_with_snapshot(tmp_path / "src")
+    raw = snapshot_file(src).read_bytes()
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 2)
+    first = Chunk.of(raw, 0, 1000)
+    with pytest.raises(SnapshotCorruption, match="ends at 1000, past 999"):
+        rx.write(Chunk(0, first.data, first.crc32c, 999))
+    assert rx.write(first) and rx.received == 1000
+    second = Chunk.of(raw, 1000, 1000)
+    with pytest.raises(SnapshotCorruption, match="chunk at offset 1000, expected 0"):
+        rx.write(Chunk(1000, second.data, second.crc32c, len(raw) + 1))
+    assert rx.received == dst.snapshots.receiver(300, 2).received == 0
+
+
+def test_an_upload_the_volume_cannot_hold_is_refused_before_a_byte_is_written(
+    tmp_path: Path,
+) -> None:
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    st = os.statvfs(tmp_path)
+    free = st.f_bavail * st.f_frsize
+    rx = dst.snapshots.receiver(300, 2)
+    data = b"x" * 100
+    margin = 256 * 1024 * 1024  # what other tests may write or delete meanwhile
+    with pytest.raises(SnapshotNoRoom, match=f"{free - SPACE_KEPT + margin} bytes does not fit"):
+        rx.write(Chunk(0, data, crc32c(data), free - SPACE_KEPT + margin))
+    assert not Path(rx.partial).exists() and rx.received == 0
+    assert rx.write(Chunk(0, data, crc32c(data), free - SPACE_KEPT - margin))
 
 
 def test_a_received_snapshot_of_the_right_index_but_another_term_is_refused(

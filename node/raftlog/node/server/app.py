@@ -50,7 +50,12 @@ from raftlog.node.server.partition import (
     SequenceConflict,
     SnapshotTooOld,
 )
-from raftlog.node.storage.errors import SnapshotCorruption, StorageFailed, WalCorruption
+from raftlog.node.storage.errors import (
+    SnapshotCorruption,
+    SnapshotNoRoom,
+    StorageFailed,
+    WalCorruption,
+)
 from raftlog.node.storage.snapshots import Chunk
 
 
@@ -492,6 +497,9 @@ async def snapshot_chunk(request: web.Request) -> web.Response:
         total = int(request.headers["X-Total"])
     except (KeyError, ValueError):
         raise bad("headers", "X-Offset, X-Crc32c and X-Total are required integers") from None
+    for name, value, top in (("X-Offset", offset, 2**62), ("X-Total", total, 2**62)):
+        if not 0 <= value <= top:
+            raise bad(name, f"must be between 0 and {top}, not {value}")
     chunk = Chunk(offset, await request.read(), crc, total)
     # After the body: what is on disk may have changed meanwhile (another upload began).
     receiver = driver.storage.snapshots.receiver(index, snap_term)
@@ -501,6 +509,8 @@ async def snapshot_chunk(request: web.Request) -> web.Response:
             driver.snapshot_received(leader, term, receiver, meta, data)
     except SnapshotCorruption as e:
         raise ApiError(400, "bad_chunk", e.reason, received=receiver.received) from None
+    except SnapshotNoRoom as e:  # nothing written: the sender's retries say why
+        raise ApiError(507, "no_room", str(e), "X-Total") from None
     except OSError as e:  # this member's disk (ENOSPC, EIO): the sender's retries say why
         receiver.abort()
         raise ApiError(

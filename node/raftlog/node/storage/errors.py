@@ -43,6 +43,17 @@ class SnapshotCorruption(CorruptFile):
     what = "snapshot"
 
 
+class SnapshotNoRoom(Exception):
+    """A snapshot upload would leave its volume less free space than the log is kept."""
+
+    def __init__(self, path: str, total: int, free: int, kept: int) -> None:
+        self.path = path
+        super().__init__(
+            f"a snapshot of {total} bytes does not fit in {os.path.dirname(path)}: {free} bytes "
+            f"free, {kept} of them kept for the log"
+        )
+
+
 class StorageFailed(Exception):
     """A write or fsync failed (EIO, ENOSPC, ...). The partition accepts no more writes.
 

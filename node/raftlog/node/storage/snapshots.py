@@ -12,7 +12,9 @@ it renamed into place.
 A half-received snapshot never replaces a good one.
 A partition keeps at most PARTIALS_KEPT partial files: an upload that starts removes the oldest
 others (a peer could start one per index and term and leave each on disk), and an open keeps the
-newest.
+newest. Each upload is bounded by the total its first chunk gives: no chunk may end past it or
+give another, and it must fit the volume with SPACE_KEPT to spare (the WAL of every partition
+shares the volume).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from dataclasses import dataclass
 from crc32c import crc32c
 
 from raftlog.node.core.types import Membership, SnapshotMeta
-from raftlog.node.storage.errors import SnapshotCorruption
+from raftlog.node.storage.errors import SnapshotCorruption, SnapshotNoRoom
 from raftlog.node.storage.fileio import FileOps, atomic_write
 
 MAGIC = b"RLOGSNP1"
@@ -38,6 +40,9 @@ DEFAULT_CHUNK_BYTES = 1024 * 1024
 # stopped, beside its successor's) both finish, where cutting each other off they would each
 # start over in turn. Partial files verified and offered to the core are not counted.
 PARTIALS_KEPT = 2
+# Free space an upload leaves on the volume: the logs' next segments, the hard state and the
+# journal's checkpoint need room there, and a full volume stops every partition of the node.
+SPACE_KEPT = 64 * 1024 * 1024
 
 
 def snapshot_name(index: int, term: int) -> str:
@@ -125,6 +130,9 @@ class SnapshotStore:
         # Partial files verified whole and offered to the core, which installs or drops them in
         # its next pass: never removed by an upload that starts meanwhile.
         self.sealed: set[str] = set()
+        # The total each partial file's upload gave (in memory: after a restart the next chunk
+        # gives it again, and a file already larger starts over).
+        self.totals: dict[str, int] = {}
         for stale in self._oldest(self._partials(), PARTIALS_KEPT):
             os.unlink(stale)  # the transfers that may resume are the ones written last
 
@@ -161,6 +169,14 @@ class SnapshotStore:
         for stale in self._oldest(others, PARTIALS_KEPT - 1):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
+        self.totals = {p: t for p, t in self.totals.items() if os.path.exists(p)}
+
+    def check_room(self, partial: str, total: int) -> None:
+        """Refuse an upload of `total` bytes that would leave less than SPACE_KEPT free."""
+        st = os.statvfs(self.path)
+        free = st.f_bavail * st.f_frsize
+        if total + SPACE_KEPT > free:
+            raise SnapshotNoRoom(partial, total, free, SPACE_KEPT)
 
     def _files(self) -> list[tuple[int, int, str]]:
         return self._list(self.path)
@@ -270,6 +286,15 @@ class SnapshotReceiver:
             raise SnapshotCorruption(
                 self.partial, f"chunk at offset {chunk.offset} checksum mismatch"
             )
+        end = chunk.offset + len(chunk.data)
+        if end > chunk.total:
+            raise SnapshotCorruption(
+                self.partial, f"chunk at offset {chunk.offset} ends at {end}, past {chunk.total}"
+            )
+        known = self.store.totals.get(self.partial)
+        if (known is not None and known != chunk.total) or self.received > chunk.total:
+            # Bytes of another file under this index and term: start over from them.
+            self._discard()
         if chunk.offset < self.received:
             return False
         if chunk.offset > self.received:
@@ -277,7 +302,9 @@ class SnapshotReceiver:
                 self.partial, f"chunk at offset {chunk.offset}, expected {self.received}"
             )
         if self.received == 0:
+            self.store.check_room(self.partial, chunk.total)
             self.store.begin_upload(self.partial)
+        self.store.totals[self.partial] = chunk.total
         fd = os.open(self.partial, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         try:
             self.store.ops.write(fd, chunk.data)
@@ -299,6 +326,7 @@ class SnapshotReceiver:
                 )
         except SnapshotCorruption:
             os.unlink(self.partial)
+            self.store.totals.pop(self.partial, None)
             self.received = 0
             raise
         self.store.sealed.add(self.partial)
@@ -315,11 +343,21 @@ class SnapshotReceiver:
                 os.close(fd)
         self.store.ops.replace(self.partial, final)
         self.store.sealed.discard(self.partial)
+        self.store.totals.pop(self.partial, None)
         if self.store.durable:
             self.store.ops.fsync_dir(self.store.path)
         self.store._became_latest(meta, final)
 
+    def _discard(self) -> None:
+        if self.partial in self.store.sealed:
+            raise SnapshotCorruption(self.partial, "is verified and offered; it is not replaced")
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.partial)
+        self.store.totals.pop(self.partial, None)
+        self.received = 0
+
     def abort(self) -> None:
         self.store.sealed.discard(self.partial)
+        self.store.totals.pop(self.partial, None)
         if os.path.exists(self.partial):
             os.unlink(self.partial)
