@@ -26,7 +26,13 @@ from raftlog.node.storage.errors import (
 )
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.segment import encode_commit
-from raftlog.node.storage.snapshots import SPACE_KEPT, Chunk, SnapshotStore, snapshot_name
+from raftlog.node.storage.snapshots import (
+    SPACE_KEPT,
+    Chunk,
+    SnapshotStore,
+    snapshot_name,
+    space_kept,
+)
 
 ABC = Membership.of(["a", "b", "c"])
 
@@ -582,10 +588,22 @@ def test_an_upload_the_volume_cannot_hold_is_refused_before_a_byte_is_written(
     rx = dst.snapshots.receiver(300, 2)
     data = b"x" * 100
     margin = 256 * 1024 * 1024  # what other tests may write or delete meanwhile
-    with pytest.raises(SnapshotNoRoom, match=f"{free - SPACE_KEPT + margin} bytes does not fit"):
-        rx.write(Chunk(0, data, crc32c(data), free - SPACE_KEPT + margin))
+    kept = space_kept(st)
+    with pytest.raises(SnapshotNoRoom, match=f"{free - kept + margin} bytes does not fit"):
+        rx.write(Chunk(0, data, crc32c(data), free - kept + margin))
     assert not Path(rx.partial).exists() and rx.received == 0
-    assert rx.write(Chunk(0, data, crc32c(data), free - SPACE_KEPT - margin))
+    assert rx.write(Chunk(0, data, crc32c(data), free - kept - margin))
+
+
+@pytest.mark.parametrize(
+    ("volume", "kept"),
+    [(10 * 1024**3, SPACE_KEPT), (640 * 1024**2, SPACE_KEPT), (100 * 1024**2, 10 * 1024**2)],
+)
+def test_a_small_volume_keeps_a_tenth_of_itself_free_rather_than_64_mib(
+    volume: int, kept: int
+) -> None:
+    st = os.statvfs_result((4096, 4096, volume // 4096, 0, 0, 0, 0, 0, 0, 255))
+    assert space_kept(st) == kept
 
 
 def test_a_received_snapshot_of_the_right_index_but_another_term_is_refused(

@@ -13,7 +13,7 @@ A half-received snapshot never replaces a good one.
 A partition keeps at most PARTIALS_KEPT partial files: an upload that starts removes the oldest
 others (a peer could start one per index and term and leave each on disk), and an open keeps the
 newest. Each upload is bounded by the total its first chunk gives: no chunk may end past it or
-give another, and it must fit the volume with SPACE_KEPT to spare (the WAL of every partition
+give another, and it must fit the volume with `space_kept` to spare (the WAL of every partition
 shares the volume).
 """
 
@@ -42,7 +42,12 @@ DEFAULT_CHUNK_BYTES = 1024 * 1024
 PARTIALS_KEPT = 2
 # Free space an upload leaves on the volume: the logs' next segments, the hard state and the
 # journal's checkpoint need room there, and a full volume stops every partition of the node.
+# A tenth of a volume smaller than ten times this, so that a small one still takes snapshots.
 SPACE_KEPT = 64 * 1024 * 1024
+
+
+def space_kept(st: os.statvfs_result) -> int:
+    return min(SPACE_KEPT, st.f_blocks * st.f_frsize // 10)
 
 
 def snapshot_name(index: int, term: int) -> str:
@@ -172,11 +177,11 @@ class SnapshotStore:
         self.totals = {p: t for p, t in self.totals.items() if os.path.exists(p)}
 
     def check_room(self, partial: str, total: int) -> None:
-        """Refuse an upload of `total` bytes that would leave less than SPACE_KEPT free."""
+        """Refuse an upload of `total` bytes that would leave less than `space_kept` free."""
         st = os.statvfs(self.path)
-        free = st.f_bavail * st.f_frsize
-        if total + SPACE_KEPT > free:
-            raise SnapshotNoRoom(partial, total, free, SPACE_KEPT)
+        free, kept = st.f_bavail * st.f_frsize, space_kept(st)
+        if total + kept > free:
+            raise SnapshotNoRoom(partial, total, free, kept)
 
     def _files(self) -> list[tuple[int, int, str]]:
         return self._list(self.path)
