@@ -442,9 +442,9 @@ class RaftClusterSpec(_Model):
         default_factory=list,
         description="Members that must not serve (as CloudNativePG's fencedInstances): each "
         "gives its leaderships away, then its pod is stopped and not made again; its volume and "
-        "its place in every partition stay. Refused (named in the Degraded condition) while it "
-        "would leave a partition without a ready majority. Taking a name out brings the member "
-        "back on its data.",
+        "its place in every partition stay. Refused for now (the reason in status.lastAction and "
+        "the Progressing condition) while it would leave a partition without a ready majority. "
+        "Taking a name out brings the member back on its data.",
     )
     hibernate: bool = Field(
         False,
