@@ -44,3 +44,36 @@ def test_write_replaces_only_the_section(tmp_path):
     assert docs.section(text) == docs.render() and "stale text" not in text
     with pytest.raises(ValueError, match="markers"):
         docs.section("no markers here")
+
+
+def _api_reference(readme: str) -> list[str]:
+    """The table rows of the README's API reference (its client and admin API tables)."""
+    section = readme[readme.index("## API reference") : readme.index("## Configuration reference")]
+    return [line for line in section.splitlines() if line.startswith("| `")]
+
+
+def test_the_api_reference_names_every_client_and_admin_route():
+    """Each route a node serves under /v1 (and its health and metrics) is in a row of the API
+    reference that names its method; the peer routes (/peer/) are the members' own."""
+    from types import SimpleNamespace
+
+    from raftlog.node.server.app import build_app
+
+    node = SimpleNamespace(token=None, settings=SimpleNamespace(max_request_bytes=1 << 20))
+    rows = _api_reference((ROOT / "README.md").read_text())
+    missing = []
+    for route in build_app(node).router.routes():  # type: ignore[arg-type]
+        path = route.resource.canonical if route.resource is not None else ""
+        if route.method == "HEAD" or path.startswith("/peer/"):
+            continue
+        path = path.replace("{partition}", "{p}").replace("{follower}", "{node}")
+        tail = "/".join(path.split("/")[-2:])
+        named = [
+            row
+            for row in rows
+            if f"{path}`" in row or f"{path}?" in row or f".../{tail}`" in row
+            or (path.count("/") == 1 and f"`{path}`" in row)
+        ]  # fmt: skip
+        if not any(route.method in row.split(" | ")[0] for row in named):
+            missing.append(f"{route.method} {path}")
+    assert not missing, f"routes the README's API reference does not name: {missing}"
