@@ -115,8 +115,8 @@ class NodeSettings(BaseSettings):
         le=3600,
         description="a peer's frame stream that holds part of a frame must complete a frame "
         "within this many seconds, else it is closed (its sender reconnects) and counted in "
-        "raftlog_peer_streams_timed_out; a stream with no frame under way may stay idle, as a "
-        "sender's does while it has nothing to send (checked every second)",
+        "raftlog_peer_streams_timed_out_total; a stream with no frame under way may stay idle, "
+        "as a sender's does while it has nothing to send (checked every second)",
     )
     max_client_connections: int = Field(
         4096,
