@@ -436,6 +436,35 @@ def test_a_burst_larger_than_the_buffer_is_read_on_as_the_buffer_empties(nodes):
     assert buf == b""
 
 
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+def test_requests_pipelined_before_a_half_close_are_all_answered(nodes, name):
+    """`printf "$req1$req2$req3" | nc`: three appends, then the client's side shut, all read by
+    the node at once (sent while it was stopped). Each is answered, in order, and appended once.
+    The fast path answered the first and closed: the end, read while it was answered, dropped
+    the two after it unanswered."""
+    c = nodes[name]
+    tag = f"pipelined-then-half-closed-{name}"
+    sent = [f"{tag}-{i}" for i in range(3)]
+    data = b"".join(append_request(json.dumps({"value": v}).encode()) for v in sent)
+    with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=10) as s:
+        c.pause("n1")
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        finally:
+            c.resume("n1")
+        buf, firsts = b"", []
+        for _ in sent:
+            (status, _, body), buf = read_answer(s, buf)
+            assert status == 200, body
+            firsts.append(json.loads(body)["first_index"])
+    assert firsts == sorted(firsts), firsts
+    code, page = c.get("n1", f"/v1/partitions/1/records?from={firsts[0]}&limit=10000")
+    assert code == 200, page
+    values = [r["value"] for r in page["records"] if r["value"].startswith(tag)]
+    assert values == sent, values
+
+
 def test_a_half_closed_connection_is_closed_once_answered(nodes):
     with socket.create_connection(("127.0.0.1", nodes["fast"].nodes["n1"].port), timeout=10) as s:
         s.sendall(append_request(b'{"value": "then closed"}'))

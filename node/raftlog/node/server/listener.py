@@ -214,7 +214,7 @@ class ListenerProtocol(asyncio.Protocol):
         self.busy = False  # a request is being answered
         self.write_paused = False
         self.read_paused = False
-        self.close_when_done = False
+        self.ended = False  # the client shut its side: answer what it sent, then close
         self.last_data = 0.0  # loop time of the last bytes received (or of the connection)
         self.max_body = node.settings.max_request_bytes
         self.limit = self.max_body + MAX_HEAD  # bytes buffered before reading pauses
@@ -252,10 +252,10 @@ class ListenerProtocol(asyncio.Protocol):
         self._flow()
 
     def eof_received(self) -> bool:
-        if self.busy:
-            self.close_when_done = True  # half-closed after its request: answer, then close
-            return True
-        return False
+        # Half-closed after its requests (`printf ... | nc`): each one complete is answered, in
+        # order, then the connection closes; an unfinished one can never be, so none waits.
+        self.ended = True
+        return self.busy or self.write_paused
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -263,8 +263,7 @@ class ListenerProtocol(asyncio.Protocol):
     def resume_writing(self) -> None:
         self.write_paused = False
         if not self.busy:
-            self._next()
-            self._flow()
+            self._go_on()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -377,12 +376,23 @@ class ListenerProtocol(asyncio.Protocol):
         self._release()
         if transport is None or transport.is_closing():
             return
-        close = close or self.close_when_done or self.conns.draining
+        close = close or self.conns.draining or (self.ended and not self.buf)
         transport.write(response(status, answer, content_type, close))
         if close:
             transport.close()
             return
+        self._go_on()
+
+    def _go_on(self) -> None:
+        """Take the next request, if complete; once the client has shut its side, close when
+        none is left to answer (what remains of the buffer can never be completed)."""
         self._next()
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return  # closed, or handed over (to aiohttp, which answers what it was given)
+        if self.ended and not self.busy and not self.write_paused:
+            transport.close()
+            return
         self._flow()
 
     def _release(self) -> None:
