@@ -564,6 +564,51 @@ def test_appends_under_way_at_sigterm_are_answered_before_the_node_exits(tmp_pat
 
 
 @pytest.mark.parametrize("name", ["fast", "aiohttp"])
+@pytest.mark.parametrize(
+    ("extra", "status"),
+    [
+        (b"Content-Length: %d\r\n" % (7 * 2**20), 413),
+        (b"Content-Length: 20\r\nContent-Encoding: gzip\r\n", 415),
+        (b"Transfer-Encoding: gzip, chunked\r\n", 501),
+    ],
+    ids=["too large", "Content-Encoding", "Transfer-Encoding"],
+)
+def test_expect_100_continue_is_refused_before_the_body_is_asked_for(nodes, name, extra, status):
+    """`Expect: 100-continue` (curl sends it for bodies over 1 MiB) asks whether to send the
+    body: a request refused from its head is answered at once with its final status, never
+    `100 Continue`. aiohttp said 100 Continue before the node's checks ran, then refused the
+    body it had just asked for, unread, and closed: the client's upload ran into a closed
+    connection (a reset, which can lose the answer)."""
+    head = b"POST /v1/partitions/1/records HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+    with socket.create_connection(("127.0.0.1", nodes[name].nodes["n1"].port), timeout=5) as s:
+        s.sendall(head + extra + b"\r\n")
+        first = s.recv(65536)
+        assert not first.startswith(b"HTTP/1.1 100 "), first
+        (code, headers, body), _ = read_answer(s, first)
+    assert code == status, body
+    assert headers.get("connection", "").lower() == "close", headers
+    assert json.loads(body)["error"] == "unsupported_encoding" or status == 413, body
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+def test_expect_100_continue_is_answered_once_the_head_is_taken(nodes, name):
+    """A request the node will read: 100 Continue, then the body, then its answer."""
+    body = b'{"value": "after 100"}'
+    head = b"POST /v1/partitions/1/records HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n"
+    with socket.create_connection(("127.0.0.1", nodes[name].nodes["n1"].port), timeout=5) as s:
+        s.sendall(head + b"Content-Length: %d\r\n\r\n" % len(body))
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            more = s.recv(65536)
+            assert more, buf
+            buf += more
+        assert buf.startswith(b"HTTP/1.1 100 Continue\r\n\r\n"), buf
+        s.sendall(body)
+        (code, _, answer), _ = read_answer(s, buf[len(b"HTTP/1.1 100 Continue\r\n\r\n") :])
+    assert code == 200 and json.loads(answer)["last_index"] >= 1, answer
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
 @pytest.mark.parametrize("path", [b"/v1/partitions/1/records", b"/v1/records"])
 def test_a_content_length_over_the_limit_is_refused_at_once(nodes, name, path):
     """413 from the head alone: the node does not wait for (or buffer) a body it will refuse."""

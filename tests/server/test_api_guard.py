@@ -592,6 +592,38 @@ def test_requests_refused_from_their_head_close_the_connection(tmp_path: Path) -
     asyncio.run(_with_node(tmp_path, body, max_request_bytes=limit))
 
 
+def test_no_route_says_100_continue_to_a_request_it_refuses_from_its_head(tmp_path: Path) -> None:
+    """`Expect: 100-continue` on every route, with an encoded body (415) and no token (401 on
+    the peer and admin routes), the body sent at once: the final answer comes first. aiohttp's
+    expectation handler said `100 Continue` before the guard's checks, asking for a body they
+    then refused unread."""
+
+    async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
+        app = srv.app
+        assert app is not None
+        args = {"partition": "0", "holder": "h", "follower": "n2", "key": "k"}
+        seen = set()
+        for route in app.router.routes():
+            info = route.get_info()
+            path = info.get("path") or info["formatter"].format(**args)
+            head = b"%s %s HTTP/1.1\r\nHost: t\r\nExpect: 100-continue\r\n" % (
+                route.method.encode(),
+                path.encode(),
+            )
+            got = await _raw(
+                srv,
+                head
+                + b"Content-Encoding: gzip\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+            )
+            guarded = path.startswith(("/peer/", "/v1/admin/"))
+            want = b"HTTP/1.1 401 " if guarded else b"HTTP/1.1 415 "
+            assert got.startswith(want), (route.method, path, got[:200])
+            seen.add((route.method, path))
+        assert len(seen) > 25, seen
+
+    asyncio.run(_with_node(tmp_path, body))
+
+
 def test_a_transfer_coding_besides_chunked_is_a_501_naming_it_and_the_body_is_not_taken(
     tmp_path: Path,
 ) -> None:

@@ -21,6 +21,7 @@ from raftlog.node.server.api_common import (
     ApiError,
     bad,
     driver_of,
+    expect_continue_later,
     json_body,
     node_of,
     not_leader,
@@ -308,16 +309,24 @@ async def peer_addresses(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     base = "/v1/admin/partitions/{partition}"
-    app.router.add_post(f"{base}/members", members)
-    app.router.add_post(f"{base}/transfer", transfer)
-    app.router.add_post(f"{base}/compact", compact)
-    app.router.add_post(f"{base}/snapshot-install", snapshot_install)
-    app.router.add_post(f"{base}/archive", archive_flush)
-    app.router.add_get(f"{base}/followers/{{follower}}/lag", lag)
-    app.router.add_get("/v1/admin/peers", peers)
-    app.router.add_post("/v1/admin/peers", peers)
-    app.router.add_get("/v1/admin/peer-addresses", peer_addresses)
-    app.router.add_post("/v1/admin/peer-addresses", peer_addresses)
+    app.router.add_post(f"{base}/members", members, expect_handler=expect_continue_later)
+    app.router.add_post(f"{base}/transfer", transfer, expect_handler=expect_continue_later)
+    app.router.add_post(f"{base}/compact", compact, expect_handler=expect_continue_later)
+    app.router.add_post(
+        f"{base}/snapshot-install", snapshot_install, expect_handler=expect_continue_later
+    )
+    app.router.add_post(f"{base}/archive", archive_flush, expect_handler=expect_continue_later)
+    app.router.add_get(
+        f"{base}/followers/{{follower}}/lag", lag, expect_handler=expect_continue_later
+    )
+    app.router.add_get("/v1/admin/peers", peers, expect_handler=expect_continue_later)
+    app.router.add_post("/v1/admin/peers", peers, expect_handler=expect_continue_later)
+    app.router.add_get(
+        "/v1/admin/peer-addresses", peer_addresses, expect_handler=expect_continue_later
+    )
+    app.router.add_post(
+        "/v1/admin/peer-addresses", peer_addresses, expect_handler=expect_continue_later
+    )
 
 
 def add_hold_routes(app: web.Application) -> None:
@@ -325,6 +334,8 @@ def add_hold_routes(app: web.Application) -> None:
     what it has not read yet through the client port it reads from, which a NetworkPolicy on
     the peer port, or its client certificates, leave open to it."""
     base = "/v1/admin/partitions/{partition}"
-    app.router.add_get(f"{base}/holds", holds_list)
-    app.router.add_put(f"{base}/holds/{{holder}}", hold_set)
-    app.router.add_delete(f"{base}/holds/{{holder}}", hold_delete)
+    app.router.add_get(f"{base}/holds", holds_list, expect_handler=expect_continue_later)
+    app.router.add_put(f"{base}/holds/{{holder}}", hold_set, expect_handler=expect_continue_later)
+    app.router.add_delete(
+        f"{base}/holds/{{holder}}", hold_delete, expect_handler=expect_continue_later
+    )

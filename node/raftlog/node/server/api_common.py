@@ -10,6 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 
 from raftlog.node.server.node import Node
@@ -63,6 +64,23 @@ def _asks_upgrade(request: web.Request) -> bool:
     if request.method == "CONNECT":
         return True
     return "Upgrade" in request.headers and "upgrade" in _tokens(request, "Connection")
+
+
+_CONTINUE = web.RequestKey("continue_later", bool)
+
+
+async def expect_continue_later(request: web.Request) -> None:
+    """Every route's `Expect` handler. aiohttp's own said `100 Continue` before the guard's
+    checks ran: a request then refused from its head (413, 415, 501, 503 `busy`, 401) had asked
+    for a body it would never read, and the client, told to send it, ran into a closed
+    connection. An unknown expectation is still 417 (aiohttp's); `100-continue` is answered by
+    the guard once the head has passed its checks, as it starts reading the body."""
+    if request.version != aiohttp.HttpVersion11:
+        return  # an HTTP/1.0 request's expectation is ignored (RFC 9110 10.1.1)
+    expect = request.headers.get("Expect", "")
+    if expect.lower() != "100-continue":
+        raise web.HTTPExpectationFailed(text=f"Unknown Expect: {expect}")
+    request[_CONTINUE] = True
 
 
 def _refused_unread(
@@ -149,6 +167,9 @@ def make_guard(token: str | None) -> Middleware:
                 taken = 0
             else:
                 if request.body_exists:
+                    if request.get(_CONTINUE):  # `expect_continue_later`
+                        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+                        request.writer.output_size = 0  # as aiohttp's: not the answer's size
                     # The whole body in time however it trickles in (handlers then read it
                     # from aiohttp's cache); the fast path holds its own bodies to the same.
                     within = node_of(request).settings.request_body_timeout_s

@@ -32,6 +32,7 @@ from raftlog.node.server.api_common import (
     ApiError,
     bad,
     driver_of,
+    expect_continue_later,
     int_param,
     make_guard,
     node_of,
@@ -555,24 +556,50 @@ def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Applicat
     middlewares: list[Any] = [make_guard(node.token)]
     app = web.Application(middlewares=middlewares, client_max_size=node.settings.max_request_bytes)
     app[NODE_KEY] = node
-    app.router.add_get("/v1/status", status)
-    app.router.add_get("/metrics", metrics)
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/v1/status", status, expect_handler=expect_continue_later)
+    app.router.add_get("/metrics", metrics, expect_handler=expect_continue_later)
+    app.router.add_get("/healthz", healthz, expect_handler=expect_continue_later)
+    app.router.add_get("/readyz", readyz, expect_handler=expect_continue_later)
     admin.add_hold_routes(app)
     if "client" in planes:
-        app.router.add_post("/v1/partitions/{partition}/records", append)
-        app.router.add_post("/v1/records", append_by_key)
-        app.router.add_get("/v1/partitions/{partition}/records", read)
-        app.router.add_get("/v1/partitions/{partition}/columns", read_columns)
-        app.router.add_get("/v1/partitions/{partition}/snapshot/table", snapshot_table)
-        app.router.add_get("/v1/partitions/{partition}/index-for-time", index_for_time)
-        app.router.add_get("/v1/partitions/{partition}/keys/{key}", get_key)
+        app.router.add_post(
+            "/v1/partitions/{partition}/records", append, expect_handler=expect_continue_later
+        )
+        app.router.add_post("/v1/records", append_by_key, expect_handler=expect_continue_later)
+        app.router.add_get(
+            "/v1/partitions/{partition}/records", read, expect_handler=expect_continue_later
+        )
+        app.router.add_get(
+            "/v1/partitions/{partition}/columns", read_columns, expect_handler=expect_continue_later
+        )
+        app.router.add_get(
+            "/v1/partitions/{partition}/snapshot/table",
+            snapshot_table,
+            expect_handler=expect_continue_later,
+        )
+        app.router.add_get(
+            "/v1/partitions/{partition}/index-for-time",
+            index_for_time,
+            expect_handler=expect_continue_later,
+        )
+        app.router.add_get(
+            "/v1/partitions/{partition}/keys/{key}", get_key, expect_handler=expect_continue_later
+        )
     if "peer" in planes:
         admin.add_routes(app)
-        app.router.add_get("/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
-        app.router.add_post("/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
+        app.router.add_get(
+            "/peer/v1/partitions/{partition}/snapshot",
+            snapshot_progress,
+            expect_handler=expect_continue_later,
+        )
         app.router.add_post(
-            "/peer/v1/partitions/{partition}/send-snapshot", send_snapshot_for_leader
+            "/peer/v1/partitions/{partition}/snapshot",
+            snapshot_chunk,
+            expect_handler=expect_continue_later,
+        )
+        app.router.add_post(
+            "/peer/v1/partitions/{partition}/send-snapshot",
+            send_snapshot_for_leader,
+            expect_handler=expect_continue_later,
         )
     return app
