@@ -680,6 +680,7 @@ def test_bodies_being_read_hold_at_most_the_budget_and_one_more_is_refused_unrea
             assert answer["error"] == "busy" and answer["field"] == "Content-Length", answer
             assert "max_body_buffer_bytes" in answer["reason"], answer
             assert headers.get("connection", "").lower() == "close", headers
+            assert headers.get("retry-after") == "1", headers  # the fast path's had none
     finally:
         for s in held:  # reset: gone, not half-closed (which aiohttp's path holds for the answer)
             s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")

@@ -113,13 +113,17 @@ _STOPPING = json.dumps(
 ).encode()
 
 
-def response(status: int, body: bytes, content_type: bytes, close: bool) -> bytes:
-    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n" % (
+def response(
+    status: int, body: bytes, content_type: bytes, close: bool, headers: bytes = b""
+) -> bytes:
+    """An answer; `headers` are more header lines, each ending in CRLF."""
+    head = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s" % (
         status,
         _REASONS.get(status, b"Unknown"),
         content_type,
         len(body),
         _date.now(),
+        headers,
     )
     return head + (b"Connection: close\r\n\r\n" if close else b"\r\n") + body
 
@@ -326,7 +330,8 @@ class ListenerProtocol(asyncio.Protocol):
                 return
             if not self.node.bodies.take(parsed[1]):
                 busy = json.dumps(self.node.bodies.busy(parsed[1])).encode()
-                self._respond(503, busy, b"application/json; charset=utf-8", True, 0.0)
+                kind = b"application/json; charset=utf-8"
+                self._respond(503, busy, kind, True, 0.0, headers=b"Retry-After: 1\r\n")
                 return
             self.taken = parsed[1]
             self.head = (end + 4, *parsed)
@@ -369,6 +374,7 @@ class ListenerProtocol(asyncio.Protocol):
         close: bool,
         took: float,
         route: tuple[str, str] = (ROUTE, "POST"),
+        headers: bytes = b"",
     ) -> None:
         self.node.metrics.request_latency(*route, status).observe(took)
         transport = self.transport
@@ -377,7 +383,7 @@ class ListenerProtocol(asyncio.Protocol):
         if transport is None or transport.is_closing():
             return
         close = close or self.conns.draining or (self.ended and not self.buf)
-        transport.write(response(status, answer, content_type, close))
+        transport.write(response(status, answer, content_type, close, headers))
         if close:
             transport.close()
             return
