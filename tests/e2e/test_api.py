@@ -501,6 +501,28 @@ def test_a_key_is_looked_up_by_the_bytes_its_path_percent_encodes(node):
     assert code == 200 and reply["value"] == "slash", reply
 
 
+def test_a_key_path_is_read_as_its_route_matched_it_without_a_fragment(node):
+    """`#` ends a URL's path (a client sends a key's `#` as %23): the route matched the path
+    before it, and the handler read the key from the raw target, `#frag` included, so the
+    answer was another key's than the one routed. Absolute-form targets name the same key."""
+    post(node, "/v1/partitions/1/records", b'{"key": "hash-key", "value": "plain"}')
+    post(node, "/v1/partitions/1/records", b'{"key": "hash-key#frag", "value": "with-hash"}')
+    for target in (
+        b"/v1/partitions/1/keys/hash-key#frag",
+        b"/v1/partitions/1/keys/hash-key?consistency=local#frag",
+        b"http://n1/v1/partitions/1/keys/hash-key#frag",
+    ):
+        answer = raw_http(
+            node, b"GET %s HTTP/1.1\r\nHost: n1\r\nConnection: close\r\n\r\n" % target
+        )
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 "), answer
+        reply = json.loads(body)
+        assert (reply["key"], reply["value"]) == ("hash-key", "plain"), (target, reply)
+    code, reply = node.get("n1", "/v1/partitions/1/keys/hash-key%23frag")
+    assert code == 200 and reply["value"] == "with-hash", reply
+
+
 def test_appends_routed_by_key(node):
     from raftlog.node.routing import partition_for
 

@@ -337,8 +337,9 @@ async def get_key(request: web.Request) -> web.Response:
     the default) or `local` (this replica's applied state, possibly behind)."""
     node, driver = node_of(request), driver_of(request)
     # The key's bytes as the client percent-encoded them: aiohttp's decoded path keeps an
-    # escape that is not UTF-8 (%FF) as text, so the key 0xFF would be read as "%FF".
-    key = unquote_to_bytes(request.raw_path.split("?", 1)[0].split("/keys/", 1)[1])
+    # escape that is not UTF-8 (%FF) as text, so the key 0xFF would be read as "%FF". The path
+    # the route matched: no query, no fragment (a raw target's `#frag` is not the key's).
+    key = unquote_to_bytes(request.rel_url.raw_path.split("/keys/", 1)[1])
     consistency = query_param(request, "consistency")
     consistency = "linearizable" if consistency is None else consistency
     if consistency not in ("linearizable", "local"):
