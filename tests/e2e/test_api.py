@@ -740,6 +740,9 @@ def test_a_compressed_body_is_refused_unread_with_a_415(node):
 def test_aiohttps_own_errors_are_json_naming_the_reason(node):
     code, reply = node.request("n1", "GET", "/v1/nowhere")
     assert code == 404 and reply["error"] == "not_found" and "/v1/nowhere" in reply["reason"]
+    # The path as sent: decoded, a %2F named a route that exists (POST .../1/records).
+    code, reply = node.request("n1", "POST", "/v1/partitions/1%2Frecords", b"{}")
+    assert code == 404 and "/v1/partitions/1%2Frecords" in reply["reason"], reply
     code, reply = node.request("n1", "DELETE", "/v1/partitions/0/records")
     assert code == 405 and reply["error"] == "method_not_allowed", reply
     assert "GET" in reply["reason"] and "POST" in reply["reason"]

@@ -226,14 +226,16 @@ def _internal(request: web.Request, e: Exception) -> web.Response:
 
 def _json_error(request: web.Request, e: web.HTTPException) -> web.Response:
     """aiohttp's own answers (no route, a method not allowed, a chunked body past the limit) in
-    the API's JSON, as every other error."""
+    the API's JSON, as every other error. The path is named as sent (decoded, `1%2Frecords`
+    read as a route that exists)."""
+    path = request.rel_url.raw_path
     if e.status == 404:
-        body = {"error": "not_found", "reason": f"no route {request.method} {request.path}"}
+        body = {"error": "not_found", "reason": f"no route {request.method} {path}"}
     elif e.status == 405:
         allowed = e.headers.get("Allow", "")
         body = {
             "error": "method_not_allowed",
-            "reason": f"{request.method} is not allowed on {request.path} (allowed: {allowed})",
+            "reason": f"{request.method} is not allowed on {path} (allowed: {allowed})",
         }
     elif e.status == 413:
         limit = node_of(request).settings.max_request_bytes
