@@ -117,6 +117,13 @@ def test_the_limits_are_inclusive() -> None:
     [
         (b"{not json", 400, "body"),
         (b"[1, 2]", 400, "body"),
+        # JSON is UTF-8: Python's json (the reread naming a mistake) also took UTF-16 and
+        # UTF-32, and a byte order mark, which msgspec refuses, and appended them.
+        ('{"value": "x"}'.encode("utf-16"), 400, "body"),
+        ('{"value": "x"}'.encode("utf-16-le"), 400, "body"),
+        ('{"value": "x"}'.encode("utf-32"), 400, "body"),
+        ('{"value": "x"}'.encode("utf-8-sig"), 400, "body"),
+        (b'{"value": "a\xff"}', 400, "body"),
         (b"[" * 5000 + b"]" * 5000, 400, "body"),
         (b'{"records": ' + b"[" * 5000 + b"]" * 5000 + b"}", 400, "body"),
         (b'{"records": []}', 400, "records"),

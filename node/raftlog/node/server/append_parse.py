@@ -258,9 +258,11 @@ def _reread(raw: bytes) -> AppendIn:
     """A body the typed decode refused, read by Python's json: the same body typed, when only
     msgspec's stricter JSON refused it; else `ApiError` naming the mistake."""
     try:
-        obj = json.loads(raw, parse_int=_bounded_int)
+        # Decoded first: given bytes, json also reads UTF-16 and UTF-32 (and skips a byte
+        # order mark), which msgspec refuses; a body is taken only as its JSON in UTF-8.
+        obj = json.loads(raw.decode(), parse_int=_bounded_int)
     except (ValueError, RecursionError):  # also UnicodeDecodeError; nested too deep
-        raise bad("body", "is not valid JSON") from None
+        raise bad("body", "is not valid JSON (in UTF-8)") from None
     try:
         return msgspec.convert(obj, AppendIn)
     except msgspec.ValidationError as e:
