@@ -465,6 +465,43 @@ def test_requests_pipelined_before_a_half_close_are_all_answered(nodes, name):
     assert values == sent, values
 
 
+STATUS = b"GET /v1/status HTTP/1.1\r\nHost: t\r\n\r\n"
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+@pytest.mark.parametrize(
+    ("data", "answers"),
+    [
+        (STATUS, 1),
+        (STATUS + STATUS, 2),
+        (append_request(b'{"value": "fast, then a read"}') + STATUS, 2),
+        (b"POST /v1/records HTTP/1.1\r\nHost: t\r\nContent-Length: 30\r\n\r\n"
+         b'{"key": "k", "value": "keyed"}', 1),
+    ],
+    ids=["read", "two reads", "append then read", "keyed append"],
+)  # fmt: skip
+def test_a_half_closed_connection_served_by_aiohttp_is_closed_once_answered(
+    nodes, name, data, answers
+):
+    """A request aiohttp serves (every one but the fast path's appends), then the client's side
+    shut: answered, then closed, as the fast path does. aiohttp kept the connection after the
+    answer for its keep-alive time: `printf ... | nc` waited 75 s, holding a connection slot."""
+    c = nodes[name]
+    with socket.create_connection(("127.0.0.1", c.nodes["n1"].port), timeout=10) as s:
+        c.pause("n1")  # the requests and the end read together
+        try:
+            s.sendall(data)
+            s.shutdown(socket.SHUT_WR)
+        finally:
+            c.resume("n1")
+        buf = b""
+        for _ in range(answers):
+            (status, _, body), buf = read_answer(s, buf)
+            assert status == 200, body
+        s.settimeout(5)
+        assert buf == b"" and s.recv(65536) == b""  # closed, not kept alive
+
+
 def test_a_half_closed_connection_is_closed_once_answered(nodes):
     with socket.create_connection(("127.0.0.1", nodes["fast"].nodes["n1"].port), timeout=10) as s:
         s.sendall(append_request(b'{"value": "then closed"}'))

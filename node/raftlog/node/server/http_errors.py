@@ -48,10 +48,11 @@ class JsonErrors(RequestHandler):
     queue of parsed requests, 32 deep, made one deep here): a malformed request is then parsed
     only once those before it are queued, and answered after them."""
 
-    __slots__ = ()
+    __slots__ = ("_client_done",)
 
     def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, **kw: Any):
         super().__init__(manager, loop=loop, **kw)
+        self._client_done = False
         if not hasattr(self, "_max_msg_queue_size"):
             return  # an aiohttp before the queue's bound (3.14): its parser as it is
         self._max_msg_queue_size = 1
@@ -68,9 +69,20 @@ class JsonErrors(RequestHandler):
             max_msg_queue_size=1,
         )
 
+    def client_done(self) -> bool:
+        """The client shut its side of the connection (`printf ... | nc`): the requests it sent
+        are still answered, the last one closing the connection (`finish_response`); aiohttp
+        kept it for its keep-alive time (75 s). False when none is left to answer: waiting for
+        a request, whatever part of one came can never be completed, so it may close now."""
+        self._client_done = True
+        waiting = self._waiter is not None and not self._waiter.done()
+        return not (waiting and not self._messages)
+
     async def finish_response(
         self, request: web.BaseRequest, resp: web.StreamResponse, start_time: float | None
     ) -> tuple[web.StreamResponse, bool]:
+        if self._client_done and not self._messages:
+            resp.force_close()  # no complete request after it: the last answer
         # An HTTP error raised before the app's middleware (`api_common.make_guard`) ran, which
         # would answer it in JSON: aiohttp's 417 for an `Expect` other than 100-continue.
         if isinstance(resp, web.HTTPException) and resp.status >= 400:

@@ -33,6 +33,7 @@ from typing import cast
 from raftlog.node.server.api_common import ApiError, partition_driver
 from raftlog.node.server.app import append_body
 from raftlog.node.server.connlimit import ConnectionLimit
+from raftlog.node.server.http_errors import JsonErrors
 from raftlog.node.server.node import Node
 from raftlog.node.server.peer_frames import FrameReceiver
 from raftlog.node.transport import frames
@@ -458,13 +459,15 @@ class ListenerProtocol(asyncio.Protocol):
         data, self.buf = bytes(self.buf), bytearray()
         if data:
             proto.data_received(data)
+        if self.ended and not proto.eof_received():  # the end, read here, is aiohttp's too
+            transport.close()
 
 
 class _AnswersAfterHalfClose(asyncio.Protocol):
     """aiohttp's protocol, except that a client's half-close (its request sent, then its side
     shut) leaves the connection open for the answer: aiohttp closes it at once, so an HTTP/1.0
-    append sent by `printf ... | nc` committed and was never answered. aiohttp then closes the
-    connection after an HTTP/1.0 answer, or after its keep-alive time. (TLS cannot keep a
+    append sent by `printf ... | nc` committed and was never answered. The connection closes
+    once the requests sent are answered (`JsonErrors.client_done`). (TLS cannot keep a
     half-closed connection: asyncio ignores the request there.)"""
 
     def __init__(self, inner: asyncio.Protocol) -> None:
@@ -477,6 +480,8 @@ class _AnswersAfterHalfClose(asyncio.Protocol):
         self.inner.data_received(data)
 
     def eof_received(self) -> bool:
+        if isinstance(self.inner, JsonErrors):
+            return self.inner.client_done()
         return True
 
     def connection_lost(self, exc: Exception | None) -> None:
