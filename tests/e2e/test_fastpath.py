@@ -775,6 +775,47 @@ def trickle(c: LocalCluster, start: bytes, for_s: float) -> tuple[bytes, float]:
 
 
 @pytest.mark.parametrize("name", ["fast", "aiohttp"])
+@pytest.mark.parametrize(
+    "start",
+    [
+        b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\nGET /v1/status HTTP/1.1\r\nX-Slow: ",
+        b"GET /v1/status HTTP/1.1\r\nX-A: " + b"a" * 5000 + b"\r\nX-B: " + b"b" * 5000
+        + b"\r\nX-Slow: ",
+    ],
+    ids=["after a request aiohttp answered", "past the fast path's 8 KiB"],
+)  # fmt: skip
+def test_a_head_aiohttp_reads_is_cut_off_at_its_deadline_too(strict_nodes, name, start):
+    """request_head_timeout_s holds for every head, not only those the fast path reads: a head
+    on a connection aiohttp serves (after a request it answered, or longer than the fast path
+    reads) trickled on until aiohttp's keep-alive time (75 s) closed it without a word."""
+    got, took = trickle(strict_nodes[name], start, 15)
+    assert took < 8, f"a head trickled for {took:.1f} s"
+    assert b"HTTP/1.1 408 " in got and b"not sent" in got, got[-300:]
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
+@pytest.mark.parametrize("first", [b"", b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"])
+def test_a_head_past_64_kib_is_a_431(nodes, name, first):
+    """aiohttp takes 128 header lines of 8,190 bytes: an unfinished head held about 2 MB of the
+    node's memory, 100 such connections 188 MB, for 75 s. A head past 64 KiB is now answered
+    431 and closed (and the fast path reads 8 KiB of one at most, as before)."""
+    head = b"GET /v1/status HTTP/1.1\r\nHost: t\r\n" + b"X-%d: %s\r\n" * 9
+    head = head % tuple(x for i in range(9) for x in (i, b"v" * 8000))
+    with socket.create_connection(("127.0.0.1", nodes[name].nodes["n1"].port), timeout=5) as s:
+        s.sendall(first)
+        buf = b""
+        if first:
+            (status, _, _), buf = read_answer(s)
+            assert status == 200
+        with contextlib.suppress(ConnectionResetError):
+            s.sendall(head)  # not finished: no blank line
+        (status, headers, body), buf = read_answer(s, buf)
+        assert status == 431, body
+        assert json.loads(body)["error"] == "too_large", body
+        assert headers.get("connection", "").lower() == "close", headers
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
 def test_a_trickled_head_or_body_is_cut_off_at_its_deadline(strict_nodes, name):
     c = strict_nodes[name]
     got, took = trickle(c, b"POST /v1/partitions/1/records HTTP/1.1\r\nX-Slow: ", 15)

@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+from http import HTTPStatus
 from typing import Any
 
-from aiohttp import web
+from aiohttp import StreamReader, web
 from aiohttp.http_parser import HttpRequestParser
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
 _ERRORS = {400: "bad_request", 413: "too_large", 431: "too_large", 500: "internal", 504: "timeout"}
+# A request's head, all its lines: aiohttp takes 128 lines of 8,190 bytes, and an unfinished head
+# held about 2 MB of memory per connection until its keep-alive time closed it (75 s).
+MAX_HEAD_BYTES = 64 * 1024
 
 
 def error_body(status: int, message: str | None) -> bytes:
@@ -46,13 +50,33 @@ class JsonErrors(RequestHandler):
     the 400 was answered, which a pipelining client takes for its answer to `GET a`. Its parser
     can stop after each complete request and keep the rest until that request is taken (its
     queue of parsed requests, 32 deep, made one deep here): a malformed request is then parsed
-    only once those before it are queued, and answered after them."""
+    only once those before it are queued, and answered after them.
 
-    __slots__ = ("_client_done",)
+    The heads it reads are held to the fast path's rules: complete within
+    `request_head_timeout_s` of their first byte it reads (else 408), and within MAX_HEAD_BYTES
+    (else 431). aiohttp has no deadline for a head: one trickled in was closed by its keep-alive
+    time (75 s), without a word, holding up to 2 MB meanwhile."""
 
-    def __init__(self, manager: web.Server, *, loop: asyncio.AbstractEventLoop, **kw: Any):
+    __slots__ = ("_answered", "_body", "_client_done", "_head", "_head_timeout_s", "_head_timer")
+
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        loop: asyncio.AbstractEventLoop,
+        head_timeout_s: float = 10.0,
+        **kw: Any,
+    ):
         super().__init__(manager, loop=loop, **kw)
         self._client_done = False
+        # A head is held to request_head_timeout_s and MAX_HEAD_BYTES, as the fast path holds
+        # the heads it reads (`listener.py`): the bytes parsed since the last request's head
+        # that are not its body, and the timer running since the first of them.
+        self._head_timeout_s = head_timeout_s
+        self._head = 0
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body: StreamReader | None = None  # the last request's body
+        self._answered = 0  # requests answered (`_request_count` counts those parsed)
         if not hasattr(self, "_max_msg_queue_size"):
             return  # an aiohttp before the queue's bound (3.14): its parser as it is
         self._max_msg_queue_size = 1
@@ -68,6 +92,62 @@ class JsonErrors(RequestHandler):
             auto_decompress=kw.get("auto_decompress", True),
             max_msg_queue_size=1,
         )
+
+    def data_received(self, data: bytes) -> None:
+        parsed = self._request_count
+        in_body = self._body is not None and not self._body.is_eof()
+        super().data_received(data)
+        if self._force_close or self._close:
+            return
+        if self._request_count != parsed:  # a head ended: a request, with its body to come
+            self._body = self._messages[-1][1] if self._messages else None
+            self._head = 0
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            return
+        if in_body or not data:
+            return  # a body (the guard holds it to its own deadline), or a parse resumed
+        self._head += len(data)
+        if self._head > MAX_HEAD_BYTES:
+            reason = f"the request's head passed {MAX_HEAD_BYTES} bytes"
+            self._refuse(431, {"error": "too_large", "reason": reason})
+        elif self._head_timer is None:
+            self._head_timer = self._loop.call_later(
+                self._head_timeout_s, self._head_overdue, self._request_count
+            )
+
+    def _head_overdue(self, parsed: int) -> None:
+        self._head_timer = None
+        if self._request_count != parsed or self._force_close or self._close:
+            return  # its head ended meanwhile, or the connection is closing
+        if self._answered != self._request_count:  # it waits behind a request being answered
+            self._head_timer = self._loop.call_later(
+                self._head_timeout_s, self._head_overdue, parsed
+            )
+            return
+        self._refuse(408, {"error": "timeout", "reason": "the request was not sent in time"})
+
+    def _refuse(self, status: int, body: dict[str, str]) -> None:
+        """Answer an unfinished head and close (silently when an answer is under way: the
+        refusal must not cut into it)."""
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        if self.transport is not None and self._answered == self._request_count:
+            text = json.dumps(body).encode()
+            self.transport.write(
+                b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nConnection: close\r\n"
+                b"Content-Length: %d\r\n\r\n%s"
+                % (status, HTTPStatus(status).phrase.encode(), len(text), text)
+            )
+        self.force_close()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        super().connection_lost(exc)
 
     def client_done(self) -> bool:
         """The client shut its side of the connection (`printf ... | nc`): the requests it sent
@@ -90,7 +170,10 @@ class JsonErrors(RequestHandler):
             if resp.status == 417:
                 body["field"] = "Expect"
             resp = web.json_response(body, status=resp.status)
-        return await super().finish_response(request, resp, start_time)
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            self._answered += 1  # written (or the client gone): a refusal may be written now
 
     def handle_error(
         self,

@@ -173,8 +173,15 @@ async def serve(settings: NodeSettings) -> None:
         await runner.setup()
         assert runner.server is not None
         # What the fast path hands over to: aiohttp's request handler, as `web.Server` makes
-        # it, answering the requests it cannot parse in JSON.
-        aiohttp_server = functools.partial(JsonErrors, runner.server, loop=loop, **handler_args)
+        # it, answering the requests it cannot parse in JSON, its heads held to the same
+        # deadline as the fast path's.
+        aiohttp_server = functools.partial(
+            JsonErrors,
+            runner.server,
+            loop=loop,
+            head_timeout_s=settings.request_head_timeout_s,
+            **handler_args,
+        )
         appends = "client" in planes and settings.client_fast_path
         frames = "peer" in planes
         # Every connection starts on the fast path's protocol, which admits it (or not) under
