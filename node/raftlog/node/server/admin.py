@@ -19,9 +19,9 @@ from raftlog.node.core.errors import Compacted, MembershipError, NotLeader, Prop
 from raftlog.node.core.raft import MembershipOp, Role
 from raftlog.node.server.api_common import (
     ApiError,
+    add_route,
     bad,
     driver_of,
-    expect_continue_later,
     json_body,
     node_of,
     not_leader,
@@ -309,24 +309,16 @@ async def peer_addresses(request: web.Request) -> web.Response:
 
 def add_routes(app: web.Application) -> None:
     base = "/v1/admin/partitions/{partition}"
-    app.router.add_post(f"{base}/members", members, expect_handler=expect_continue_later)
-    app.router.add_post(f"{base}/transfer", transfer, expect_handler=expect_continue_later)
-    app.router.add_post(f"{base}/compact", compact, expect_handler=expect_continue_later)
-    app.router.add_post(
-        f"{base}/snapshot-install", snapshot_install, expect_handler=expect_continue_later
-    )
-    app.router.add_post(f"{base}/archive", archive_flush, expect_handler=expect_continue_later)
-    app.router.add_get(
-        f"{base}/followers/{{follower}}/lag", lag, expect_handler=expect_continue_later
-    )
-    app.router.add_get("/v1/admin/peers", peers, expect_handler=expect_continue_later)
-    app.router.add_post("/v1/admin/peers", peers, expect_handler=expect_continue_later)
-    app.router.add_get(
-        "/v1/admin/peer-addresses", peer_addresses, expect_handler=expect_continue_later
-    )
-    app.router.add_post(
-        "/v1/admin/peer-addresses", peer_addresses, expect_handler=expect_continue_later
-    )
+    add_route(app, "POST", f"{base}/members", members)
+    add_route(app, "POST", f"{base}/transfer", transfer)
+    add_route(app, "POST", f"{base}/compact", compact)
+    add_route(app, "POST", f"{base}/snapshot-install", snapshot_install)
+    add_route(app, "POST", f"{base}/archive", archive_flush)
+    add_route(app, "GET", f"{base}/followers/{{follower}}/lag", lag)
+    add_route(app, "GET", "/v1/admin/peers", peers)
+    add_route(app, "POST", "/v1/admin/peers", peers)
+    add_route(app, "GET", "/v1/admin/peer-addresses", peer_addresses)
+    add_route(app, "POST", "/v1/admin/peer-addresses", peer_addresses)
 
 
 def add_hold_routes(app: web.Application) -> None:
@@ -334,8 +326,6 @@ def add_hold_routes(app: web.Application) -> None:
     what it has not read yet through the client port it reads from, which a NetworkPolicy on
     the peer port, or its client certificates, leave open to it."""
     base = "/v1/admin/partitions/{partition}"
-    app.router.add_get(f"{base}/holds", holds_list, expect_handler=expect_continue_later)
-    app.router.add_put(f"{base}/holds/{{holder}}", hold_set, expect_handler=expect_continue_later)
-    app.router.add_delete(
-        f"{base}/holds/{{holder}}", hold_delete, expect_handler=expect_continue_later
-    )
+    add_route(app, "GET", f"{base}/holds", holds_list)
+    add_route(app, "PUT", f"{base}/holds/{{holder}}", hold_set)
+    add_route(app, "DELETE", f"{base}/holds/{{holder}}", hold_delete)

@@ -83,6 +83,18 @@ async def expect_continue_later(request: web.Request) -> None:
     request[_CONTINUE] = True
 
 
+def add_route(app: web.Application, method: str, path: str, handler: Handler) -> None:
+    """A route of the API: its `Expect: 100-continue` answered by the guard once the head
+    passed its checks (`expect_continue_later`); a GET answers HEAD too."""
+    add = {
+        "GET": app.router.add_get,
+        "POST": app.router.add_post,
+        "PUT": app.router.add_put,
+        "DELETE": app.router.add_delete,
+    }[method]
+    add(path, handler, expect_handler=expect_continue_later)
+
+
 def _refused_unread(
     status: int, error: str, reason: str, field: str, headers: dict[str, str] | None = None
 ) -> web.Response:

@@ -30,9 +30,9 @@ from raftlog.node.server import admin, archive_reads, columnar, timeindex, walpa
 from raftlog.node.server.api_common import (
     NODE_KEY,
     ApiError,
+    add_route,
     bad,
     driver_of,
-    expect_continue_later,
     int_param,
     make_guard,
     node_of,
@@ -557,50 +557,24 @@ def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Applicat
     middlewares: list[Any] = [make_guard(node.token)]
     app = web.Application(middlewares=middlewares, client_max_size=node.settings.max_request_bytes)
     app[NODE_KEY] = node
-    app.router.add_get("/v1/status", status, expect_handler=expect_continue_later)
-    app.router.add_get("/metrics", metrics, expect_handler=expect_continue_later)
-    app.router.add_get("/healthz", healthz, expect_handler=expect_continue_later)
-    app.router.add_get("/readyz", readyz, expect_handler=expect_continue_later)
+    add_route(app, "GET", "/v1/status", status)
+    add_route(app, "GET", "/metrics", metrics)
+    add_route(app, "GET", "/healthz", healthz)
+    add_route(app, "GET", "/readyz", readyz)
     admin.add_hold_routes(app)
     if "client" in planes:
-        app.router.add_post(
-            "/v1/partitions/{partition}/records", append, expect_handler=expect_continue_later
-        )
-        app.router.add_post("/v1/records", append_by_key, expect_handler=expect_continue_later)
-        app.router.add_get(
-            "/v1/partitions/{partition}/records", read, expect_handler=expect_continue_later
-        )
-        app.router.add_get(
-            "/v1/partitions/{partition}/columns", read_columns, expect_handler=expect_continue_later
-        )
-        app.router.add_get(
-            "/v1/partitions/{partition}/snapshot/table",
-            snapshot_table,
-            expect_handler=expect_continue_later,
-        )
-        app.router.add_get(
-            "/v1/partitions/{partition}/index-for-time",
-            index_for_time,
-            expect_handler=expect_continue_later,
-        )
-        app.router.add_get(
-            "/v1/partitions/{partition}/keys/{key}", get_key, expect_handler=expect_continue_later
-        )
+        add_route(app, "POST", "/v1/partitions/{partition}/records", append)
+        add_route(app, "POST", "/v1/records", append_by_key)
+        add_route(app, "GET", "/v1/partitions/{partition}/records", read)
+        add_route(app, "GET", "/v1/partitions/{partition}/columns", read_columns)
+        add_route(app, "GET", "/v1/partitions/{partition}/snapshot/table", snapshot_table)
+        add_route(app, "GET", "/v1/partitions/{partition}/index-for-time", index_for_time)
+        add_route(app, "GET", "/v1/partitions/{partition}/keys/{key}", get_key)
     if "peer" in planes:
         admin.add_routes(app)
-        app.router.add_get(
-            "/peer/v1/partitions/{partition}/snapshot",
-            snapshot_progress,
-            expect_handler=expect_continue_later,
-        )
-        app.router.add_post(
-            "/peer/v1/partitions/{partition}/snapshot",
-            snapshot_chunk,
-            expect_handler=expect_continue_later,
-        )
-        app.router.add_post(
-            "/peer/v1/partitions/{partition}/send-snapshot",
-            send_snapshot_for_leader,
-            expect_handler=expect_continue_later,
+        add_route(app, "GET", "/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
+        add_route(app, "POST", "/peer/v1/partitions/{partition}/snapshot", snapshot_chunk)
+        add_route(
+            app, "POST", "/peer/v1/partitions/{partition}/send-snapshot", send_snapshot_for_leader
         )
     return app
