@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Callable
 
@@ -67,6 +68,8 @@ class DurableStorage:
                 "entries; use only for tests and benchmarks",
                 path,
             )
+        if bootstrap is not None and not os.path.isdir(path):
+            self._create(path, bootstrap)
         os.makedirs(path, exist_ok=True)
         self.snapshots = SnapshotStore(os.path.join(path, "snap"), durable=durable, ops=self.ops)
         if self.snapshots.meta is None and bootstrap is not None:
@@ -108,6 +111,23 @@ class DurableStorage:
         if journal is not None:
             self.wal.on_write = journal.add_frames
             self.wal.write_behind = WRITE_BEHIND_BYTES
+
+    def _create(self, path: str, bootstrap: Membership) -> None:
+        """A new partition's directory, made whole (its members as the snapshot at index 0)
+        under another name and then renamed: a crash leaves it whole or absent, and an absent
+        one is bootstrapped again by the next open. A directory made in place and cut before
+        its snapshot was written was opened by the next start as a member's that waits to be
+        added (no bootstrap for a directory that exists), so this member never took part in
+        the partition again."""
+        staging = path + ".new"
+        shutil.rmtree(staging, ignore_errors=True)  # an earlier attempt cut short
+        store = SnapshotStore(os.path.join(staging, "snap"), durable=self.durable, ops=self.ops)
+        store.save(SnapshotMeta(0, 0, bootstrap), b"")
+        if self.durable:
+            self.ops.fsync_dir(staging)
+        self.ops.replace(staging, path)
+        if self.durable:
+            self.ops.fsync_dir(os.path.dirname(path) or ".")
 
     def _replay(self, journal: PartitionJournal) -> None:
         ops = journal.pending
