@@ -793,3 +793,45 @@ def test_a_follower_that_installs_a_snapshot_commits_up_to_it_and_says_so() -> N
     assert r.commit == 10
     (answer,) = [m for m in rd.messages if isinstance(m, AppendResponse)]
     assert answer.success and answer.index == 10 and answer.commit == 10, answer
+
+
+def test_a_quiesced_leader_woken_by_its_silent_voters_steps_down_unless_they_answer() -> None:
+    """Its node stops hearing from the other voters (their links to it cut one way: its own
+    messages still reach them) and wakes it: the leader must hear from a quorum again before
+    it quiesces, and steps down at its check-quorum when it does not. It quiesced again at
+    its next heartbeat on what its followers had answered before it slept, and kept leading a
+    partition nobody could commit on, its followers asleep behind it (real nodes: not
+    replaced after 25 s, against 2 s without quiescence)."""
+    cfg = RaftConfig(election_ticks=10, heartbeat_ticks=2)
+    s = storage_with([(1, 1)], term=1)
+    r = Raft("a", cfg, s)
+    elect(r, s)
+    last = s.last_index()
+    for _ in range(cfg.election_ticks):  # answered while all is well: it quiesces
+        for f in ("b", "c"):
+            r.step(AppendResponse(f, "a", r.term, True, last))
+        r.tick()
+        drain(r, s)
+    assert r.quiesced and r.role == Role.LEADER
+    r.wake_if_silent({"b", "c"})  # then nothing more from them
+    for _ in range(2 * cfg.election_ticks):
+        r.tick()
+        drain(r, s)
+    assert r.role == Role.FOLLOWER and not r.quiesced
+    # Voters that answer the wake-up heartbeat: it leads on and quiesces again.
+    elect(r, s)
+    last = s.last_index()
+    for _ in range(cfg.election_ticks):
+        for f in ("b", "c"):
+            r.step(AppendResponse(f, "a", r.term, True, last))
+        r.tick()
+        drain(r, s)
+    assert r.quiesced
+    r.wake_if_silent({"b"})
+    for _ in range(2 * cfg.election_ticks):
+        rd = drain(r, s)
+        for m in sent(rd, HeartbeatRequest):
+            r.step(HeartbeatResponse(m.dst, "a", r.term))
+        r.tick()
+    drain(r, s)
+    assert r.role == Role.LEADER and r.quiesced

@@ -1,5 +1,6 @@
 """Quiesced partitions on real node processes (marker `e2e`): idle partitions stop ticking, and
-a quiesced leader's death (SIGKILL) or stall (SIGSTOP) is noticed from the node pair's pings."""
+a quiesced leader's death (SIGKILL) or stall (SIGSTOP) is noticed from the node pair's pings,
+and so is a leader that no longer hears its followers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import time
 from typing import Any
 
 import pytest
+from tests.e2e.links import proxied
 
 from raftlog.client import Client
 from raftlog.harness.local import LocalCluster
@@ -68,6 +70,53 @@ def test_a_quiesced_leader_that_dies_or_stalls_is_replaced(tmp_path, fault):
         finally:
             if fault == "stop":
                 cluster.signal(victim, signal.SIGCONT)
+
+
+def test_a_quiesced_leader_that_hears_nobody_is_replaced(tmp_path):
+    """The links from its followers to the leader of quiesced partitions cut (one way: they
+    still hear it): it steps down and the followers elect one of them, within a few election
+    timeouts, and the partition commits again; never two leaders in one term. It re-quiesced
+    on what they had answered before and led on, unable to commit, its followers asleep behind
+    it, for as long as the cut lasted (not replaced after 25 s; 2 s without quiescence)."""
+    cluster = LocalCluster(tmp_path, replicas=3, partitions=2)
+    ports = {name: node.port for name, node in cluster.nodes.items()}
+    claims: dict[tuple[int, int], set[str]] = {}  # (partition, term) -> who said it led
+
+    def leaders_of(p: int, names: list[str]) -> set[str | None]:
+        out: set[str | None] = set()
+        for name in names:
+            for part in partitions(cluster, name):
+                if part["role"] == "leader":
+                    claims.setdefault((part["partition"], part["term"]), set()).add(name)
+            out.add(partitions(cluster, name)[p]["leader"])
+        return out
+
+    with proxied(ports) as links:
+        cluster.peer_url = links.url
+        with cluster:
+            cluster.wait_ready()
+            names = list(cluster.nodes)
+            with Client(cluster.endpoints) as client:
+                last = client.append(0, [{"value": "before"}]).last_index
+            until("every partition quiesced", lambda: all_quiesced(cluster, names), 20)
+            victim = partitions(cluster, names[0])[0]["leader"]
+            others = [n for n in names if n != victim]
+            for name in others:
+                links.cut(name, victim, "stall")
+            took = until(
+                "a new leader of partition 0 on the followers' side",
+                lambda: len(s := leaders_of(0, others)) == 1 and s <= set(others),
+                10,
+            )
+            with Client([cluster.nodes[n].url for n in others]) as client:
+                after = client.append(0, [{"value": "after"}])
+            assert after.last_index > last
+            leaders_of(0, names)
+            links.heal_all()
+            until("the old leader follows", lambda: len(leaders_of(0, names)) == 1, 10)
+    two = {k: v for k, v in claims.items() if len(v) > 1}
+    assert not two, f"two leaders in one term: {two}"
+    print(f"{victim}, cut off from its followers, replaced in {took:.1f} s")
 
 
 def high_water_mark(cluster: LocalCluster, name: str) -> int | None:

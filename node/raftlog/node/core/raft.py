@@ -246,6 +246,12 @@ class Raft:
         if self.role == Role.LEADER:
             self.election_elapsed = 0
             self._needs_broadcast = True  # heartbeat at the next tick confirms the followers
+            if silent:
+                # What they answered before it slept says nothing of its quorum now: it may
+                # quiesce again only once they answer, and check-quorum deposes it if they
+                # do not (it re-quiesced at once and led on, unable to commit, for good).
+                for pr in self.progress.values():
+                    pr.recent_active = False
         else:
             self.election_elapsed = self.cfg.election_ticks if silent else 0
         self._event("woken", silent=silent)
