@@ -142,3 +142,23 @@ def test_a_node_on_a_lost_partition_exits_3_naming_it(tmp_path, capsys):
     argv = ["--node-id", "n1", "--peers", "n1=http://127.0.0.1:10", "--data-dir", str(tmp_path)]
     assert server_main.main([*argv, "--partitions", "2", "--insecure-no-auth"]) == 3
     assert "p1 is invalid: is missing" in capsys.readouterr().err
+
+
+def test_a_node_started_with_fewer_partitions_than_it_holds_refuses_naming_them(tmp_path, capsys):
+    """`--partitions` lowered (2 -> 1) by hand: refused, exit 2, naming the partitions held,
+    and the partition left out keeps its log for a start with the right count. The node
+    started and left it out: its journal's checkpoint at that start dropped the records the
+    partition's WAL did not have yet, and the next start with 2 gave back a partition with a
+    vote and no log (real nodes: a member holding p3 to index 6 came back at 0)."""
+    asyncio.run(append_and_close(Node(settings(tmp_path))))
+    with pytest.raises(ValueError, match=r"--partitions 1: .* holds partition 1 \(p1\)"):
+        Node(one_node(tmp_path, partitions=1))
+    argv = ["--node-id", "n1", "--peers", "n1=http://127.0.0.1:10", "--data-dir", str(tmp_path)]
+    assert server_main.main([*argv, "--partitions", "1", "--insecure-no-auth"]) == 2
+    err = capsys.readouterr().err
+    assert "holds partition 1 (p1)" in err and "never lowered" in err, err
+    node = Node(settings(tmp_path))
+    try:
+        assert node.drivers[1].storage.last_index() >= 2  # the election's no-op and the record
+    finally:
+        node.journal.close()

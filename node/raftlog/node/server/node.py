@@ -42,6 +42,28 @@ def next_tick(last: float, now: float, period: float) -> float:
     return due if due > now - period else now + period
 
 
+def refuse_fewer_partitions(data_dir: str, partitions: int) -> None:
+    """A count below the partitions this node holds (`p<N>` directories) is refused before
+    anything is opened: started so, the node left those partitions out, and its journal's
+    checkpoint dropped their records the WALs did not hold yet, so a start with the right
+    count gave back a partition with its vote and without the entries it acknowledged."""
+    held = sorted(
+        int(name[1:])
+        for name in (os.listdir(data_dir) if os.path.isdir(data_dir) else [])
+        if name[:1] == "p"
+        and name[1:].isdigit()
+        and int(name[1:]) >= partitions
+        and os.path.isdir(os.path.join(data_dir, name))
+    )
+    if held:
+        named = ", ".join(f"{p} (p{p})" for p in held)
+        raise ValueError(
+            f"--partitions {partitions}: {data_dir} holds partition{'s' if len(held) > 1 else ''}"
+            f" {named}: the partition count may be raised, never lowered; start it with "
+            f"--partitions {held[-1] + 1} or more"
+        )
+
+
 class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
@@ -60,6 +82,7 @@ class Node:
             settings.max_answer_buffer_bytes, settings.answer_send_timeout_s
         )
         self.bodies = BodyBudget(settings.max_body_buffer_bytes)
+        refuse_fewer_partitions(str(settings.data_dir), settings.partitions)
         # One journal and one group commit for every partition: one fsync per batch of the
         # whole node, however the appends are spread (`journal.py`).
         self.journal = Journal(
