@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from raftlog.client import AsyncClient, ClientError
+from raftlog.client import AsyncClient, Client, ClientError
 from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -87,3 +87,76 @@ def test_kill_9_the_leader_while_clients_append(tmp_path):
             f"{len(acked)} acknowledged appends, {len(failures)} failed calls, "
             f"leader {victim} killed, {new_leader} took over"
         )
+
+
+def test_partitions_raised_member_by_member_under_appends_then_every_member_killed(tmp_path):
+    """Raising the count by hand (README: members restarted one at a time with the new count)
+    while appends run on the old partitions, the first member raised SIGKILLed while it starts
+    with the new count, then every member SIGKILLed and started again: the new partition has a
+    leader every member agrees on and takes appends, and the old partitions lost nothing
+    acknowledged (the operator's raise is tested in test_local_operator, with no kill)."""
+    with LocalCluster(tmp_path, replicas=3, partitions=2) as cluster:
+        cluster.wait_ready()
+        acked: dict[tuple[int, int], str] = {}
+        stop = asyncio.Event()
+
+        async def producer(k: int) -> None:
+            async with AsyncClient(cluster.endpoints, retries=30) as c:
+                seq = 0
+                while not stop.is_set():
+                    p, value = seq % 2, f"producer-{k}-{seq}"
+                    try:
+                        r = await c.append(p, [{"key": f"k{k}", "value": value}])
+                    except (TimeoutError, ClientError, OSError):
+                        pass
+                    else:
+                        assert (p, r.last_index) not in acked, "two appends acked at one index"
+                        acked[(p, r.last_index)] = value
+                    seq += 1
+
+        async def restart(name: str, kill_at_start: bool) -> None:
+            node = cluster.nodes[name]
+            assert node.proc is not None
+            node.proc.terminate()
+            await asyncio.to_thread(node.proc.wait, 15)
+            node.proc = None
+            cluster.start(name)
+            if kill_at_start:  # opening its partitions, the new one among them
+                await asyncio.sleep(0.3)
+                cluster.kill(name)
+                cluster.start(name)
+
+        async def run() -> None:
+            tasks = [asyncio.create_task(producer(k)) for k in range(4)]
+            await asyncio.sleep(1)
+            cluster.partitions = 3
+            for i, name in enumerate(cluster.nodes):
+                await restart(name, kill_at_start=i == 0)
+                await asyncio.sleep(0.5)
+            await asyncio.sleep(1)
+            stop.set()
+            await asyncio.gather(*tasks)
+
+        asyncio.run(run())
+        assert len(acked) > 50, f"only {len(acked)} appends acknowledged"
+        cluster.wait_ready(timeout=20)
+        for name in list(cluster.nodes):
+            cluster.kill(name)
+        cluster.start()
+        cluster.wait_ready(timeout=20)  # every member agrees on a leader of all 3
+        with Client(cluster.endpoints) as c:
+            r = c.append(2, [{"key": "new", "value": "on the new partition"}])
+            acked[(2, r.last_index)] = "on the new partition"
+        for name, node in cluster.nodes.items():
+            with Client([node.url]) as c:
+                for p in range(3):
+                    top = max(i for (pp, i) in acked if pp == p)
+                    log: dict[int, str] = {}
+                    start = 1
+                    while start <= top:
+                        page = c.read(p, start, 10_000, min_index=top, wait_ms=10_000)
+                        log.update({rec["index"]: rec["value"] for rec in page["records"]})
+                        start = page["next"]
+                    lost = [(i, v) for (pp, i), v in acked.items() if pp == p and log.get(i) != v]
+                    assert not lost, f"{name} p{p} lost acknowledged appends: {lost[:5]}"
+        print(f"{len(acked)} acknowledged appends read back from every member after the raise")
