@@ -350,7 +350,7 @@ async def test_a_page_below_the_floor_keeps_the_bounds_of_a_wal_page(
         await asyncio.sleep(0.05)
     assert api.floor == floor
     by_index = {r["index"]: r for r in api.acked}
-    hwm = api.node.drivers[0].raft.commit
+    hwm = api.node.drivers[0].high_water_mark
 
     # `limit` entries at most, across objects (segments of about 25 entries).
     page = await api.json("/v1/partitions/0/records?from=2&limit=70")

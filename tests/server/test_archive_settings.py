@@ -376,6 +376,7 @@ class Partition:
         self.raft = types.SimpleNamespace(
             commit=commit, log=types.SimpleNamespace(first_index=lambda: floor)
         )
+        self.high_water_mark = commit  # the mark readers are shown
         self.storage = types.SimpleNamespace(
             compaction_floor=lambda: floor,
             snapshot_meta=lambda: types.SimpleNamespace(index=floor - 1),

@@ -88,9 +88,9 @@ def test_a_page_holds_the_committed_entries_persisted_or_not(tmp_path, monkeypat
             d.step(AppendRequest("n1", "n2", 2, 0, 0, first, 20))  # 21..30 not committed
             for _ in range(200):
                 await asyncio.sleep(0.01)
-                if d.storage.last_index() >= 30 and d.raft.commit >= 20:
+                if d.storage.last_index() >= 30 and d.high_water_mark >= 20:
                     break
-            assert (d.storage.last_index(), d.raft.commit) == (30, 20)
+            assert (d.storage.last_index(), d.raft.commit, d.high_water_mark) == (30, 20, 20)
             page, rows = rows_of(await columnar.read_records(d, 1, 10**9, 50_000, 8 << 20))
             assert rows == [(i, 2) for i in range(2, 21)], "no no-op, nothing above the mark"
             assert (page["next"], page["high_water_mark"], page["count"]) == (21, 20, 19)
@@ -100,6 +100,12 @@ def test_a_page_holds_the_committed_entries_persisted_or_not(tmp_path, monkeypat
             more = tuple(entry(i) for i in range(31, 41))
             d.raft.step(AppendRequest("n1", "n2", 2, 30, 2, more, 35))
             assert (d.storage.last_index(), d.raft.commit) == (30, 35)
+            # Readers are shown a commit once the driver wrote it (a kill cannot take it back):
+            # until then the page ends at the mark written, 20.
+            page, rows = rows_of(await columnar.read_records(d, 21, 10**9, 50_000, 8 << 20))
+            assert rows == [] and (page["next"], page["high_water_mark"]) == (21, 20)
+            # Were a mark shown above entries not yet persisted, they come from the core.
+            d.high_water_mark = d.raft.commit
             page, rows = rows_of(await columnar.read_records(d, 21, 10**9, 50_000, 8 << 20))
             assert rows == [(i, 2) for i in range(21, 36)]
             assert page["next"] == 36
@@ -290,11 +296,14 @@ def test_a_suffix_overwritten_by_a_new_leader_is_never_served_from_the_stale_wal
             d.step(AppendRequest("n1", "n2", 2, 0, 0, old, 10))  # 11..20 not committed
             for _ in range(300):
                 await asyncio.sleep(0.01)
-                if d.storage.last_index() >= 20 and d.raft.commit >= 10:
+                if d.storage.last_index() >= 20 and d.high_water_mark >= 10:
                     break
             new = tuple(record(i, 3) for i in range(11, 26))
             d.raft.step(AppendRequest("n3", "n2", 3, 10, 2, new, 25))  # the core only
             assert d.storage.term(15) == 2, "the stale suffix is still in the WAL"
+            page, rows = rows_of(await columnar.read_records(d, 2, 10**9, 50_000, 8 << 20))
+            assert page["next"] == 11, "the commit 25 is not written yet: not shown"
+            d.high_water_mark = d.raft.commit  # as if it were: the stale WAL is never read
             want = [(i, 2) for i in range(2, 11)] + [(i, 3) for i in range(11, 26)]
             page, rows = rows_of(await columnar.read_records(d, 2, 10**9, 50_000, 8 << 20))
             assert rows == want and page["next"] == 26

@@ -90,7 +90,11 @@ def test_a_wal_page_holds_the_committed_records_as_framed_persisted_or_not(tmp_p
             d.step(AppendRequest("n1", "n2", 2, 20, 2, (), 20))
             await until(lambda: d.storage.commit_index() >= 20, "commit 20", timeout=5.0)
             d.step(AppendRequest("n1", "n2", 2, 20, 2, more, 25))
-            await until(lambda: d.storage.last_index() >= 30, "append 21..30", timeout=5.0)
+            await until(
+                lambda: d.storage.last_index() >= 30 and d.high_water_mark >= 25,
+                "append 21..30",
+                timeout=5.0,
+            )
             page, got, commits = read(d, 1)
             assert got == [entry(i) for i in range(1, 26)], "every kind, nothing above the mark"
             assert commits >= 1, "the WAL's commit records are served as they are"
@@ -100,6 +104,8 @@ def test_a_wal_page_holds_the_committed_records_as_framed_persisted_or_not(tmp_p
             # framed as the WAL frames them.
             d.raft.step(AppendRequest("n1", "n2", 2, 30, 2, tuple(map(entry, range(31, 41))), 35))
             assert (d.storage.last_index(), d.raft.commit) == (30, 35)
+            assert read(d, 21)[0]["next"] == 26, "a commit is shown once written, not before"
+            d.high_water_mark = d.raft.commit  # shown as if written
             page, got, _ = read(d, 21)
             assert got == [entry(i) for i in range(21, 36)] and page["next"] == 36
             # The column page's bounds: `to`, `limit`, about `max_bytes` (at least one entry).

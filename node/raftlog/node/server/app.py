@@ -63,12 +63,13 @@ from raftlog.node.storage.snapshots import Chunk
 def require_mark(driver: PartitionDriver, min_index: int) -> None:
     """503 `behind` when this replica's high-water mark is below `min_index` (read-your-writes:
     the caller retries, or asks another replica)."""
-    if min_index > driver.raft.commit:
+    hwm = driver.high_water_mark
+    if min_index > hwm:
         raise ApiError(
             503,
             "behind",
-            f"this replica's high-water mark {driver.raft.commit} is below {min_index}",
-            high_water_mark=driver.raft.commit,
+            f"this replica's high-water mark {hwm} is below {min_index}",
+            high_water_mark=hwm,
         )
 
 
@@ -210,12 +211,12 @@ async def read(request: web.Request) -> web.Response:
     min_index = int_param(request, "min_index", 0, 0, 2**62)
     wait_ms = int_param(request, "wait_ms", 0, 0, 60_000)
     need = max(min_index, start if wait_ms else 0)
-    if need > driver.raft.commit and wait_ms:
+    if need > driver.high_water_mark and wait_ms:
         with contextlib.suppress(TimeoutError):  # answer with what is there
-            await driver.committed.wait_for(lambda: driver.raft.commit >= need, wait_ms / 1000)
+            await driver.committed.wait_for(lambda: driver.high_water_mark >= need, wait_ms / 1000)
     require_mark(driver, min_index)
     refuse_unless_fits(request, max_bytes)
-    hwm = driver.raft.commit
+    hwm = driver.high_water_mark
     try:
         entries = _read_within(driver, start, limit, max_bytes)
     except (StorageFailed, OSError) as e:  # a read that had to write the WAL's held tail
@@ -255,7 +256,7 @@ def _read_within(driver: PartitionDriver, start: int, limit: int, max_bytes: int
     out: list[Entry] = []
     size, at = 0, start
     while len(out) < limit:
-        page = driver.raft.read_committed(at, at + min(limit - len(out), 64))
+        page = driver.read_committed(at, at + min(limit - len(out), 64))
         if not page:
             break
         for e in page:
@@ -387,7 +388,7 @@ async def status(request: web.Request) -> web.Response:
                 "term": st.term,
                 "leader": st.leader,
                 "quiesced": driver.raft.quiesced,
-                "high_water_mark": st.high_water_mark,
+                "high_water_mark": driver.high_water_mark,  # readers' (`PartitionDriver`)
                 "applied": st.applied,
                 "last_index": st.last_index,
                 "compaction_floor": driver.storage.compaction_floor(),

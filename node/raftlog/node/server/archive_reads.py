@@ -367,7 +367,7 @@ async def page_below_floor(
     """The `/columns` page (`format` columns or wal) of committed records [start, stop) below
     the floor, from the archive: the same page, bounds and fields as one read from the WAL
     (`columnar.read_records`, `walpage.read_wal_records`). Returns (body, content type)."""
-    hwm = d.raft.commit
+    hwm = d.high_water_mark
     max_bytes = min(max_bytes, columnar.MAX_PAGE_BYTES)
     entries = await entries_below_floor(node, d, start, stop, limit, max_bytes, hwm)
     nxt = entries[-1].index + 1 if entries else start

@@ -252,7 +252,7 @@ def committed_range(
     records, never above this replica's high-water mark (taken now: the mark only grows, so the
     caller's check of `min_index` still holds). One event-loop step. Raises Compacted below
     the floor, ApiError 503 when the WAL cannot be read."""
-    hwm = d.raft.commit
+    hwm = d.high_water_mark
     end = min(stop, start + limit, hwm + 1)
     raft_log = d.raft.log
     if start < raft_log.first_index():
@@ -268,7 +268,7 @@ def committed_range(
     used = sum(len(r.buf) for r in raws)
     tail: list[Entry] = []
     if at == stable and stable < end:
-        for entry in d.raft.read_committed(stable, end):
+        for entry in d.read_committed(stable, end):
             if used >= max_bytes and (raws or tail):
                 break  # the byte budget holds for the core's entries too
             tail.append(entry)

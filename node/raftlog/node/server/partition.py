@@ -28,7 +28,7 @@ from raftlog.node.core.errors import NotLeader, ProposalRefused
 from raftlog.node.core.messages import AppendRequest, HeartbeatRequest, InstallSnapshot, Message
 from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
-from raftlog.node.core.types import SnapshotMeta, SnapshotRequest
+from raftlog.node.core.types import Entry, SnapshotMeta, SnapshotRequest
 from raftlog.node.server.commit_signal import CommitSignal
 from raftlog.node.server.compaction_pass import (
     CompactionPass,
@@ -136,6 +136,11 @@ class PartitionDriver:
         self.table = KeyedTable.restore(storage.snapshot_data())
         self.group = node.group  # the node's: one fsync for every partition's writes
         self.committed = CommitSignal()  # readers waiting for the high-water mark
+        # The high-water mark readers are shown: the commit index of the last hard state in the
+        # file (synced, or written out), so that a node killed after a read never comes back
+        # with a lower one. The core's may be ahead of it until the next pass writes it: a
+        # leader's commit moves when its own fsync returns, a follower's when an append arrives.
+        self.high_water_mark = raft.commit
         # Why the partition stopped writing: a disk fault, or a bug caught by the loop. Reads of
         # what it holds go on; appends get 503 with this reason.
         self.failed: Exception | None = storage.failed
@@ -354,14 +359,21 @@ class PartitionDriver:
         return rd
 
     def finish(self, rd: Ready) -> None:
-        """After the fsync covering `rd`'s entries: send the rest, apply what committed, answer
-        appenders and readers, advance the core, then start a snapshot when one is due."""
+        """After the fsync covering `rd`'s entries (and its hard state, or the write of that
+        alone): show readers its commit, send the rest, apply what committed, answer appenders
+        and readers, advance the core, then start a snapshot when one is due."""
         self.early_unwritten = False
+        written = rd.hard_state.commit if rd.hard_state is not None else 0
+        shown = written > self.high_water_mark
+        if shown:
+            self.high_water_mark = written
         messages, self._unsent = self._unsent, []
         if messages:
             self.node.transport.send(self.p, messages)
         if rd.committed:
-            self._apply(rd)
+            self._apply(rd)  # wakes the readers waiting for the mark too
+        elif shown:  # a mark with nothing to apply (a snapshot installed): wake them
+            self.committed.notify()
         for req in rd.snapshot_requests:
             self._serve_snapshot(req)
         for ev in rd.events:
@@ -598,6 +610,10 @@ class PartitionDriver:
             await asyncio.wait({self._snapshot_file})
         task.cancel()
         await asyncio.wait({task})
+
+    def read_committed(self, lo: int, hi: int) -> list[Entry]:
+        """Entries in [lo, hi) at or below the mark readers are shown (`high_water_mark`)."""
+        return self.raft.read_committed(lo, min(hi, self.high_water_mark + 1))
 
     async def wait_committed(self, index: int, timeout: float) -> None:
         await self.committed.wait_for(lambda: self.raft.commit >= index, timeout)

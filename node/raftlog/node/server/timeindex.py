@@ -115,12 +115,12 @@ class TimeIndex:
 
     async def _extend(self, d: PartitionDriver) -> None:
         """Cover the log up to this replica's high-water mark."""
-        while self.end < d.raft.commit:
+        while self.end < d.high_water_mark:
             first = d.raft.log.first_index()
             if not self.start or self.end + 1 < first:
                 self._reset(first)
             try:
-                indexes, stamps, nxt = await self._read(d, self.end + 1, d.raft.commit + 1)
+                indexes, stamps, nxt = await self._read(d, self.end + 1, d.high_water_mark + 1)
             except Compacted:
                 self._reset(d.raft.log.first_index())
                 continue
