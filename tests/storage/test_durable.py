@@ -29,6 +29,7 @@ from raftlog.node.storage.segment import encode_commit
 from raftlog.node.storage.snapshots import (
     SPACE_KEPT,
     Chunk,
+    SnapshotReceiver,
     SnapshotStore,
     snapshot_name,
     space_kept,
@@ -527,11 +528,20 @@ def test_a_transfer_resumed_from_the_bytes_received_installs_the_snapshot(tmp_pa
     rx = dst.snapshots.receiver(300, 2)  # the next attempt asks how much is already here
     resumed = list(src.snapshots.chunks(chunk_bytes=1000, start=rx.received))
     assert resumed[0].offset == rx.received == 3000
-    assert all(rx.write(c) for c in resumed)
+    assert all(install_all(dst, rx, resumed, data))
+
+
+def install_all(
+    dst: DurableStorage, rx: SnapshotReceiver, chunks: list[Chunk], data: bytes
+) -> list[bool]:
+    """Write `chunks` (what each write returned: False for bytes already held), verify the
+    file as the snapshot at 300 of term 2 holding `data`, and install it."""
+    taken = [rx.write(c) for c in chunks]
     meta, got = rx.verify()
     assert (meta, got) == (SnapshotMeta(300, 2, ABC), data)
     dst.install_received(rx, meta)
     assert dst.snapshot_data() == data
+    return taken
 
 
 def test_a_chunk_one_byte_past_what_was_received_is_refused(tmp_path: Path) -> None:
@@ -556,12 +566,7 @@ def test_a_partial_file_larger_than_the_snapshot_sent_starts_over_and_installs(
     Path(dst.snapshots.receiver(300, 2).partial).write_bytes(b"j" * (raw_len + 500))
     rx = dst.snapshots.receiver(300, 2)
     assert rx.received == raw_len + 500
-    chunks = list(src.snapshots.chunks(chunk_bytes=1000))
-    assert all(rx.write(c) for c in chunks)
-    meta, got = rx.verify()
-    assert got == data
-    dst.install_received(rx, meta)
-    assert dst.snapshot_data() == data
+    assert all(install_all(dst, rx, list(src.snapshots.chunks(chunk_bytes=1000)), data))
 
 
 def test_a_chunk_past_its_total_or_giving_another_total_is_refused(tmp_path: Path) -> None:
