@@ -64,6 +64,49 @@ def test_an_append_follows_the_leader_hint_at_once_and_remembers_the_leader():
     assert [s.base for s in sends(steps)] == [C], "the leader is remembered"
 
 
+def test_a_node_lacking_the_partition_sends_the_call_on_at_once_and_all_lacking_it_fail_it():
+    """While a raised partition count rolls out, a member not yet restarted answers 404
+    `unknown_partition`: the other endpoints are asked without a pause (the call failed at
+    once before). A partition no node has fails once each was asked, without a retry's wait."""
+    c = calls(A, B, C)
+    lacking = {"error": "unknown_partition", "reason": "partition 2 does not exist (0..1)"}
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]]:
+        return (404, lacking) if s.base == A else appended()
+
+    result, steps = run(c.append(2, [{"value": "v"}]), answer)
+    assert result.first_index == 1
+    assert [s.base for s in sends(steps)] == [A, B]
+    assert not any(isinstance(s, Pause) for s in steps)
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B, C).append(5, [{"value": "v"}]), lambda s: (404, lacking))
+    assert (e.value.status, e.value.error) == (404, "unknown_partition")
+    assert e.value.url == C
+    asked: list[str] = []
+
+    def lacks(s: Send) -> tuple[int, dict[str, Any]]:
+        asked.append(s.base)
+        return 404, lacking
+
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B).read(5, 1, 10), lacks)
+    assert e.value.error == "unknown_partition" and asked == [A, B]
+
+
+def test_a_remembered_leader_that_lacks_the_partition_is_forgotten_and_the_others_asked():
+    c = calls(A, B)
+    run(c.append(0, [{"value": "v"}]), lambda s: appended())  # A found, remembered
+    lacking = {"error": "unknown_partition", "reason": "partition 0 does not exist (0..-1)"}
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]]:
+        return (404, lacking) if s.base == A else appended(2)
+
+    result, steps = run(c.append(0, [{"value": "w"}]), answer)
+    assert result.first_index == 2 and [s.base for s in sends(steps)] == [A, B]
+    _, steps = run(c.append(0, [{"value": "x"}]), answer)
+    assert [s.base for s in sends(steps)] == [B], "the node that served it is remembered"
+
+
 def test_a_leader_found_by_trying_is_remembered_and_forgotten_once_it_fails():
     """A down, B leading: found by trying, then asked first; once B answers nothing, the next
     append goes back to trying the endpoints (a crashed leader is not asked forever)."""

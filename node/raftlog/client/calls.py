@@ -217,15 +217,27 @@ class Calls:
         """`request` until a 2xx answer, to `targets` in turn; with `leader_of`, to that
         partition's leader when known, following the hints of nodes that are not."""
         tries = self.retry.start()
+        lacking: set[str] = set()  # nodes that answered they have no such partition
         while True:
             known = self._leaders.get(leader_of) if leader_of is not None else None
-            base = known or targets[(tries.made - 1) % len(targets)]
+            rest = [t for t in targets if t not in lacking] if lacking else targets
+            base = known or rest[(tries.made - 1) % len(rest)]
             reply = yield from ask(base, request)
             if reply.ok:
                 if leader_of is not None:
                     self._leaders[leader_of] = base
                 return reply
             error = reply.error()
+            if error.status == 404 and error.error == "unknown_partition":
+                # While a raised partition count rolls out, members not yet restarted lack the
+                # new partitions: the others are asked at once, and the call fails only once
+                # every node said so (a partition that does not exist fails without a pause).
+                lacking.add(base)
+                if leader_of is not None:
+                    self._leaders.pop(leader_of, None)
+                if lacking.issuperset(targets):
+                    raise error
+                continue
             if not error.retryable:
                 raise error
             hint = error.body.get("leader_url") if leader_of is not None else None
