@@ -104,6 +104,7 @@ def test_partitions_raised_member_by_member_under_appends_then_every_member_kill
     with LocalCluster(tmp_path, replicas=3, partitions=2) as cluster:
         cluster.wait_ready()
         acked: dict[tuple[int, int], str] = {}
+        unknown: list[str] = []  # appends whose outcome is unknown (not counted as acked)
         stop = asyncio.Event()
 
         async def producer(k: int) -> None:
@@ -113,8 +114,12 @@ def test_partitions_raised_member_by_member_under_appends_then_every_member_kill
                     p, value = seq % 2, f"producer-{k}-{seq}"
                     try:
                         r = await c.append(p, [{"key": f"k{k}", "value": value}])
-                    except (TimeoutError, ClientError, OSError):
-                        pass
+                    except ClientError as e:
+                        # Only a passing fault that outlasted the retries; its outcome unknown.
+                        assert e.retryable, f"append to p{p} refused: {e}"
+                        unknown.append(str(e))
+                    except (TimeoutError, OSError) as e:
+                        unknown.append(repr(e))
                     else:
                         assert (p, r.last_index) not in acked, "two appends acked at one index"
                         acked[(p, r.last_index)] = value
@@ -145,6 +150,7 @@ def test_partitions_raised_member_by_member_under_appends_then_every_member_kill
 
         asyncio.run(run())
         assert len(acked) > 50, f"only {len(acked)} appends acknowledged"
+        assert len(unknown) < len(acked) // 10, f"{len(unknown)} appends failed: {unknown[:3]}"
         cluster.wait_ready(timeout=20)
         for name in list(cluster.nodes):
             cluster.kill(name)
@@ -165,7 +171,10 @@ def test_partitions_raised_member_by_member_under_appends_then_every_member_kill
                         start = page["next"]
                     lost = [(i, v) for (pp, i), v in acked.items() if pp == p and log.get(i) != v]
                     assert not lost, f"{name} p{p} lost acknowledged appends: {lost[:5]}"
-        print(f"{len(acked)} acknowledged appends read back from every member after the raise")
+        print(
+            f"{len(acked)} acknowledged appends read back from every member after the raise; "
+            f"{len(unknown)} of unknown outcome"
+        )
 
 
 def _recovered_commit(data_dir: Path) -> int:
