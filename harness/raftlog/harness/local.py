@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from raftlog.operator.ports import free_ports as free_ports  # re-exported for tests, bench
+from raftlog.operator.ports import release_ports
 
 
 @dataclass
@@ -232,3 +233,4 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+        release_ports(n.port for n in self.nodes.values())
