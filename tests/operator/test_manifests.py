@@ -112,6 +112,8 @@ def test_the_pod_carries_the_spec_to_the_node():
     args = c["args"]
     assert args[args.index("--node-id") + 1] == "c-1" and "--join" in args
     assert args[args.index("--partitions") + 1] == "4"
+    # Named by namespace and name: a peer of a same-named cluster elsewhere is refused.
+    assert args[args.index("--cluster") + 1] == "ns/c"
     assert args[args.index("--peers") + 1].split(",")[0] == ("c-0=http://c-0.c-peers.ns.svc:7002")
     # Clients on 7001, peers and the admin API on 7002: a NetworkPolicy can tell them apart.
     assert args[args.index("--port") + 1] == "7001"

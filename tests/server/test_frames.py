@@ -21,6 +21,7 @@ from raftlog.node.transport.frames import (
     FrameTooLarge,
     Link,
     Splitter,
+    Upgrade,
     frame,
     handshake,
     parse_status,
@@ -34,9 +35,14 @@ def head_of(request: bytes) -> bytes:
 
 
 def test_the_sender_handshake_is_what_the_receiver_accepts():
-    assert parse_upgrade(head_of(handshake("127.0.0.1", 7001, "tok"))) == (b"Bearer tok", None)
-    assert parse_upgrade(head_of(handshake("127.0.0.1", 7001, None))) == (b"", None)
-    assert parse_upgrade(head_of(handshake("h", 7001, "t", "n2"))) == (b"Bearer t", b"n2")
+    assert parse_upgrade(head_of(handshake("127.0.0.1", 7001, "tok"))) == Upgrade(
+        b"Bearer tok", None
+    )
+    assert parse_upgrade(head_of(handshake("127.0.0.1", 7001, None))) == Upgrade(b"", None)
+    assert parse_upgrade(head_of(handshake("h", 7001, "t", "n2"))) == Upgrade(b"Bearer t", b"n2")
+    assert parse_upgrade(head_of(handshake("h", 7001, "t", "n2", "ns/c"))) == Upgrade(
+        b"Bearer t", b"n2", b"ns/c"
+    )
 
 
 GOOD = [
@@ -63,7 +69,7 @@ GOOD = [
     ],
 )
 def test_any_other_head_is_left_to_aiohttp(lines):
-    assert parse_upgrade(b"\r\n".join(GOOD)) == (b"", None)
+    assert parse_upgrade(b"\r\n".join(GOOD)) == Upgrade(b"", None)
     assert parse_upgrade(b"\r\n".join(lines)) is None
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -54,12 +55,19 @@ class LocalCluster:
     # Where a node reaches a peer, (node, peer) -> URL: the peer's own URL by default; a test
     # of network faults gives each ordered pair a proxy it can cut (tests/e2e/links.py).
     peer_url: Callable[[str, str], str] | None = None
+    # The nodes' `--cluster`; by default one per data directory, so that two clusters on this
+    # machine (pytest's workers) refuse each other's calls should their ports ever meet;
+    # "": none (nothing checked).
+    cluster: str | None = None
     nodes: dict[str, LocalNode] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.replicas < 1:
             raise ValueError(f"replicas: must be at least 1, got {self.replicas}")
         self.data_dir = Path(self.data_dir)
+        if self.cluster is None:
+            where = hashlib.sha256(str(self.data_dir.resolve()).encode()).hexdigest()
+            self.cluster = f"local-{where[:12]}"
         ports = free_ports(self.replicas)
         for i, port in enumerate(ports, start=1):
             name = f"n{i}"
@@ -112,6 +120,8 @@ class LocalCluster:
                 cmd.append("--no-fsync")
             if node.join:
                 cmd.append("--join")
+            if self.cluster:
+                cmd += ["--cluster", self.cluster]
             if self.auth_token_file is not None:
                 cmd += ["--auth-token-file", str(self.auth_token_file)]
             else:  # a harness of processes on 127.0.0.1: said so, as the node requires

@@ -38,6 +38,17 @@ class NodeSettings(BaseSettings):
         description="every member's name and base URL, this node's included, e.g. "
         '{"n1": "http://127.0.0.1:7001", ...}; on a new cluster they are the initial voters'
     )
+    cluster: str | None = Field(
+        None,
+        min_length=1,
+        max_length=253,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._/-]*$",
+        description="the cluster's name, the same on every member (the operator gives "
+        "`<namespace>/<name>`): a peer that names another cluster is refused (421), so members "
+        "of two clusters whose addresses and member names meet never exchange a message; the "
+        "data directory keeps it, and a start naming another cluster is refused. Unset: "
+        "nothing is checked",
+    )
     host: str = Field("127.0.0.1", description="address to listen on")
     port: int = Field(
         7001,

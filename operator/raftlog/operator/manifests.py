@@ -92,8 +92,9 @@ def pod(
     members that start a restored cluster."""
     tls = spec.tls_secret_name is not None
     args = node_args(
-        spec, member, peers, join=join, data_dir=DATA_DIR, token_file=f"{TOKEN_DIR}/token"
-    )
+        spec, member, peers, join=join, data_dir=DATA_DIR, token_file=f"{TOKEN_DIR}/token",
+        cluster=f"{namespace}/{cluster}",
+    )  # fmt: skip
     if tls:
         args += [
             "--tls-cert-file",

@@ -22,10 +22,12 @@ def node_args(
     peer_port: int | None = PEER_PORT,
     host: str = "0.0.0.0",
     token_file: str | None = None,
+    cluster: str | None = None,
 ) -> list[str]:
     """`raftlog-node` flags of member `name` (the Raft settings travel in `node_env`).
 
-    `peers` are peer-port URLs; without `peer_port` the node serves everything on `port`."""
+    `peers` are peer-port URLs; without `peer_port` the node serves everything on `port`;
+    `cluster` names the cluster on every peer call (`--cluster`)."""
     args = [
         "--node-id", name,
         "--peers", ",".join(f"{n}={u}" for n, u in sorted(peers.items())),
@@ -40,6 +42,8 @@ def node_args(
         args.append("--join")
     if token_file is not None:
         args += ["--auth-token-file", token_file]
+    if cluster is not None:
+        args += ["--cluster", cluster]
     return args
 
 

@@ -16,6 +16,7 @@ from aiohttp import web
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.storage.errors import StorageFailed
+from raftlog.node.transport.frames import CLUSTER_HEADER, foreign_cluster
 
 log = logging.getLogger("raftlog.api")
 _PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
@@ -108,8 +109,9 @@ def _refused_unread(
 
 def make_guard(token: str | None) -> Middleware:
     """The one middleware of every request: the bearer token of peer and admin calls (401
-    without it), errors as JSON (an `ApiError` with its status, a bug as a 500 without
-    internals), and the request's latency in `raftlog_request_seconds`."""
+    without it), a peer call naming another cluster (421), errors as JSON (an `ApiError` with
+    its status, a bug as a 500 without internals), and the request's latency in
+    `raftlog_request_seconds`."""
     expected = f"Bearer {token}".encode()
 
     @web.middleware
@@ -132,6 +134,14 @@ def make_guard(token: str | None) -> Middleware:
                     {"error": "unauthorized", "reason": "a valid bearer token is required"},
                     status=401,
                 )
+            elif request.path.startswith("/peer/") and (
+                foreign := foreign_cluster(
+                    node_of(request).settings.cluster, request.headers.get(CLUSTER_HEADER)
+                )
+            ):
+                if node_of(request).foreign_logged(request.headers.get(CLUSTER_HEADER)):
+                    log.warning("refused %s from %s: %s", request.path, request.remote, foreign)
+                resp = _refused_unread(421, "misdirected", foreign, CLUSTER_HEADER)
             elif request.headers.get("Content-Encoding", "identity").lower() != "identity":
                 # Bodies are taken as sent (aiohttp's decompression is off: a 1 MB gzip body of
                 # 1 GB held the loop 0.8 s before its 413).

@@ -410,7 +410,8 @@ class ListenerProtocol(asyncio.Protocol):
     def _upgrade(self, upgrade: frames.Upgrade, start: int) -> None:
         """Accept a peer's frame stream whose handshake head ends at `start`: the connection
         passes to a `FrameReceiver` with the bytes after the head (401 without the token; 421
-        when it is meant for another node, which an address now this pod's once was)."""
+        when it is meant for another node, which an address now this pod's once was, or comes
+        from another cluster's)."""
         transport = self.transport
         assert transport is not None and not self.busy
         started = time.perf_counter()
@@ -422,8 +423,14 @@ class ListenerProtocol(asyncio.Protocol):
             self._respond(401, body, kind, True, took, (frames.PATH, "GET"))
             return
         me = self.node.id.encode()
-        if upgrade.node is not None and upgrade.node != me:
-            reason = f"this is node {self.node.id}, not {upgrade.node.decode(errors='replace')}"
+        theirs = None if upgrade.cluster is None else upgrade.cluster.decode(errors="replace")
+        foreign = frames.foreign_cluster(self.node.settings.cluster, theirs)
+        if foreign is not None or (upgrade.node is not None and upgrade.node != me):
+            named = "?" if upgrade.node is None else upgrade.node.decode(errors="replace")
+            reason = foreign or f"this is node {self.node.id}, not {named}"
+            if foreign is not None and self.node.foreign_logged(theirs):
+                peer = transport.get_extra_info("peername")
+                log.warning("refused a peer frame stream from %s: %s", peer, reason)
             body = json.dumps({"error": "misdirected", "reason": reason}).encode()
             took = time.perf_counter() - started
             self._respond(421, body, kind, True, took, (frames.PATH, "GET"))

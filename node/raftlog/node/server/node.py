@@ -19,6 +19,7 @@ from raftlog.node.server.partition import COMMIT_TELL_DELAY, PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import CorruptFile
+from raftlog.node.storage.fileio import FileOps, atomic_write
 from raftlog.node.storage.group_commit import GroupCommit
 from raftlog.node.storage.journal import Journal, lost_partitions
 from raftlog.node.transport.codec import Item, Ping
@@ -64,6 +65,30 @@ def refuse_fewer_partitions(data_dir: str, partitions: int) -> None:
         )
 
 
+CLUSTER_FILE = "cluster"
+
+
+def claim_cluster(data_dir: str, cluster: str | None) -> None:
+    """The data directory keeps the cluster it was made for (`settings.cluster`); a start naming
+    another is refused before anything is opened: a volume mounted on the wrong member's pod,
+    or a directory of another local cluster, would otherwise join its log to this cluster's."""
+    if cluster is None:
+        return
+    path = os.path.join(data_dir, CLUSTER_FILE)
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            kept = f.read().strip()
+    except FileNotFoundError:
+        os.makedirs(data_dir, exist_ok=True)
+        atomic_write(path, (cluster + "\n").encode(), FileOps(), durable=True)
+        return
+    if kept != cluster:
+        raise ValueError(
+            f"--cluster {cluster}: {data_dir} belongs to cluster {kept!r} (its {CLUSTER_FILE} "
+            f"file); give this member its own data directory, or start it with --cluster {kept}"
+        )
+
+
 class Node:
     def __init__(self, settings: NodeSettings) -> None:
         self.settings = settings
@@ -76,6 +101,7 @@ class Node:
             self.token,
             settings.client_ssl(),
             settings.frame_budget,
+            settings.cluster,
         )
         self.metrics = NodeMetrics()
         self.answers = AnswerBudget(
@@ -83,6 +109,9 @@ class Node:
         )
         self.bodies = BodyBudget(settings.max_body_buffer_bytes)
         refuse_fewer_partitions(str(settings.data_dir), settings.partitions)
+        claim_cluster(str(settings.data_dir), settings.cluster)
+        # Peer calls of another cluster refused: logged once a minute per cluster they name.
+        self.foreign_logged = OncePer(60.0, keys=16)
         # One journal and one group commit for every partition: one fsync per batch of the
         # whole node, however the appends are spread (`journal.py`).
         self.journal = Journal(

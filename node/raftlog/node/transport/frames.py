@@ -7,11 +7,13 @@ same token and TLS as every peer call:
     Host: <host:port>
     Authorization: Bearer <token>        (when the cluster has a token)
     Raftlog-Node: <the node meant>       (the peer's name)
+    Raftlog-Cluster: <its cluster>       (when the cluster is named)
     Connection: Upgrade
     Upgrade: raftlog-frames/1
 
 The peer answers `101 Switching Protocols` (or 401 without the token, 421 when it is another
-node than the one meant: a stale address now another pod's; and closes), then reads frames: a 4-byte
+node than the one meant: a stale address now another pod's, or a member of another cluster;
+and closes), then reads frames: a 4-byte
 big-endian length, then that many bytes of `codec` MessagePack. Nothing is sent back. Unlike a
 WebSocket there is no masking and no per-message header to build, and both ends handle a frame
 in the protocol callback that carries its bytes: no task wakes on either side to move it.
@@ -27,6 +29,7 @@ from collections.abc import Callable
 from typing import NamedTuple, cast
 
 PATH = "/peer/v1/frames"
+CLUSTER_HEADER = "Raftlog-Cluster"  # the sender's cluster, on every peer call (`settings.cluster`)
 UPGRADE = b"raftlog-frames/1"
 MAX_HEAD = 8192
 LENGTH_BYTES = 4
@@ -37,9 +40,13 @@ _REQUEST_LINE = b"GET " + PATH.encode() + b" HTTP/1.1"
 _STATUS_LINE = re.compile(rb"HTTP/1\.[01] ([0-9]{3})(?: .*)?")
 
 
-def handshake(host: str, port: int, token: str | None, node: str | None = None) -> bytes:
+def handshake(
+    host: str, port: int, token: str | None, node: str | None = None, cluster: str | None = None
+) -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
     meant = f"Raftlog-Node: {node}\r\n" if node else ""
+    if cluster:
+        meant += f"{CLUSTER_HEADER}: {cluster}\r\n"
     if ":" in host:
         host = f"[{host}]"  # an IPv6 address
     return (
@@ -49,11 +56,12 @@ def handshake(host: str, port: int, token: str | None, node: str | None = None) 
 
 
 class Upgrade(NamedTuple):
-    """A frame stream's handshake: its `Authorization` value (b"" when absent) and the node it
-    is meant for (None when the sender did not say)."""
+    """A frame stream's handshake: its `Authorization` value (b"" when absent), the node it
+    is meant for and the sender's cluster (None when the sender did not say)."""
 
     auth: bytes
     node: bytes | None
+    cluster: bytes | None = None
 
 
 def parse_upgrade(head: bytes) -> Upgrade | None:
@@ -78,7 +86,19 @@ def parse_upgrade(head: bytes) -> Upgrade | None:
         or b"transfer-encoding" in fields
     ):
         return None
-    return Upgrade(fields.get(b"authorization", b""), fields.get(b"raftlog-node"))
+    return Upgrade(
+        fields.get(b"authorization", b""),
+        fields.get(b"raftlog-node"),
+        fields.get(CLUSTER_HEADER.lower().encode()),
+    )
+
+
+def foreign_cluster(mine: str | None, theirs: str | None) -> str | None:
+    """Why a peer call from cluster `theirs` is refused by a member of `mine` (421), or None.
+    A side that names no cluster is not judged: members started before it was set."""
+    if mine is None or theirs is None or theirs == mine:
+        return None
+    return f"this node is of cluster {mine!r}, the caller of cluster {theirs!r}"
 
 
 def parse_status(head: bytes) -> int | None:

@@ -54,8 +54,12 @@ REQUEST_CONNECT_S = 2.0  # a peer request's connection (a snapshot's chunks, an 
 SECOND_ROUTE_AFTER = 0.25  # a peer's other address is tried this long after the first
 
 
-def auth_headers(token: str | None) -> dict[str, str]:
-    return {"Authorization": f"Bearer {token}"} if token else {}
+def peer_headers(token: str | None, cluster: str | None = None) -> dict[str, str]:
+    """What every peer call says of its sender: the cluster's token, and its cluster's name."""
+    out = {"Authorization": f"Bearer {token}"} if token else {}
+    if cluster:
+        out[frames.CLUSTER_HEADER] = cluster
+    return out
 
 
 @dataclass
@@ -89,8 +93,10 @@ class PeerSender:
         ssl_context: ssl.SSLContext | None = None,
         frame_budget: int = FRAME_BUDGET,
         addresses: dict[str, str] | None = None,
+        cluster: str | None = None,
     ):
         self.name = name
+        self.cluster = cluster
         self.frame_budget = frame_budget
         self.url = url
         self.token = token
@@ -225,7 +231,8 @@ class PeerSender:
         )
 
     async def _connect(self, address: str, port: int, host: str, tls: bool) -> frames.Link:
-        link = frames.Link(frames.handshake(host, port, self.token, self.name), self.ready.set)
+        hello = frames.handshake(host, port, self.token, self.name, self.cluster)
+        link = frames.Link(hello, self.ready.set)
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(CONNECT_TIMEOUT):
@@ -244,7 +251,10 @@ class PeerSender:
             return link
         link.abort()
         if status == 421:
-            raise Misdirected(f"{address} is another node than {self.name} now")
+            raise Misdirected(
+                f"{address} refused a stream meant for {self.name}: another node now, "
+                "or a member of another cluster (its log says which)"
+            )
         raise RuntimeError(f"HTTP {status} to the frame stream's handshake ({frames.PATH})")
 
 
@@ -303,8 +313,8 @@ class _Route:
     host: str | None = None
     tls_name: str | None = None
 
-    def headers(self, token: str | None) -> dict[str, str]:
-        out = auth_headers(token)
+    def headers(self, token: str | None, cluster: str | None = None) -> dict[str, str]:
+        out = peer_headers(token, cluster)
         return {**out, "Host": self.host} if self.host is not None else out
 
 
@@ -316,7 +326,9 @@ class Transport:
         token: str | None,
         ssl_context: ssl.SSLContext | None = None,
         frame_budget: int = FRAME_BUDGET,
+        cluster: str | None = None,
     ) -> None:
+        self.cluster = cluster
         self.ssl_context = ssl_context
         self.frame_budget = frame_budget
         self.node_id = node_id
@@ -367,8 +379,9 @@ class Transport:
 
     def _add(self, name: str, url: str) -> PeerSender:
         sender = PeerSender(
-            name, url, self.token, self.ssl_context, self.frame_budget, self.addresses
-        )
+            name, url, self.token, self.ssl_context, self.frame_budget, self.addresses,
+            self.cluster,
+        )  # fmt: skip
         sender.task = asyncio.get_running_loop().create_task(sender.run())
         self.senders[name] = sender
         return sender
@@ -433,7 +446,7 @@ class Transport:
         for route in self._routes(source, base):
             try:
                 async with self.session.post(
-                    route.url, json=body, headers=route.headers(self.token),
+                    route.url, json=body, headers=route.headers(self.token, self.cluster),
                     server_hostname=route.tls_name,
                     # The source streams for as long as the snapshot takes; a connection that
                     # does not open (an old address whose packets go nowhere) gives up as
@@ -475,7 +488,7 @@ class Transport:
                 async with self.session.get(
                     route.url,
                     params=params,
-                    headers=route.headers(self.token),
+                    headers=route.headers(self.token, self.cluster),
                     server_hostname=route.tls_name,
                 ) as resp:  # how much of it the target already holds
                     resp.raise_for_status()
@@ -514,7 +527,7 @@ class Transport:
             while True:
                 chunk = Chunk.of(raw, offset, chunk_bytes)
                 headers = {
-                    **auth_headers(self.token),
+                    **peer_headers(self.token, self.cluster),
                     "X-Offset": str(chunk.offset),
                     "X-Crc32c": str(chunk.crc32c),
                     "X-Total": str(chunk.total),
