@@ -816,6 +816,33 @@ def test_a_head_past_64_kib_is_a_431(nodes, name, first):
 
 
 @pytest.mark.parametrize("name", ["fast", "aiohttp"])
+@pytest.mark.parametrize(
+    ("head", "status", "reason"),
+    [
+        (b"GET /v1/status?" + b"a" * 9000 + b" HTTP/1.1\r\nHost: t\r\n\r\n", 414,
+         "the request line passes 8192 bytes"),
+        (b"POST /v1/partitions/0/records?" + b"a" * 9000
+         + b" HTTP/1.1\r\nHost: t\r\nContent-Length: 2\r\n\r\n{}", 414,
+         "the request line passes 8192 bytes"),
+        (b"GET /v1/status HTTP/1.1\r\nHost: t\r\nX-A: " + b"a" * 9000 + b"\r\n\r\n", 431,
+         "a header field passes 8190 bytes"),
+        (b"GET /v1/status HTTP/1.1\r\nHost: t\r\nX" + b"a" * 9000 + b": 1\r\n\r\n", 431,
+         "a header field passes 8190 bytes"),
+    ],
+    ids=["query", "append's query", "header value", "header name"],
+)  # fmt: skip
+def test_a_request_line_or_header_field_too_long_is_a_414_or_a_431(
+    nodes, name, head, status, reason
+):
+    """aiohttp answered both with 400, quoting the line's start as a `bytearray` repr."""
+    with socket.create_connection(("127.0.0.1", nodes[name].nodes["n1"].port), timeout=5) as s:
+        s.sendall(head)
+        (got, _, body), rest = read_answer(s)
+        assert (got, json.loads(body)) == (status, {"error": "too_large", "reason": reason})
+        assert rest == b"" and s.recv(1) == b"", "closed after the answer"
+
+
+@pytest.mark.parametrize("name", ["fast", "aiohttp"])
 def test_a_trickled_head_or_body_is_cut_off_at_its_deadline(strict_nodes, name):
     c = strict_nodes[name]
     got, took = trickle(c, b"POST /v1/partitions/1/records HTTP/1.1\r\nX-Slow: ", 15)

@@ -16,13 +16,26 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import StreamReader, web
+from aiohttp.http_exceptions import LineTooLong
 from aiohttp.http_parser import HttpRequestParser
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
-_ERRORS = {400: "bad_request", 413: "too_large", 431: "too_large", 500: "internal", 504: "timeout"}
+_ERRORS = {
+    400: "bad_request",
+    413: "too_large",
+    414: "too_large",
+    431: "too_large",
+    500: "internal",
+    504: "timeout",
+}
 # A request's head, all its lines: aiohttp takes 128 lines of 8,190 bytes, and an unfinished head
 # held about 2 MB of memory per connection until its keep-alive time closed it (75 s).
 MAX_HEAD_BYTES = 64 * 1024
+# aiohttp's bounds of a request line and of one header field: its own (8,190), but the line's
+# two bytes longer, so that its `LineTooLong`, which names only the bound it passed, tells a
+# request line too long (414) from a header field too long (431).
+MAX_FIELD_BYTES = 8190
+MAX_LINE_BYTES = MAX_FIELD_BYTES + 2
 
 
 def error_body(status: int, message: str | None) -> bytes:
@@ -39,6 +52,16 @@ def error_body(status: int, message: str | None) -> bytes:
         if len(lines) > 1:
             body["at"] = " ".join(lines[1:])[:200]
     return json.dumps(body).encode()
+
+
+def too_long(exc: LineTooLong) -> tuple[int, bytes]:
+    """414 for a request line past MAX_LINE_BYTES, 431 for a header field past MAX_FIELD_BYTES
+    (aiohttp's 400 quoted the start of the line as a `bytearray` repr)."""
+    if str(exc.args[1]) == str(MAX_LINE_BYTES):
+        status, what = 414, f"the request line passes {MAX_LINE_BYTES} bytes"
+    else:
+        status, what = 431, f"a header field passes {MAX_FIELD_BYTES} bytes"
+    return status, json.dumps({"error": "too_large", "reason": what}).encode()
 
 
 class JsonErrors(RequestHandler):
@@ -184,8 +207,10 @@ class JsonErrors(RequestHandler):
     ) -> web.StreamResponse:
         # aiohttp's own first: it logs the error and refuses to answer after a partial answer.
         super().handle_error(request, status, exc, message)
-        resp = web.Response(
-            status=status, body=error_body(status, message), content_type="application/json"
-        )
+        if isinstance(exc, LineTooLong):
+            status, body = too_long(exc)
+        else:
+            body = error_body(status, message)
+        resp = web.Response(status=status, body=body, content_type="application/json")
         resp.force_close()
         return resp

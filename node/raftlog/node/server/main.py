@@ -38,7 +38,11 @@ native.install()  # compiled, if built for these sources, before anything import
 from raftlog.node.core.config import RaftConfig, describe_validation_error  # noqa: E402
 from raftlog.node.server.app import ALL_PLANES, Plane, build_app  # noqa: E402
 from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors  # noqa: E402
-from raftlog.node.server.http_errors import JsonErrors  # noqa: E402
+from raftlog.node.server.http_errors import (  # noqa: E402
+    MAX_FIELD_BYTES,
+    MAX_LINE_BYTES,
+    JsonErrors,
+)
 from raftlog.node.server.listener import IDLE_S, Connections, ListenerProtocol  # noqa: E402
 from raftlog.node.server.node import Node  # noqa: E402
 from raftlog.node.server.restore import restore_missing  # noqa: E402
@@ -168,6 +172,8 @@ async def serve(settings: NodeSettings) -> None:
             "keepalive_timeout": IDLE_S,
             "lingering_time": 1.0,
             "auto_decompress": False,
+            "max_line_size": MAX_LINE_BYTES,
+            "max_field_size": MAX_FIELD_BYTES,
         }
         runner = web.AppRunner(build_app(node, planes), **handler_args)
         await runner.setup()
