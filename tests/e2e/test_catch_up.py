@@ -222,10 +222,16 @@ def test_a_follower_installing_a_snapshot_under_a_steady_load_needs_one(tmp_path
             cluster.start(follower)
             cluster.wait_ready()
             deadline = time.monotonic() + 60
+            events: dict[str, int] = {}
             while time.monotonic() < deadline:
                 mine = cluster.status(follower)["partitions"][0]
-                f = cluster.status(leader)["partitions"][0]["followers"].get(follower, {})
+                led = cluster.status(leader)["partitions"][0]
+                f = led["followers"].get(follower, {})
                 if mine["counters"]["snapshots_installed"] and f.get("state") == "replicate":
+                    # Counted at its first catch-up: after it, a follower starved of CPU for a
+                    # moment may fall past the 10 entries kept again and need another snapshot,
+                    # which is no install loop (a 3-worker run beside other tests: 2 caught up).
+                    events = led["counters"]["events"]
                     break
                 time.sleep(0.1)
             time.sleep(2.0)  # the load goes on past the catch-up
@@ -234,7 +240,7 @@ def test_a_follower_installing_a_snapshot_under_a_steady_load_needs_one(tmp_path
             writer.join(30)
         assert len(acked) > 200, "the load did not go on during the install"
         converge(cluster, follower)
-        events = cluster.status(leader)["partitions"][0]["counters"]["events"]
+        assert events, "the follower never caught up"
         required, caught_up = (
             events.get(kind, 0) - before.get(kind, 0)
             for kind in ("snapshot_required", "snapshot_caught_up")
