@@ -132,6 +132,7 @@ def peer_post(url: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
 def test_a_peer_naming_another_cluster_is_refused_421_naming_both(tmp_path):
     with LocalCluster(tmp_path, replicas=1, durable=False, cluster="ns/a") as c:
         c.wait_ready()
+        assert c.status("n1")["cluster"] == "ns/a"
         port = c.nodes["n1"].port
         refused = raw_handshake(port, "ns/b")
         assert refused.startswith(b"HTTP/1.1 421"), refused[:200]
@@ -171,3 +172,4 @@ def test_a_data_directory_of_another_cluster_is_refused_at_start(tmp_path):
     for name in ("ns/a", ""):
         with LocalCluster(tmp_path, replicas=1, durable=False, cluster=name) as again:
             again.wait_ready()
+            assert again.status("n1")["cluster"] == (name or None)

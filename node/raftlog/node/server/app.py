@@ -441,6 +441,7 @@ async def status(request: web.Request) -> web.Response:
     return web.json_response(
         {
             "node": node.id,
+            "cluster": node.settings.cluster,  # `--cluster`; null when not named
             "started_at": node.started_at,
             "event_loop": loop,
             "compiled": native.active(),  # the Raft core compiled by mypyc (raftlog/node/native.py)
