@@ -16,7 +16,7 @@ from aiohttp import web
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import PartitionDriver
 from raftlog.node.storage.errors import StorageFailed
-from raftlog.node.transport.frames import CLUSTER_HEADER, foreign_cluster
+from raftlog.node.transport.frames import CLUSTER_HEADER
 
 log = logging.getLogger("raftlog.api")
 _PARTITION = re.compile(r"0|[1-9][0-9]{0,8}")
@@ -135,12 +135,10 @@ def make_guard(token: str | None) -> Middleware:
                     status=401,
                 )
             elif request.path.startswith("/peer/") and (
-                foreign := foreign_cluster(
-                    node_of(request).settings.cluster, request.headers.get(CLUSTER_HEADER)
+                foreign := node_of(request).foreign_caller(
+                    request.headers.get(CLUSTER_HEADER), request.path, request.remote
                 )
             ):
-                if node_of(request).foreign_logged(request.headers.get(CLUSTER_HEADER)):
-                    log.warning("refused %s from %s: %s", request.path, request.remote, foreign)
                 resp = _refused_unread(421, "misdirected", foreign, CLUSTER_HEADER)
             elif request.headers.get("Content-Encoding", "identity").lower() != "identity":
                 # Bodies are taken as sent (aiohttp's decompression is off: a 1 MB gzip body of

@@ -23,7 +23,6 @@ from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 _ERRORS = {
     400: "bad_request",
     413: "too_large",
-    414: "too_large",
     431: "too_large",
     500: "internal",
     504: "timeout",

@@ -424,13 +424,11 @@ class ListenerProtocol(asyncio.Protocol):
             return
         me = self.node.id.encode()
         theirs = None if upgrade.cluster is None else upgrade.cluster.decode(errors="replace")
-        foreign = frames.foreign_cluster(self.node.settings.cluster, theirs)
+        peer = transport.get_extra_info("peername")
+        foreign = self.node.foreign_caller(theirs, "a peer frame stream", peer)
         if foreign is not None or (upgrade.node is not None and upgrade.node != me):
             named = "?" if upgrade.node is None else upgrade.node.decode(errors="replace")
             reason = foreign or f"this is node {self.node.id}, not {named}"
-            if foreign is not None and self.node.foreign_logged(theirs):
-                peer = transport.get_extra_info("peername")
-                log.warning("refused a peer frame stream from %s: %s", peer, reason)
             body = json.dumps({"error": "misdirected", "reason": reason}).encode()
             took = time.perf_counter() - started
             self._respond(421, body, kind, True, took, (frames.PATH, "GET"))

@@ -23,6 +23,7 @@ from raftlog.node.storage.fileio import FileOps, atomic_write
 from raftlog.node.storage.group_commit import GroupCommit
 from raftlog.node.storage.journal import Journal, lost_partitions
 from raftlog.node.transport.codec import Item, Ping
+from raftlog.node.transport.frames import foreign_cluster
 from raftlog.node.transport.lograte import OncePer
 from raftlog.node.transport.peers import Transport
 
@@ -110,8 +111,7 @@ class Node:
         self.bodies = BodyBudget(settings.max_body_buffer_bytes)
         refuse_fewer_partitions(str(settings.data_dir), settings.partitions)
         claim_cluster(str(settings.data_dir), settings.cluster)
-        # Peer calls of another cluster refused: logged once a minute per cluster they name.
-        self.foreign_logged = OncePer(60.0, keys=16)
+        self._foreign_logged = OncePer(60.0, keys=16)  # once a minute per cluster named
         # One journal and one group commit for every partition: one fsync per batch of the
         # whole node, however the appends are spread (`journal.py`).
         self.journal = Journal(
@@ -217,6 +217,15 @@ class Node:
         for d in self.drivers.values():
             d.stop(failed)
         return True
+
+    def foreign_caller(self, theirs: str | None, what: str, source: object) -> str | None:
+        """Why `what` (a peer call) from `source`, naming cluster `theirs`, is refused (421), or
+        None; logged once a minute per cluster named. The frame stream's handshake and the peer
+        routes over HTTP both ask here."""
+        reason = foreign_cluster(self.settings.cluster, theirs)
+        if reason is not None and self._foreign_logged(theirs):
+            log.warning("refused %s from %s: %s", what, source, reason)
+        return reason
 
     async def start(self) -> None:
         await self.transport.start()
