@@ -38,7 +38,8 @@ def entry(i: int) -> Entry:
 
 async def follower_of(tmp_path: Path, entries: int, commit: int) -> Node:
     """Node n2, a follower of n1 (nobody listens there) in term 2, fed entries 1..`entries`
-    (1 a no-op) with `commit` committed, once its driver has persisted and applied them."""
+    (1 a no-op) with `commit` committed, once its driver has persisted them and shows readers
+    the commit (its high-water mark, written after the core's commit moved)."""
     node = Node(
         NodeSettings(
             insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path, durable=False
@@ -50,7 +51,7 @@ async def follower_of(tmp_path: Path, entries: int, commit: int) -> Node:
         AppendRequest("n1", "n2", 2, 0, 0, tuple(entry(i) for i in range(1, entries + 1)), commit)
     )
     for _ in range(300):
-        if d.storage.last_index() >= entries and d.raft.commit >= commit:
+        if d.storage.last_index() >= entries and d.high_water_mark >= commit:
             return node
         await asyncio.sleep(0.01)
     await node.close()
