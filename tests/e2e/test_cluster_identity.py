@@ -5,6 +5,7 @@ meet, and a data directory stays with its cluster (marker `e2e`)."""
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import socket
 import subprocess
@@ -129,6 +130,21 @@ def peer_post(url: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def peer_post_named(port: int, clusters: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
+    """`peer_post` with the cluster header given once per name (urllib keeps one)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.putrequest("POST", "/peer/v1/partitions/0/snapshot?leader=n2&term=1&index=1")
+        for name in clusters:
+            conn.putheader("Raftlog-Cluster", name)
+        conn.putheader("Content-Length", "1")
+        conn.endheaders(b"x")
+        r = conn.getresponse()
+        return r.status, json.loads(r.read() or b"{}")
+    finally:
+        conn.close()
+
+
 def test_a_peer_naming_another_cluster_is_refused_421_naming_both(tmp_path):
     with LocalCluster(tmp_path, replicas=1, durable=False, cluster="ns/a") as c:
         c.wait_ready()
@@ -147,6 +163,11 @@ def test_a_peer_naming_another_cluster_is_refused_421_naming_both(tmp_path):
         assert (status, body["error"], body["field"]) == (421, "misdirected", "Raftlog-Cluster")
         status, body = peer_post(c.nodes["n1"].url, {"Raftlog-Cluster": "ns/a"})
         assert status != 421, body
+        # Named twice, whichever is its own: a 400 naming the header, never judged by one.
+        for names in (("ns/a", "ns/b"), ("ns/b", "ns/a"), ("ns/a", "ns/a")):
+            status, body = peer_post_named(port, names)
+            assert (status, body["field"]) == (400, "Raftlog-Cluster"), (names, body)
+            assert "given 2 times" in body["reason"], body
         # Logged, once a minute per cluster named, however often it calls.
         for _ in range(5):
             raw_handshake(port, "ns/b")

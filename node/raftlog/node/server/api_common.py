@@ -124,6 +124,10 @@ def make_guard(token: str | None) -> Middleware:
                 # One of two tokens checked would let a proxy that judges by the other (or
                 # joins them) disagree with the node on who is calling.
                 raise bad("Authorization", f"given {len(given)} times; send it once")
+            peer = request.path.startswith("/peer/")
+            if peer and len(named := request.headers.getall(CLUSTER_HEADER, ())) > 1:
+                # Judging the first would let a caller name two clusters and be taken by both.
+                raise bad(CLUSTER_HEADER, f"given {len(named)} times; send it once")
             if guarded and not hmac.compare_digest(
                 # aiohttp reads header bytes as UTF-8 with surrogateescape: encode them
                 # back the same way, so a non-UTF-8 byte is a mismatch (401), not a 500
@@ -134,7 +138,7 @@ def make_guard(token: str | None) -> Middleware:
                     {"error": "unauthorized", "reason": "a valid bearer token is required"},
                     status=401,
                 )
-            elif request.path.startswith("/peer/") and (
+            elif peer and (
                 foreign := node_of(request).foreign_caller(
                     request.headers.get(CLUSTER_HEADER), request.path, request.remote
                 )
