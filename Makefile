@@ -75,7 +75,7 @@ test: lint typecheck s3server
 	( $(PY) -m cluster up && { $(VENV)/bin/pytest -q --durations=15 -n 2 --dist worksteal \
 		-m "k8s and not cluster_wide"; a=$$?; $(VENV)/bin/pytest -q -m "k8s and cluster_wide"; \
 		b=$$?; [ $$a -eq 0 ] && [ $$b -eq 0 ]; } ) > .cluster/k8s-tests.log 2>&1 & k8s=$$!; \
-	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) -q --durations=15 -m "not k8s"; rest=$$?; \
+	$(VENV)/bin/pytest -n $(PYTEST_WORKERS) --dist worksteal -q --durations=15 -m "not k8s"; rest=$$?; \
 	wait $$k8s; k8s_rc=$$?; echo "---- the k8s suite (.cluster/k8s-tests.log)"; \
 	cat .cluster/k8s-tests.log; cat .cluster/k8s-figures.log 2>/dev/null; \
 	[ -n "$$was_up" ] || $(PY) -m cluster down; \
