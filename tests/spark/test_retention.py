@@ -13,6 +13,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
 from raftlog.harness.local import LocalCluster
+from raftlog.spark import source
 from raftlog.spark.options import parse
 from raftlog.spark.source import RaftlogStreamReader
 from tests.spark.helpers import (
@@ -192,10 +193,25 @@ def holding(refuse: bool) -> Answer:
     return answer
 
 
-def test_the_hold_is_the_next_index_to_read_moves_only_up_and_is_renewed():
+class Clock:
+    """`time` as the stream reader's module sees it, with a monotonic clock the test moves (a
+    real one let a loaded machine pass a quarter of the TTL between two commits: a renewal
+    the test did not ask for)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleep = time.sleep
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_the_hold_is_the_next_index_to_read_moves_only_up_and_is_renewed(monkeypatch):
     """Without Spark (the stream reader's commits called directly): the hold is placed at the
     committed offset (the next index the stream reads), never moved down, renewed once a
     quarter of its TTL has passed; a replica that answers 410 is logged, not a failure."""
+    clock = Clock()
+    monkeypatch.setattr(source, "time", clock)
     keeps, compacted = FakeNode(holding(refuse=False)), FakeNode(holding(refuse=True))
     try:
         opts = parse(
@@ -204,10 +220,14 @@ def test_the_hold_is_the_next_index_to_read_moves_only_up_and_is_renewed():
             streaming=True,
         )  # fmt: skip
         reader = RaftlogStreamReader(opts)
-        for offset in (10, 20, 15):
+        placed = []  # holds placed after each commit, 0.1 s apart
+        for offset in (10, 20, 15, 20, 20):
             reader.commit({"0": offset})
-        time.sleep(0.4)
-        reader.commit({"0": 20})
+            placed.append(len(keeps.puts))
+            clock.now += 0.1
+        # 15 is not a move, nor 20 again before a quarter of the TTL (0.25 s); 0.3 s after
+        # 20 was placed, it is renewed.
+        assert placed == [1, 2, 2, 2, 3], placed
     finally:
         keeps.close()
         compacted.close()
