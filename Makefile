@@ -63,7 +63,9 @@ typecheck: install
 	$(VENV)/bin/mypy --cache-dir "$$HOME/.cache/raftlog-mypy/$$($(VENV)/bin/mypy --version | cut -d' ' -f2)"
 
 # Everything: lint, types, and every test of every marker. pytest's exit code 5
-# (nothing collected) fails the run like any other non-zero code. The `k8s` suite runs on the real
+# (nothing collected) fails the run like any other non-zero code. The tests outside `k8s` run on
+# two workers with `--dist worksteal`: a worker that runs out takes half of the other's queue
+# (with `--dist load`, one worked alone for the last two minutes). The `k8s` suite runs on the real
 # cluster beside the rest (it mostly waits on the cluster), two tests at a time, each in its own
 # namespace; a test whose operator watches every namespace (`cluster_wide`) runs alone after them.
 # Its output is kept in .cluster/k8s-tests.log and shown at the end with the figures its tests
