@@ -130,17 +130,25 @@ def peer_post(url: str, headers: dict[str, str]) -> tuple[int, dict[str, Any]]:
         return e.code, json.loads(e.read() or b"{}")
 
 
-def peer_post_named(port: int, clusters: tuple[str, ...]) -> tuple[int, dict[str, Any]]:
-    """`peer_post` with the cluster header given once per name (urllib keeps one)."""
+def peer_post_named(
+    port: int,
+    clusters: tuple[str, ...],
+    path: str = "/peer/v1/partitions/0/snapshot?leader=n2&term=1&index=1",
+    method: str = "POST",
+) -> tuple[int, dict[str, Any], str | None]:
+    """`peer_post` with the cluster header given once per name (urllib keeps one): the
+    status, the JSON body and the `Connection` header of the answer."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     try:
-        conn.putrequest("POST", "/peer/v1/partitions/0/snapshot?leader=n2&term=1&index=1")
+        conn.putrequest(method, path)
         for name in clusters:
             conn.putheader("Raftlog-Cluster", name)
-        conn.putheader("Content-Length", "1")
-        conn.endheaders(b"x")
+        body = b"x" if method == "POST" else None
+        if body is not None:
+            conn.putheader("Content-Length", str(len(body)))
+        conn.endheaders(body)
         r = conn.getresponse()
-        return r.status, json.loads(r.read() or b"{}")
+        return r.status, json.loads(r.read() or b"{}"), r.getheader("Connection")
     finally:
         conn.close()
 
@@ -165,14 +173,24 @@ def test_a_peer_naming_another_cluster_is_refused_421_naming_both(tmp_path):
         assert status != 421, body
         # Named twice, whichever is its own: a 400 naming the header, never judged by one.
         for names in (("ns/a", "ns/b"), ("ns/b", "ns/a"), ("ns/a", "ns/a")):
-            status, body = peer_post_named(port, names)
+            status, body, _ = peer_post_named(port, names)
             assert (status, body["field"]) == (400, "Raftlog-Cluster"), (names, body)
             assert "given 2 times" in body["reason"], body
+        # A client route does not judge it, once or twice.
+        status, _, _ = peer_post_named(port, ("ns/b", "ns/a"), path="/v1/status", method="GET")
+        assert status == 200
+        # A foreign peer's call is refused from its head: its body is not read, the
+        # connection is closed.
+        status, body, connection = peer_post_named(port, ("ns/d",))
+        assert (status, body["error"], connection) == (421, "misdirected", "close"), body
         # Logged, once a minute per cluster named, however often it calls.
         for _ in range(5):
             raw_handshake(port, "ns/b")
+        raw_handshake(port, "ns/c")  # another cluster within the minute is logged too
         log = c.nodes["n1"].log_path.read_text()
         assert log.count("the caller of cluster 'ns/b'") == 1, log[-2000:]
+        assert log.count("the caller of cluster 'ns/c'") == 1, log[-2000:]
+        assert "refused /peer/v1/partitions/0/snapshot from 127.0.0.1: " in log, log[-2000:]
 
 
 def test_a_data_directory_of_another_cluster_is_refused_at_start(tmp_path):

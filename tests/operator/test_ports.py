@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import os
 import socket
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -115,3 +119,129 @@ def test_a_damaged_registry_is_started_afresh(own_registry: Path) -> None:
     assert len(set(picked)) == 3
     own_registry.write_text('{"cursor": 5, "held": {"20001": "nonsense", "20002": [1]}}')
     assert len(set(free_ports(3))) == 3
+
+
+def test_a_registry_of_another_shape_is_started_afresh(own_registry: Path) -> None:
+    """JSON that parses but is no registry (a cursor not a number, no cursor, not an object)."""
+    for text in ('{"cursor": "x", "held": {}}', '{"held": {}}', "[]", '{"cursor": 1}'):
+        own_registry.write_text(text)
+        assert len(set(free_ports(3))) == 3, text
+
+
+def test_a_damaged_entry_leaves_the_others_held(monkeypatch, own_registry: Path) -> None:
+    small_range(monkeypatch, 40)
+    now = time.time()
+    own_registry.write_text(
+        json.dumps({"cursor": 0, "held": {"20001": "nonsense", "20005": [os.getppid(), now]}})
+    )
+    picked = free_ports(9)
+    assert 20005 not in picked, "a live process's port after a damaged entry stays its"
+    assert 20001 in picked, "a damaged entry frees its port"
+
+
+def test_a_pick_keeps_the_time_other_holds_were_taken(monkeypatch, own_registry: Path) -> None:
+    """A hold lasts HELD_S from its pick, so a recycled pid does not keep a port for ever."""
+    small_range(monkeypatch, 10)
+    taken = time.time() - 3600
+    own_registry.write_text(json.dumps({"cursor": 0, "held": {"20005": [os.getppid(), taken]}}))
+    free_ports(1)
+    assert json.loads(own_registry.read_text())["held"]["20005"] == [os.getppid(), taken]
+    expired = time.time() - ports.HELD_S - 1
+    own_registry.write_text(json.dumps({"cursor": 5, "held": {"20005": [os.getppid(), expired]}}))
+    assert free_ports(1) == [20005], "held longer than HELD_S: free again"
+
+
+def test_a_process_releases_only_its_own_picks(monkeypatch, own_registry: Path) -> None:
+    small_range(monkeypatch, 10)
+    now = time.time()
+    own_registry.write_text(json.dumps({"cursor": 0, "held": {"20005": [os.getppid(), now]}}))
+    mine = free_ports(2)
+    release_ports([20005, *mine])
+    held = json.loads(own_registry.read_text())["held"]
+    assert "20005" in held, "another live process's port is not this one's to release"
+    assert not {str(p) for p in mine} & set(held)
+
+
+def test_the_ceiling_is_the_ephemeral_start_when_below_the_node_ports(
+    monkeypatch, tmp_path: Path
+) -> None:
+    span = tmp_path / "ip_local_port_range"
+    monkeypatch.setattr(ports, "EPHEMERAL_RANGE", str(span))
+    span.write_text("25000\t60999\n")
+    assert ports._ceiling() == 25000
+    span.write_text("32768\t60999\n")
+    assert ports._ceiling() == ports.NODE_PORTS
+    span.write_text("garbage\n")
+    assert ports._ceiling() == ports.NODE_PORTS
+
+
+def test_a_range_shorter_than_four_picks_goes_to_the_kernel(monkeypatch) -> None:
+    small_range(monkeypatch, 10)
+    assert all(p >= ephemeral_start() for p in free_ports(3))
+
+
+def test_the_last_free_port_of_the_range_is_found(monkeypatch, own_registry: Path) -> None:
+    small_range(monkeypatch, 8)
+    now = time.time()
+    held = {str(20000 + i): [os.getppid(), now] for i in range(1, 8)}
+    own_registry.write_text(json.dumps({"cursor": 1, "held": held}))
+    assert free_ports(1) == [20000]
+
+
+def test_threads_picking_at_once_get_distinct_ports_all_recorded(
+    monkeypatch, own_registry: Path
+) -> None:
+    small_range(monkeypatch, 400)
+    real = ports._bindable
+
+    def slow(port: int, host: str) -> socket.socket | None:
+        time.sleep(0.002)  # widens the window between reading the registry and writing it
+        return real(port, host)
+
+    monkeypatch.setattr(ports, "_bindable", slow)
+    picks: list[list[int]] = []
+    threads = [threading.Thread(target=lambda: picks.append(free_ports(3))) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    every = [p for pick in picks for p in pick]
+    assert len(every) == 24 and len(set(every)) == 24, sorted(every)
+    assert {str(p) for p in every} <= set(json.loads(own_registry.read_text())["held"])
+
+
+def _pick_slowly(conn, n: int) -> None:
+    real = ports._bindable
+
+    def slow(port: int, host: str) -> socket.socket | None:
+        time.sleep(0.005)
+        return real(port, host)
+
+    ports._bindable = slow  # this forked child's own module
+    conn.send(free_ports(n))
+    conn.recv()
+
+
+def test_processes_picking_at_once_keep_each_others_picks(monkeypatch) -> None:
+    """The registry is read, walked and written under one exclusive lock: two processes picking
+    at the same moment both find their picks recorded (with a shared lock, the last writer's
+    registry would drop the other's)."""
+    small_range(monkeypatch, 200)
+    ctx = multiprocessing.get_context("fork")
+    children = []
+    for _ in range(2):
+        mine, theirs = ctx.Pipe()
+        child = ctx.Process(target=_pick_slowly, args=(theirs, 20))
+        children.append((mine, child))
+    for _, child in children:
+        child.start()
+    try:
+        theirs_picked = [set(mine.recv()) for mine, _ in children]
+        a, b = theirs_picked
+        assert len(a) == len(b) == 20 and not a & b
+        held = set(json.loads(ports.REGISTRY.read_text())["held"])
+        assert {str(p) for p in a | b} <= held, "one process's picks were written over"
+    finally:
+        for mine, child in children:
+            mine.send("done")
+            child.join(10)

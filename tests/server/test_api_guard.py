@@ -158,6 +158,14 @@ def test_two_authorization_headers_are_a_400_naming_it_whichever_holds_the_token
             "/v1/admin/partitions/0/holds", headers={"Authorization": f"Bearer {TOKEN}"}
         ) as r:
             assert r.status == 200
+        # A client route takes no token: two headers there are not judged.
+        rd, wr = await asyncio.open_connection("127.0.0.1", srv.port)
+        heads = b"".join(b"Authorization: %s\r\n" % t.encode() for t in tokens)
+        wr.write(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n" + heads + b"Connection: close\r\n\r\n")
+        await wr.drain()
+        reply = await rd.read()
+        wr.close()
+        assert reply.startswith(b"HTTP/1.1 200 OK"), reply[:300]
 
     asyncio.run(_with_node(tmp_path, run))
 

@@ -22,6 +22,7 @@ from raftlog.node.transport.frames import (
     Link,
     Splitter,
     Upgrade,
+    foreign_cluster,
     frame,
     handshake,
     parse_status,
@@ -43,6 +44,25 @@ def test_the_sender_handshake_is_what_the_receiver_accepts():
     assert parse_upgrade(head_of(handshake("h", 7001, "t", "n2", "ns/c"))) == Upgrade(
         b"Bearer t", b"n2", b"ns/c"
     )
+
+
+def test_the_handshake_names_its_host_as_http_does():
+    assert b"\r\nHost: 127.0.0.1:7001\r\n" in handshake("127.0.0.1", 7001, None)
+    assert b"\r\nHost: n1.peers.ns.svc:7001\r\n" in handshake("n1.peers.ns.svc", 7001, None)
+    assert b"\r\nHost: [::1]:7001\r\n" in handshake("::1", 7001, None)
+
+
+def test_a_header_value_is_taken_without_the_spaces_and_tabs_around_it():
+    head = b"\r\n".join([*GOOD, b"Authorization:\t Bearer t \t", b"Raftlog-Cluster:\tns/a\t"])
+    assert parse_upgrade(head) == Upgrade(b"Bearer t", None, b"ns/a")
+
+
+def test_a_side_that_names_no_cluster_is_not_judged():
+    assert foreign_cluster(None, "ns/b") is None  # this member started before it was set
+    assert foreign_cluster("ns/a", None) is None  # the caller did
+    assert foreign_cluster("ns/a", "ns/a") is None
+    reason = foreign_cluster("ns/a", "ns/b")
+    assert reason is not None and "'ns/a'" in reason and "'ns/b'" in reason
 
 
 GOOD = [
