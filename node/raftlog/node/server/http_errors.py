@@ -16,7 +16,7 @@ from http import HTTPStatus
 from typing import Any
 
 from aiohttp import StreamReader, web
-from aiohttp.http_exceptions import LineTooLong
+from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.http_parser import HttpRequestParser
 from aiohttp.web_protocol import RequestHandler, RequestPayloadError
 
@@ -35,6 +35,7 @@ MAX_HEAD_BYTES = 64 * 1024
 # request line too long (414) from a header field too long (431).
 MAX_FIELD_BYTES = 8190
 MAX_LINE_BYTES = MAX_FIELD_BYTES + 2
+MAX_HEADER_FIELDS = 128  # aiohttp's own bound of a head's fields, named here for its 431
 
 
 def error_body(status: int, message: str | None) -> bytes:
@@ -61,6 +62,12 @@ def too_long(exc: LineTooLong) -> tuple[int, bytes]:
     else:
         status, what = 431, f"a header field passes {MAX_FIELD_BYTES} bytes"
     return status, json.dumps({"error": "too_large", "reason": what}).encode()
+
+
+def too_many_fields(exc: BaseException | None) -> bool:
+    """aiohttp's refusal of a head of more than MAX_HEADER_FIELDS fields: a 400 of its own,
+    which HTTP calls a 431 (RFC 6585: the header fields together too large)."""
+    return isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc.message)
 
 
 class JsonErrors(RequestHandler):
@@ -208,6 +215,10 @@ class JsonErrors(RequestHandler):
         super().handle_error(request, status, exc, message)
         if isinstance(exc, LineTooLong):
             status, body = too_long(exc)
+        elif too_many_fields(exc):
+            status = 431
+            reason = f"the request has more than {MAX_HEADER_FIELDS} header fields"
+            body = json.dumps({"error": "too_large", "reason": reason}).encode()
         else:
             body = error_body(status, message)
         resp = web.Response(status=status, body=body, content_type="application/json")

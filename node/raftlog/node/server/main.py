@@ -40,6 +40,7 @@ from raftlog.node.server.app import ALL_PLANES, Plane, build_app  # noqa: E402
 from raftlog.node.server.connlimit import ConnectionLimit, ensure_descriptors  # noqa: E402
 from raftlog.node.server.http_errors import (  # noqa: E402
     MAX_FIELD_BYTES,
+    MAX_HEADER_FIELDS,
     MAX_LINE_BYTES,
     JsonErrors,
 )
@@ -174,6 +175,7 @@ async def serve(settings: NodeSettings) -> None:
             "auto_decompress": False,
             "max_line_size": MAX_LINE_BYTES,
             "max_field_size": MAX_FIELD_BYTES,
+            "max_headers": MAX_HEADER_FIELDS,
         }
         runner = web.AppRunner(build_app(node, planes), **handler_args)
         await runner.setup()
