@@ -22,7 +22,6 @@ import os
 import random
 import socket
 import tempfile
-import threading
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -34,8 +33,6 @@ NODE_PORTS = 30000
 EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
 REGISTRY = Path(tempfile.gettempdir()) / "raftlog-ports.json"
 HELD_S = 6 * 3600.0
-
-_lock = threading.Lock()  # flock is per open file: threads of one process take turns here
 
 
 def _ceiling() -> int:
@@ -81,26 +78,27 @@ def _alive(pid: int) -> bool:
 @contextlib.contextmanager
 def _registry() -> Iterator[dict[str, Any]]:
     """The registry, read under its lock and written back (atomically) when the block ends.
-    Unreadable or damaged, it starts empty; unwritable (another user's), picks go on without it."""
-    with _lock:
+    Unreadable or damaged, it starts empty; unwritable (another user's), picks go on without it.
+    The lock also keeps a process's threads apart: each opens the lock file itself, and flock
+    judges each open file on its own."""
+    try:
+        lock = open(f"{REGISTRY}.lock", "a")  # noqa: SIM115 - held for the whole block
+    except OSError:
+        yield {"cursor": random.randrange(1 << 16), "held": {}}
+        return
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            lock = open(f"{REGISTRY}.lock", "a")  # noqa: SIM115 - held for the whole block
-        except OSError:
-            yield {"cursor": random.randrange(1 << 16), "held": {}}
-            return
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                state = json.loads(REGISTRY.read_text())
-                if not isinstance(state.get("held"), dict) or not isinstance(state["cursor"], int):
-                    raise ValueError("not a registry")
-            except (OSError, ValueError, KeyError, AttributeError):
-                state = {"cursor": random.randrange(1 << 16), "held": {}}
-            yield state
-            tmp = REGISTRY.with_name(f"{REGISTRY.name}.{os.getpid()}.tmp")
-            with contextlib.suppress(OSError):
-                tmp.write_text(json.dumps(state))
-                os.replace(tmp, REGISTRY)
+            state = json.loads(REGISTRY.read_text())
+            if not isinstance(state.get("held"), dict) or not isinstance(state["cursor"], int):
+                raise ValueError("not a registry")
+        except (OSError, ValueError, KeyError, AttributeError):
+            state = {"cursor": random.randrange(1 << 16), "held": {}}
+        yield state
+        tmp = REGISTRY.with_name(f"{REGISTRY.name}.{os.getpid()}.tmp")
+        with contextlib.suppress(OSError):
+            tmp.write_text(json.dumps(state))
+            os.replace(tmp, REGISTRY)
 
 
 def _still_held(held: dict[str, Any], now: float) -> dict[str, tuple[int, float]]:
