@@ -176,6 +176,18 @@ def test_a_peer_naming_another_cluster_is_refused_421_naming_both(tmp_path):
             status, body, _ = peer_post_named(port, names)
             assert (status, body["field"]) == (400, "Raftlog-Cluster"), (names, body)
             assert "given 2 times" in body["reason"], body
+        # So is a frame stream's handshake naming it twice (left to aiohttp, then the guard).
+        twice = handshake("127.0.0.1", port, None, "n1", "ns/a").replace(
+            b"Raftlog-Cluster: ns/a\r\n", b"Raftlog-Cluster: ns/a\r\nRaftlog-Cluster: ns/b\r\n"
+        )
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+            s.sendall(twice)
+            answer = b""
+            while got := s.recv(4096):
+                answer += got
+        assert answer.startswith(b"HTTP/1.1 400 "), answer[:200]
+        body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+        assert (body["field"], body["reason"]) == ("Raftlog-Cluster", "given 2 times; send it once")
         # A client route does not judge it, once or twice.
         status, _, _ = peer_post_named(port, ("ns/b", "ns/a"), path="/v1/status", method="GET")
         assert status == 200
