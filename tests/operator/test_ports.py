@@ -24,8 +24,14 @@ def own_registry(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return registry
 
 
+# A stretch of this test's own: the machine's other pickers (pytest's other worker, its members)
+# walk from LOWEST, and a port one of them holds there would move this test's picks.
+BASE = 14000
+
+
 def small_range(monkeypatch: pytest.MonkeyPatch, span: int) -> None:
-    monkeypatch.setattr(ports, "_ceiling", lambda: ports.LOWEST + span)
+    monkeypatch.setattr(ports, "LOWEST", BASE)
+    monkeypatch.setattr(ports, "_ceiling", lambda: BASE + span)
 
 
 def ephemeral_start() -> int:
@@ -93,7 +99,7 @@ def test_ports_another_live_process_picked_are_not_picked_until_it_exits(monkeyp
         picked = [p for _ in range(4) for p in free_ports(40)]
         assert len(set(picked)) == 160
         assert not its & set(picked), sorted(its & set(picked))
-        assert all(ports.LOWEST <= p < ports.LOWEST + 200 for p in picked)
+        assert all(BASE <= p < BASE + 200 for p in picked)
     finally:
         mine.send("done")
         other.join(10)
@@ -132,33 +138,39 @@ def test_a_damaged_entry_leaves_the_others_held(monkeypatch, own_registry: Path)
     small_range(monkeypatch, 40)
     now = time.time()
     own_registry.write_text(
-        json.dumps({"cursor": 0, "held": {"20001": "nonsense", "20005": [os.getppid(), now]}})
+        json.dumps(
+            {"cursor": 0, "held": {str(BASE + 1): "nonsense", str(BASE + 5): [os.getppid(), now]}}
+        )
     )
     picked = free_ports(9)
-    assert 20005 not in picked, "a live process's port after a damaged entry stays its"
-    assert 20001 in picked, "a damaged entry frees its port"
+    assert BASE + 5 not in picked, "a live process's port after a damaged entry stays its"
+    assert BASE + 1 in picked, "a damaged entry frees its port"
 
 
 def test_a_pick_keeps_the_time_other_holds_were_taken(monkeypatch, own_registry: Path) -> None:
     """A hold lasts HELD_S from its pick, so a recycled pid does not keep a port for ever."""
     small_range(monkeypatch, 10)
     taken = time.time() - 3600
-    own_registry.write_text(json.dumps({"cursor": 0, "held": {"20005": [os.getppid(), taken]}}))
+    own_registry.write_text(
+        json.dumps({"cursor": 0, "held": {str(BASE + 5): [os.getppid(), taken]}})
+    )
     free_ports(1)
-    assert json.loads(own_registry.read_text())["held"]["20005"] == [os.getppid(), taken]
+    assert json.loads(own_registry.read_text())["held"][str(BASE + 5)] == [os.getppid(), taken]
     expired = time.time() - ports.HELD_S - 1
-    own_registry.write_text(json.dumps({"cursor": 5, "held": {"20005": [os.getppid(), expired]}}))
-    assert free_ports(1) == [20005], "held longer than HELD_S: free again"
+    own_registry.write_text(
+        json.dumps({"cursor": 5, "held": {str(BASE + 5): [os.getppid(), expired]}})
+    )
+    assert free_ports(1) == [BASE + 5], "held longer than HELD_S: free again"
 
 
 def test_a_process_releases_only_its_own_picks(monkeypatch, own_registry: Path) -> None:
     small_range(monkeypatch, 10)
     now = time.time()
-    own_registry.write_text(json.dumps({"cursor": 0, "held": {"20005": [os.getppid(), now]}}))
+    own_registry.write_text(json.dumps({"cursor": 0, "held": {str(BASE + 5): [os.getppid(), now]}}))
     mine = free_ports(2)
-    release_ports([20005, *mine])
+    release_ports([BASE + 5, *mine])
     held = json.loads(own_registry.read_text())["held"]
-    assert "20005" in held, "another live process's port is not this one's to release"
+    assert str(BASE + 5) in held, "another live process's port is not this one's to release"
     assert not {str(p) for p in mine} & set(held)
 
 
@@ -183,9 +195,9 @@ def test_a_range_shorter_than_four_picks_goes_to_the_kernel(monkeypatch) -> None
 def test_the_last_free_port_of_the_range_is_found(monkeypatch, own_registry: Path) -> None:
     small_range(monkeypatch, 8)
     now = time.time()
-    held = {str(20000 + i): [os.getppid(), now] for i in range(1, 8)}
+    held = {str(BASE + i): [os.getppid(), now] for i in range(1, 8)}
     own_registry.write_text(json.dumps({"cursor": 1, "held": held}))
-    assert free_ports(1) == [20000]
+    assert free_ports(1) == [BASE]
 
 
 def test_threads_picking_at_once_get_distinct_ports_all_recorded(
