@@ -54,20 +54,21 @@ def error_body(status: int, message: str | None) -> bytes:
     return json.dumps(body).encode()
 
 
-def too_long(exc: LineTooLong) -> tuple[int, bytes]:
-    """414 for a request line past MAX_LINE_BYTES, 431 for a header field past MAX_FIELD_BYTES
-    (aiohttp's 400 quoted the start of the line as a `bytearray` repr)."""
-    if str(exc.args[1]) == str(MAX_LINE_BYTES):
-        status, what = 414, f"the request line passes {MAX_LINE_BYTES} bytes"
+def too_large(exc: BaseException | None) -> tuple[int, bytes] | None:
+    """aiohttp's 400 for a head past one of its bounds, as HTTP names it: 414 for a request line
+    past MAX_LINE_BYTES, 431 for a header field past MAX_FIELD_BYTES or for more than
+    MAX_HEADER_FIELDS fields (RFC 6585: the fields together too large); None for any other
+    error. (Its 400 quoted the start of a long line as a `bytearray` repr.)"""
+    if isinstance(exc, LineTooLong):
+        if str(exc.args[1]) == str(MAX_LINE_BYTES):
+            status, what = 414, f"the request line passes {MAX_LINE_BYTES} bytes"
+        else:
+            status, what = 431, f"a header field passes {MAX_FIELD_BYTES} bytes"
+    elif isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc.message):
+        status, what = 431, f"the request has more than {MAX_HEADER_FIELDS} header fields"
     else:
-        status, what = 431, f"a header field passes {MAX_FIELD_BYTES} bytes"
+        return None
     return status, json.dumps({"error": "too_large", "reason": what}).encode()
-
-
-def too_many_fields(exc: BaseException | None) -> bool:
-    """aiohttp's refusal of a head of more than MAX_HEADER_FIELDS fields: a 400 of its own,
-    which HTTP calls a 431 (RFC 6585: the header fields together too large)."""
-    return isinstance(exc, BadHttpMessage) and "Too many headers" in str(exc.message)
 
 
 class JsonErrors(RequestHandler):
@@ -213,12 +214,9 @@ class JsonErrors(RequestHandler):
     ) -> web.StreamResponse:
         # aiohttp's own first: it logs the error and refuses to answer after a partial answer.
         super().handle_error(request, status, exc, message)
-        if isinstance(exc, LineTooLong):
-            status, body = too_long(exc)
-        elif too_many_fields(exc):
-            status = 431
-            reason = f"the request has more than {MAX_HEADER_FIELDS} header fields"
-            body = json.dumps({"error": "too_large", "reason": reason}).encode()
+        refused = too_large(exc)
+        if refused is not None:
+            status, body = refused
         else:
             body = error_body(status, message)
         resp = web.Response(status=status, body=body, content_type="application/json")
