@@ -43,7 +43,7 @@ def test_a_partition_directory_lost_is_refused_naming_it(tmp_path, capsys, resta
     if restarted:
         Node(settings(tmp_path)).journal.close()
     shutil.rmtree(tmp_path / "p1")
-    with pytest.raises(CorruptFile, match=r"p1 is invalid: is missing.*partition 1 held entries"):
+    with pytest.raises(CorruptFile, match=r"p1 is missing, while.*partition 1 held entries"):
         Node(settings(tmp_path))
     # `raftctl wal check` on the data directory says so too, and fails.
     assert main(["wal", "check", str(tmp_path)]) == 1
@@ -141,7 +141,22 @@ def test_a_node_on_a_lost_partition_exits_3_naming_it(tmp_path, capsys):
     shutil.rmtree(tmp_path / "p1")
     argv = ["--node-id", "n1", "--peers", "n1=http://127.0.0.1:10", "--data-dir", str(tmp_path)]
     assert server_main.main([*argv, "--partitions", "2", "--insecure-no-auth"]) == 3
-    assert "p1 is invalid: is missing" in capsys.readouterr().err
+    assert "p1 is missing, while" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("restarted", [True, False], ids=["at-a-checkpoint", "since-it"])
+def test_a_node_whose_hard_state_is_lost_exits_3_naming_it(tmp_path, capsys, restarted):
+    """Its entries in the partition's WAL (a restart's checkpoint wrote them there) or still in
+    the journal only: either way the vote it cast is gone, and it must not vote again."""
+    asyncio.run(append_and_close(Node(settings(tmp_path))))
+    if restarted:
+        Node(settings(tmp_path)).journal.close()
+    (tmp_path / "p1" / "hardstate").unlink()
+    argv = ["--node-id", "n1", "--peers", "n1=http://127.0.0.1:10", "--data-dir", str(tmp_path)]
+    assert server_main.main([*argv, "--partitions", "2", "--insecure-no-auth"]) == 3
+    err = capsys.readouterr().err
+    assert f"{tmp_path / 'p1' / 'hardstate'} is missing, while the WAL" in err, err
+    assert (tmp_path / "p0" / "hardstate").exists(), "the other partition's is untouched"
 
 
 def test_a_node_started_with_fewer_partitions_than_it_holds_refuses_naming_them(tmp_path, capsys):

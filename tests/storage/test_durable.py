@@ -330,6 +330,40 @@ def test_a_term_behind_the_log_is_raised_on_open(tmp_path):
     assert any("raised the term from 2 to 4" in r for r in again.recovery)
 
 
+def test_a_hard_state_file_lost_beside_entries_refuses_the_open(tmp_path):
+    """The vote of term 9 is in the hard state only (the log's last term is 2). Taken as term
+    0 or 2 with no vote, this member would vote again in term 9."""
+    s = open_storage(tmp_path, bootstrap=ABC)
+    s.save(HardState(2, "b", 0), ents(1, 5, 2))
+    s.save(HardState(9, "c", 0), [])
+    s.close()
+    (tmp_path / "hardstate").unlink()
+    with pytest.raises(CorruptFile) as info:
+        open_storage(tmp_path)
+    assert info.value.path == str(tmp_path / "hardstate")
+    assert "holds entries up to 5 (term 2)" in str(info.value)
+    assert "--join" in str(info.value)
+
+
+def test_no_hard_state_yet_beside_no_entries_opens(tmp_path):
+    """A new member (bootstrapped, or given only a snapshot) has no hard state file yet."""
+    open_storage(tmp_path, bootstrap=ABC).close()
+    again = open_storage(tmp_path)
+    assert (again.initial_state()[0].term, again.last_index()) == (0, 0)
+    again.close()
+    src, _ = leader_with_snapshot(tmp_path / "src")
+    dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    rx = dst.snapshots.receiver(300, 2)
+    assert all(rx.write(c) for c in src.snapshots.chunks(chunk_bytes=1000))
+    meta, data = rx.verify()
+    dst.install_snapshot(meta, data)
+    dst.close()
+    assert not (tmp_path / "dst" / "hardstate").exists()
+    installed = open_storage(tmp_path / "dst")
+    assert installed.snapshot_meta().index == meta.index > 0
+    installed.close()
+
+
 def test_a_retransmitted_last_chunk_is_not_taken_twice(tmp_path):
     src, _ = leader_with_snapshot(tmp_path / "src")
     chunks = list(src.snapshots.chunks(chunk_bytes=1000))

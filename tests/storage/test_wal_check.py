@@ -123,6 +123,7 @@ def test_what_the_node_refuses_to_start_on_check_reports_corrupted(tmp_path, cap
         "hard state flipped": lambda p: flip(p / "hardstate", 10),
         "first segment gone": first_segment_gone,
         "hard state a directory": hard_state_a_directory,
+        "hard state deleted": lambda p: (p / "hardstate").unlink(),
     }
     for i, (name, damage) in enumerate(cases.items()):
         root = tmp_path / str(i)
@@ -132,6 +133,12 @@ def test_what_the_node_refuses_to_start_on_check_reports_corrupted(tmp_path, cap
         assert main(["wal", "check", str(root)]) == 1, (name, refused)
         out = capsys.readouterr().out
         assert "status      CORRUPTED" in out and "Traceback" not in out, (name, out)
+        if name == "hard state deleted":
+            assert "hard state  none" in out
+            assert "the hard state is missing while the WAL holds entries up to 100" in out
+            assert "term and vote are lost" in refused and refused.startswith(
+                str(root / "p0" / "hardstate") + " is missing"
+            )
     seg = tmp_path / "seg"
     wal = make_node(seg)
     last = wal / list_segments(str(wal))[-1][1]

@@ -18,7 +18,7 @@ from raftlog.node.server.metrics import NodeMetrics
 from raftlog.node.server.partition import COMMIT_TELL_DELAY, PartitionDriver
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.durable import DurableStorage
-from raftlog.node.storage.errors import CorruptFile
+from raftlog.node.storage.errors import LostFile
 from raftlog.node.storage.fileio import FileOps, atomic_write
 from raftlog.node.storage.group_commit import GroupCommit
 from raftlog.node.storage.journal import Journal, lost_partitions
@@ -129,7 +129,7 @@ class Node:
             # Started empty, this member would vote as one that never held anything, and could
             # elect a leader without entries it acknowledged.
             when = f"up to {had} at its last checkpoint" if had else "since its last checkpoint"
-            raise CorruptFile(
+            raise LostFile(
                 paths.get(p, os.path.join(settings.data_dir, f"p{p}")),
                 f"is missing, while this node's journal says partition {p} held entries "
                 f"({when}): its log and its vote are lost. Restore the directory, or remove "

@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from raftlog.node.core.errors import Compacted, SafetyViolation
 from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
-from raftlog.node.storage.errors import StorageFailed, WalCorruption
+from raftlog.node.storage.errors import LostFile, StorageFailed, WalCorruption
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.hardstate import HardStateFile
 from raftlog.node.storage.holds import Hold, RetentionHolds, check_hold
@@ -170,8 +170,24 @@ class DurableStorage:
         version (entries first) or edited by hand can. No vote in those terms was ever sent (a
         vote is durable before its answer goes out), so the term is raised to T with no vote:
         a state the node did pass through.
+
+        A hard state file that is missing altogether beside entries is another matter: it is
+        written before the first entry and only ever replaced, so it was lost, and with it
+        votes this member may have cast in terms above its log's. Taken as term 0 (or the
+        last entry's), the member could vote a second time in such a term and help elect a
+        second leader, so it refuses to start, as for a lost partition directory.
         """
-        last_term = self.term(self.last_index())
+        last = self.last_index()
+        last_term = self.term(last)
+        if not self.hard.on_disk and last > self.snapshot_meta().index:
+            raise LostFile(
+                self.hard.path,
+                f"is missing, while the WAL beside it holds entries up to {last} (term "
+                f"{last_term}): this member's term and vote are lost, and it could vote twice "
+                "in one term. Restore the file, or remove this member and add it back with an "
+                "empty data directory and --join (the operator replaces a member whose volume "
+                "is lost so)",
+            )
         if last_term > self.hard.term:
             msg = f"raised the term from {self.hard.term} to {last_term}, the last entry's term"
             self.hard.save(last_term, None)

@@ -39,6 +39,15 @@ class CorruptFile(Exception):
         super().__init__(f"{self.what} {path} is invalid: {reason}")
 
 
+class LostFile(CorruptFile):
+    """A file or directory the node's other state says must exist (its vote, a log) is gone."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        Exception.__init__(self, f"{path} {reason}")
+
+
 class SnapshotCorruption(CorruptFile):
     what = "snapshot"
 

@@ -20,6 +20,8 @@ class HardStateFile:
         self.path = path
         self.durable = durable
         self.ops = ops or FileOps()
+        # Absent until the first term or vote is saved; entries are never written before it.
+        self.on_disk = os.path.exists(path)
         self.term, self.vote = self._load()
 
     def _load(self) -> tuple[int, str | None]:
@@ -42,3 +44,4 @@ class HardStateFile:
             self.path, body + b"\n" + str(crc32c(body)).encode() + b"\n", self.ops, self.durable
         )
         self.term, self.vote = term, vote
+        self.on_disk = True

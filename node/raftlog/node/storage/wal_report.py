@@ -61,7 +61,8 @@ def check_partition(a: WalAnalysis) -> Report:
     problems: list[str] = []
     partition = os.path.dirname(a.path.rstrip("/"))
     if os.path.basename(a.path.rstrip("/")) == "wal":
-        problems = _partition_report(partition, out, segs[0].first_index if segs else None)
+        span = (segs[0].first_index, segs[-1].last_index) if segs else None
+        problems = _partition_report(partition, out, span)
     for repair in a.repairs():
         out.append(f"  on start    will {repair}")
     if a.corruption is not None:
@@ -81,12 +82,16 @@ def check_partition(a: WalAnalysis) -> Report:
     return Report(out, a.corruption is None and not problems)
 
 
-def _partition_report(partition: str, out: list[str], wal_first: int | None) -> list[str]:
-    """The hard state and snapshot lines; what in them the node would refuse to start on."""
+def _partition_report(partition: str, out: list[str], span: tuple[int, int] | None) -> list[str]:
+    """The hard state and snapshot lines; what in them the node would refuse to start on.
+    `span`: the first and last index of the WAL's segments."""
     problems = []
+    hs: HardStateFile | None = None
     try:
         hs = HardStateFile(os.path.join(partition, "hardstate"))
-        out.append(f"  hard state  term {hs.term}, vote {hs.vote}")
+        out.append(
+            f"  hard state  term {hs.term}, vote {hs.vote}" if hs.on_disk else "  hard state  none"
+        )
     except (CorruptFile, OSError) as e:
         reason = e.reason if isinstance(e, CorruptFile) else f"unreadable ({e})"
         out.append(f"  hard state  INVALID: {reason}")
@@ -106,9 +111,15 @@ def _partition_report(partition: str, out: list[str], wal_first: int | None) -> 
             reason = e.reason if isinstance(e, CorruptFile) else f"unreadable ({e})"
             out.append(f"  snapshot    INVALID: {reason}")
             problems.append(f"the snapshot is invalid: {reason}")
-    if wal_first is not None and wal_first - 1 > covered and not problems:
+    if span is not None and span[0] - 1 > covered and not problems:
         problems.append(
-            f"the WAL starts at {wal_first} but the snapshot covers only up to {covered}: "
-            f"entries {covered + 1}..{wal_first - 1} are missing"
+            f"the WAL starts at {span[0]} but the snapshot covers only up to {covered}: "
+            f"entries {covered + 1}..{span[0] - 1} are missing"
+        )
+    partition_files = os.path.isdir(snap_dir)  # not a bare WAL copied out of its partition
+    if hs is not None and not hs.on_disk and partition_files and span and span[1] > covered:
+        problems.append(  # as `DurableStorage._reconcile_term` refuses it
+            f"the hard state is missing while the WAL holds entries up to {span[1]}: this "
+            "member's term and vote are lost"
         )
     return problems
