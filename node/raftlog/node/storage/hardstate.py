@@ -20,7 +20,8 @@ class HardStateFile:
         self.path = path
         self.durable = durable
         self.ops = ops or FileOps()
-        # Absent until the first term or vote is saved; entries are never written before it.
+        # Found when opened. Absent until the first term or vote is saved, and entries are
+        # never written before it (`DurableStorage._reconcile_term`).
         self.on_disk = os.path.exists(path)
         self.term, self.vote = self._load()
 
@@ -44,4 +45,3 @@ class HardStateFile:
             self.path, body + b"\n" + str(crc32c(body)).encode() + b"\n", self.ops, self.durable
         )
         self.term, self.vote = term, vote
-        self.on_disk = True
