@@ -101,3 +101,31 @@ def test_a_refused_member_change_leaves_the_peer_addresses_alone(tmp_path):
         assert code == 409, reply
         assert {n: peers(n) for n in cluster.nodes} == before
         load(cluster, 50)  # and the cluster still commits through every member
+
+
+def test_the_leader_says_a_removal_is_pending_until_it_commits(tmp_path):
+    """`membership_pending` in `/v1/status`: the leader's voters lack a removed member as soon
+    as the change is appended; the operator deletes that member only once this is false."""
+    env = {"RAFTLOG_APPEND_TIMEOUT_S": "1"}  # the admin call's wait for the commit
+    with LocalCluster(tmp_path, replicas=3, durable=False, raft=STEADY_RAFT, env=env) as cluster:
+        cluster.wait_ready()
+        leader = cluster.leader(0)
+        assert leader is not None
+        removed, lagging = (n for n in cluster.nodes if n != leader)
+        assert cluster.status(leader)["partitions"][0]["membership_pending"] is False
+        assert cluster.status(removed)["partitions"][0]["membership_pending"] is None
+        cluster.pause(lagging)  # the new voters {leader, lagging} cannot commit without it
+        body = json.dumps({"op": "remove", "node": removed}).encode()
+        code, reply = cluster.request(
+            leader, "POST", "/v1/admin/partitions/0/members", body,
+            {"Content-Type": "application/json"},
+        )  # fmt: skip
+        assert code == 503 and reply["error"] == "timeout", reply
+        st = cluster.status(leader)["partitions"][0]
+        assert removed not in st["voters"] and st["membership_pending"] is True, st
+        cluster.resume(lagging)
+        deadline = time.monotonic() + 20
+        while st["membership_pending"] and time.monotonic() < deadline:
+            time.sleep(0.05)
+            st = cluster.status(leader)["partitions"][0]
+        assert st["membership_pending"] is False and removed not in st["voters"], st

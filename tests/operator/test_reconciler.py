@@ -81,6 +81,7 @@ class World:
         self.silent: set[str] = set()  # running, but not answering
         self.leaderless: set[tuple[str, int]] = set()  # (member, partition): no leader known
         self.extra: dict[str, int] = {}  # member -> more partitions it holds (a raise)
+        self.pending: set[int] = set()  # partitions whose leader's change is not committed
 
     def follower(self, p: int, f: FollowerView) -> None:
         self.followers[p][f.name] = f
@@ -113,6 +114,7 @@ class World:
                         high_water_mark=100,
                         compaction_floor=self.floor, voters=frozenset(self.voters[p]),
                         learners=frozenset(self.learners[p]), followers=fol,
+                        membership_pending=leading and p in self.pending,
                     )  # fmt: skip
                 peers = {n: url(n) for n in self.pods} if self.peers_known else {}
                 node = NodeView(name, parts, peers)
@@ -619,6 +621,55 @@ def test_scale_down_transfers_leadership_away_then_removes_one_voter_then_delete
     assert plan.action == DeleteMember("c-2", delete_volume=True)
     st, _ = record_outcome(plan.status, plan.action, Outcome(True), T0)
     assert [m.name for m in st.members] == ["c-0", "c-1"]
+
+
+def test_a_removed_voter_is_deleted_only_once_its_removal_is_committed():
+    """Found by a review: the leader's view lacks the member once the change is appended, and
+    the member's pod and volume went while the change waited for a lagging voter to commit it.
+    Until then the member may hold acknowledged entries the others lack."""
+    w = World(MEMBERS)
+    s = spec(replicas=2)
+    plan = step(running_status(MEMBERS), w, s)
+    assert plan.action == ChangeMembership(0, "c-0", "remove", "c-2")
+    w.voters[0].discard("c-2")
+    w.pending.add(0)
+    plan = step(plan.status, w, s)
+    assert plan.action == ChangeMembership(1, "c-0", "remove", "c-2")
+    w.voters[1].discard("c-2")
+    w.pending.add(1)
+    for _ in range(2):
+        plan = step(plan.status, w, s)
+        assert plan.action == Wait(
+            "removing c-2: the change is not committed yet in partitions [0, 1]"
+        )
+    w.pending.discard(0)
+    plan = step(plan.status, w, s)
+    assert plan.action == Wait("removing c-2: the change is not committed yet in partitions [1]")
+    w.pending.clear()
+    assert step(plan.status, w, s).action == DeleteMember("c-2", delete_volume=True)
+
+
+def test_the_leaders_pending_membership_is_read_from_its_status() -> None:
+    body = {
+        "node": "c-0",
+        "partitions": [
+            {
+                "partition": p,
+                "role": "leader",
+                "member": "voter",
+                "term": 2,
+                "leader": "c-0",
+                "high_water_mark": 9,
+                "compaction_floor": 1,
+                "voters": ["c-0", "c-1"],
+                "learners": [],
+                "membership_pending": pending,
+            }  # fmt: skip
+            for p, pending in enumerate([True, False, None])
+        ],
+    }
+    view = parse_node_status(body)
+    assert [view.partitions[p].membership_pending for p in range(3)] == [True, False, False]
 
 
 def test_retained_volumes_are_kept_on_scale_down():

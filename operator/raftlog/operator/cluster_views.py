@@ -50,6 +50,9 @@ class PartitionView:
     learners: frozenset[str]
     followers: dict[str, FollowerView] = field(default_factory=dict)
     archive: ArchiveView | None = None  # None: the node does not archive
+    # A leader's last membership change is not committed yet: `voters` may still change back
+    # (a new leader without the entry), and a member it removed may hold what others lack.
+    membership_pending: bool = False
 
     @property
     def is_leader(self) -> bool:
@@ -131,6 +134,7 @@ def parse_node_status(body: dict[str, Any], peers: dict[str, str] | None = None)
             learners=frozenset(p["learners"]),
             followers=followers,
             archive=_archive(p.get("archive")),
+            membership_pending=bool(p.get("membership_pending")),
         )
     started = body.get("started_at")
     return NodeView(

@@ -357,6 +357,12 @@ def _remove(cluster: _ClusterPass, m: MemberStatus) -> Action:
             return ChangeMembership(partition, leader_view.leader or "", "remove", m.name)
         if m.name in leader_view.learners:
             return ChangeMembership(partition, leader_view.leader or "", "remove", m.name)
+    # The leader takes a change on as soon as it is appended: its view lacks the member before
+    # the change is committed. Until then the member may hold entries the remaining voters lack
+    # (its acknowledgements counted for them), and a new leader may not have the change at all.
+    pending = [p for p, view in cluster.led_partitions() if view.membership_pending]
+    if pending:
+        return Wait(f"removing {m.name}: the change is not committed yet in partitions {pending}")
     return DeleteMember(m.name, delete_volume=cluster.spec.storage.reclaim_policy == "Delete")
 
 

@@ -395,6 +395,11 @@ async def status(request: web.Request) -> web.Response:
                 "snapshot_index": driver.storage.snapshot_meta().index,
                 "voters": sorted(st.membership.voters),
                 "learners": sorted(st.membership.learners),
+                # On the leader: its last membership change (or its term's first entry, which
+                # any change waits for) is not committed yet; the voters above may not hold.
+                "membership_pending": driver.raft.pending_conf_index > st.high_water_mark
+                if st.role == Role.LEADER
+                else None,
                 "failed": (str(driver.failed) or type(driver.failed).__name__)
                 if driver.failed
                 else None,
