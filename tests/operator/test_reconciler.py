@@ -650,24 +650,14 @@ def test_a_removed_voter_is_deleted_only_once_its_removal_is_committed():
 
 
 def test_the_leaders_pending_membership_is_read_from_its_status() -> None:
-    body = {
-        "node": "c-0",
-        "partitions": [
-            {
-                "partition": p,
-                "role": "leader",
-                "member": "voter",
-                "term": 2,
-                "leader": "c-0",
-                "high_water_mark": 9,
-                "compaction_floor": 1,
-                "voters": ["c-0", "c-1"],
-                "learners": [],
-                "membership_pending": pending,
-            }  # fmt: skip
-            for p, pending in enumerate([True, False, None])
-        ],
-    }
+    def part(p: int, pending: bool | None) -> dict[str, Any]:
+        return {
+            "partition": p, "role": "leader", "member": "voter", "term": 2, "leader": "c-0",
+            "high_water_mark": 9, "compaction_floor": 1, "voters": ["c-0", "c-1"],
+            "learners": [], "membership_pending": pending,
+        }  # fmt: skip
+
+    body = {"node": "c-0", "partitions": [part(0, True), part(1, False), part(2, None)]}
     view = parse_node_status(body)
     assert [view.partitions[p].membership_pending for p in range(3)] == [True, False, False]
 
