@@ -93,3 +93,32 @@ def test_single_voter_answers_at_once():
     assert r.role == "leader" and r.commit >= 1
     r.read_index(9)
     assert reads(r, s) == [ReadState(9, r.commit)]
+
+
+@pytest.mark.parametrize("voters", [("a", "b", "c"), ("a", "b")])
+def test_a_leader_that_removed_itself_counts_only_the_voters_acks(voters):
+    """Found by a review: a leader whose removal is appended (not committed) counted its own
+    ack, so with voters {b, c} left b's answer alone confirmed a read that c, having elected
+    itself with b's later vote and committed a write, had passed; with {b} left it answered
+    at once."""
+    s = storage_with([(1, 1)], term=1, voters=voters)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    for v in voters[1:]:
+        r.step(AppendResponse(v, "a", r.term, True, 2))
+    drain(r, s)
+    r.propose_membership("remove", "a")
+    drain(r, s)
+    assert "a" not in r.membership.voters and r.role == "leader"
+    rest = [v for v in voters if v != "a"]
+    r.read_index(4)
+    assert reads(r, s) == [], "no answer without a voter's ack"
+    drain(r, s)
+    r.step(HeartbeatResponse(rest[0], "a", r.term, ctx=4))
+    confirmed = reads(r, s)
+    if len(rest) == 1:
+        assert confirmed == [ReadState(4, r.commit)], "the one voter left confirms it"
+        return
+    assert confirmed == [], "one of three voters is no majority"
+    r.step(HeartbeatResponse(rest[1], "a", r.term, ctx=4))
+    assert reads(r, s) == [ReadState(4, r.commit)]

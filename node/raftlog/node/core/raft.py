@@ -520,10 +520,13 @@ class Raft:
         self._start_read(request_id)
 
     def _start_read(self, request_id: int) -> None:
-        if len(self.membership.voters) == 1:
+        voters = self.membership.voters
+        if voters == {self.id}:
             self._read_states.append(ReadState(request_id, self.log.committed))
             return
-        self._reads[request_id] = (self.log.committed, {self.id})
+        # A leader that removed itself (the change appended, not yet committed) is no voter:
+        # its own ack would let one voter of the new set confirm a read the others have passed.
+        self._reads[request_id] = (self.log.committed, {self.id} if self.id in voters else set())
         for node in self.progress:
             commit = min(self.progress[node].match, self.log.committed)
             self._send(HeartbeatRequest(self.id, node, self.term, commit, ctx=request_id))
