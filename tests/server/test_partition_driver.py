@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from aiohttp import ClientSession
+from aiohttp.test_utils import TestServer
 from tests.server.helpers import offer_empty_snapshot, one_node, until
 
 from raftlog.node.core.config import RaftConfig
@@ -25,13 +27,16 @@ from raftlog.node.core.messages import (
     VoteResponse,
 )
 from raftlog.node.core.raft import Role
-from raftlog.node.core.types import Entry
+from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, encode_record
+from raftlog.node.server.app import build_app
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import (
     NotCommitted,
     PartitionDriver,
+    PartlyAppended,
     ProducerBusy,
+    SequenceConflict,
 )
 from raftlog.node.settings import NodeSettings
 from raftlog.node.storage.errors import StorageFailed
@@ -220,7 +225,7 @@ def test_an_append_told_it_timed_out_while_the_driver_was_stuck_is_not_appended_
             with HeldSync(d.node) as hold:
                 stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
                 await until(hold.held.is_set, "the driver stuck in the first append's sync")
-                with pytest.raises(TimeoutError):
+                with pytest.raises(NotCommitted, match="not proposed in time"):
                     await d.propose([b"late"], timeout=0.2)  # never taken by the stuck driver
             d.node.journal.sync = hold.real  # type: ignore[method-assign]
             with contextlib.suppress(TimeoutError):
@@ -247,6 +252,109 @@ def test_an_append_whose_index_a_new_leader_took_is_told_not_committed(tmp_path)
             with pytest.raises(NotCommitted, match="taken by term"):
                 await asyncio.wait_for(mine, 10)
             assert d.raft.log.term(2) == term + 1
+
+    asyncio.run(run())
+
+
+def _rec(seq: int) -> bytes:
+    return encode_record(Record(b"k", b"v%d" % seq, producer_id="p", sequence=seq))
+
+
+def test_a_batch_cut_by_a_leader_change_is_told_partly_appended_and_its_retry_adds_the_rest(
+    tmp_path,
+):
+    """Found by a review: a batch longer than one append message can be cut by a leader
+    change, the new leader committing the records it had. Its appender was told the append
+    did not happen (a retry without a producer id duplicated them), and the producer's retry
+    of the same sequences was a `sequence_conflict` for good."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            term = d.raft.term
+            d.step(AppendResponse("n2", "n1", term, True, 1))
+            await until(lambda: d.table.applied_index >= 1, "the no-op applied")
+            batch = [_rec(0), _rec(1), _rec(2)]
+            mine = asyncio.ensure_future(d.propose_idempotent("p", 0, batch))
+            await until(lambda: d.raft.log.last_index() == 4, "the batch written at 2..4")
+            # n2 (the next term) had the no-op and the first two records, then its own no-op.
+            had = (*d.raft.log.entries(1, 4), Entry(4, term + 1, EntryKind.NOOP))
+            d.step(AppendRequest("n2", "n1", term + 1, 0, 0, had, 4))
+            with pytest.raises(PartlyAppended, match=r"first 2 records .* indexes 2\.\.3"):
+                await asyncio.wait_for(mine, 10)
+            await until(lambda: d.table.applied_index >= 4, "the new leader's no-op applied")
+            # n1 leads again; the producer retries the whole batch.
+            d.call(d.raft.hup)
+            await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
+            d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
+            await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
+            d.step(VoteResponse("n2", "n1", d.raft.term, True))
+            await until(lambda: d.raft.role == Role.LEADER, "leading again")
+            d.step(AppendResponse("n2", "n1", d.raft.term, True, 5))
+            await until(lambda: d.table.applied_index >= 5, "its no-op applied")
+            retry = asyncio.ensure_future(d.propose_idempotent("p", 0, batch))
+            await until(lambda: d.raft.log.last_index() == 6, "the rest written at 6")
+            d.step(AppendResponse("n2", "n1", d.raft.term, True, 6))
+            done = await asyncio.wait_for(retry, 10)
+            assert (done.first_index, done.last_index, done.duplicate) == (2, 6, False)
+            log = [e.data for e in d.raft.read_committed(1, 7)]
+            assert [log.count(r) for r in batch] == [1, 1, 1], log
+            again = await d.propose_idempotent("p", 0, batch)  # and once more: all in now
+            assert (again.first_index, again.last_index, again.duplicate) == (2, 6, True)
+
+    asyncio.run(run())
+
+
+def test_an_idempotent_append_never_proposed_in_time_gives_its_sequences_back(tmp_path):
+    """Found by a review: answered by the backstop while the driver was stuck, the batch was
+    never proposed, yet the producer's mark kept it in flight: every retry of sequence 0 was
+    `producer_busy` for the rest of the term, and sequence 1 was taken with 0 never in."""
+
+    async def run() -> None:
+        async with _leading(tmp_path) as d:
+            with HeldSync(d.node) as hold:
+                stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
+                await until(hold.held.is_set, "the driver stuck in a sync")
+                with pytest.raises(NotCommitted, match="not proposed in time"):
+                    await d.propose_idempotent("p", 0, [_rec(0)], timeout=0.2)
+            d.node.journal.sync = hold.real  # type: ignore[method-assign]
+            with contextlib.suppress(TimeoutError):
+                await stuck
+            with pytest.raises(SequenceConflict, match="sent sequence 1, expected 0"):
+                await d.propose_idempotent("p", 1, [_rec(1)], timeout=2)
+            done = await asyncio.wait_for(d.propose_idempotent("p", 0, [_rec(0)]), 10)
+            assert not done.duplicate
+            log = [e.data for e in d.raft.read_committed(1, done.last_index + 1)]
+            assert log.count(_rec(0)) == 1
+
+    asyncio.run(run())
+
+
+def test_a_membership_change_whose_index_a_new_leader_took_is_not_answered_done(tmp_path):
+    """Found by a review: the admin call waited for the commit to pass the change's index and
+    answered 200 with the change, whoever's entry the index then held."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            term = d.raft.term
+            d.step(AppendResponse("n2", "n1", term, True, 1))
+            await until(lambda: d.table.applied_index >= 1, "the no-op applied")
+            srv = TestServer(build_app(d.node))
+            await srv.start_server()
+            try:
+                async with ClientSession(str(srv.make_url(""))) as s:
+                    body = {"op": "add_learner", "node": "n4", "url": "http://127.0.0.1:14"}
+                    call = asyncio.ensure_future(
+                        s.post("/v1/admin/partitions/0/members", json=body)
+                    )
+                    await until(lambda: d.raft.log.last_index() == 2, "the change at 2")
+                    had = (*d.raft.log.entries(1, 2), Entry(2, term + 1, EntryKind.NOOP))
+                    d.step(AppendRequest("n2", "n1", term + 1, 0, 0, had, 2))
+                    r = await asyncio.wait_for(call, 10)
+                    answer = await r.json()
+                    assert (r.status, answer["error"]) == (503, "not_committed"), answer
+                    assert "replaced by another leader's entry" in answer["reason"]
+            finally:
+                await srv.close()
 
     asyncio.run(run())
 

@@ -112,6 +112,16 @@ async def members(request: web.Request) -> web.Response:
         await driver.wait_committed(index, node.settings.append_timeout_s)
     except TimeoutError:
         raise ApiError(503, "timeout", f"the change at {index} is not committed yet") from None
+    try:
+        replaced = driver.raft.log.term(index) != term  # a new leader's entry took the index
+    except Compacted:  # compacted since: which entry it is is not known here
+        raise ApiError(
+            503, "timeout", f"the change at {index} is compacted; see the partition's members"
+        ) from None
+    if replaced:
+        raise ApiError(
+            503, "not_committed", f"the change at {index} was replaced by another leader's entry"
+        )
     st = driver.raft.status()
     return web.json_response(
         {

@@ -47,6 +47,7 @@ from raftlog.node.server.partition import (
     LeadershipLost,
     NotCommitted,
     PartitionDriver,
+    PartlyAppended,
     ProducerBusy,
     SequenceConflict,
     SnapshotTooOld,
@@ -171,6 +172,13 @@ async def _append_to(
         raise ApiError(409, "sequence_conflict", str(e), "sequence") from None
     except NotCommitted as e:
         raise ApiError(503, "not_committed", f"{e}; the append did not happen, retry") from None
+    except PartlyAppended as e:
+        raise ApiError(
+            503,
+            "partly_appended",
+            f"{e}; retry with the same producer id and sequence to append the rest once "
+            "(without a producer id, a retry appends the first records again)",
+        ) from None
     except LeadershipLost as e:
         hint = not_leader(node, driver).body
         raise ApiError(

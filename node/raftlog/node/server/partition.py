@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from raftlog.node.core.config import RaftConfig
-from raftlog.node.core.errors import NotLeader, ProposalRefused
+from raftlog.node.core.errors import Compacted, NotLeader, ProposalRefused
 from raftlog.node.core.messages import AppendRequest, HeartbeatRequest, InstallSnapshot, Message
 from raftlog.node.core.raft import Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
@@ -66,6 +66,11 @@ class NotCommitted(Exception):
 class LeadershipLost(Exception):
     """This node stopped leading before the entry committed: a new leader may still commit it
     or drop it, so the outcome is unknown (answered at once rather than at the deadline)."""
+
+
+class PartlyAppended(Exception):
+    """A batch longer than one append message, cut by a leader change: the new leader had
+    received its first records and committed them; the rest were replaced."""
 
 
 class SequenceConflict(Exception):
@@ -192,7 +197,9 @@ class PartitionDriver:
             self._expire_waiters(now)
             for prop in self._proposals:
                 if prop.deadline <= now and not prop.done.done():
-                    prop.done.set_exception(TimeoutError("not committed in time: disk stalled"))
+                    # Never proposed now (`_take_inbox` drops it): it did not happen, and an
+                    # idempotent producer's mark for it is given back.
+                    prop.done.set_exception(NotCommitted("not proposed in time: the disk stalled"))
 
     async def propose(self, records: list[bytes], timeout: float = float("inf")) -> Appended:
         """Append records as one batch; returns once they are committed (durable on a quorum).
@@ -237,6 +244,12 @@ class PartitionDriver:
         last_known = max(applied, self._inflight_seq.get(producer, -1))
         if end <= last_known:
             raise ProducerBusy(f"sequences up to {last_known} of {producer} are in flight; retry")
+        head: tuple[int, int] | None = None
+        if first_seq <= applied == last_known:
+            # A retry of a batch whose first records are in the log (`PartlyAppended`): only
+            # the rest is proposed. Its answer spans both parts, other entries between them.
+            head = self.table.placed(producer, first_seq)
+            records, first_seq = records[applied - first_seq + 1 :], applied + 1
         if first_seq != last_known + 1:
             raise SequenceConflict(
                 f"{producer} sent sequence {first_seq}, expected {last_known + 1}"
@@ -256,6 +269,8 @@ class PartitionDriver:
         # client's producer ids would otherwise pile up here for the whole term.
         if self._inflight_seq.get(producer) == end:
             del self._inflight_seq[producer]
+        if head is not None:  # where the first part went (if forgotten, the rest's first)
+            done.first_index = head[0]
         return done
 
     async def linearizable_point(self) -> int:
@@ -492,9 +507,7 @@ class PartitionDriver:
             if e.term == w.term:
                 w.done.set_result(Appended(self.p, w.first, e.index, e.term))
             else:
-                w.done.set_exception(
-                    NotCommitted(f"index {e.index} was taken by term {e.term}'s leader")
-                )
+                w.done.set_exception(self._replaced(w, e))
         # Appenders whose entries were cut by a new leader's log and never come back.
         top = rd.committed[-1].index
         for index in [i for i in self._waiters if i < top]:
@@ -504,6 +517,22 @@ class PartitionDriver:
         self.committed.notify()
 
     # ================================================================== local snapshots
+    def _replaced(self, w: _Waiter, e: Entry) -> Exception:
+        """What the appender of a batch whose last entry went to another term is told: the new
+        leader may have had (and so committed) its first records, which are then in the log."""
+        kept = w.first
+        try:
+            while kept < e.index and self.raft.log.term(kept) == w.term:
+                kept += 1
+        except Compacted:
+            return LeadershipLost(f"index {e.index} was taken by term {e.term}'s leader")
+        if kept == w.first:
+            return NotCommitted(f"index {e.index} was taken by term {e.term}'s leader")
+        return PartlyAppended(
+            f"the first {kept - w.first} records of the batch were committed at indexes "
+            f"{w.first}..{kept - 1} by term {e.term}'s leader, the rest were replaced"
+        )
+
     def _after_advance(self) -> None:
         """Start a snapshot when one is due. Its bytes are encoded, written and fsynced in a
         worker thread (tens of ms for a large table, and two fsyncs); the log is compacted
