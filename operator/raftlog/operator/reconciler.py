@@ -412,14 +412,15 @@ def _snapshot_installs(cluster: _ClusterPass) -> Action | None:
         cluster.event(
             "SnapshotInstalled", f"partition {install.partition}: {install.member} caught up"
         )
-    not_running: list[SnapshotInstall] = []
     for install, leader_view in due:
         if cluster.now < install.next_attempt_at:
             continue
         if not cluster.running(install.member):
             # An attempt now would only time out at its old address and use up one of the
             # INSTALL_MAX_ATTEMPTS (a member restarted by a rolling restart, its pod not back).
-            not_running.append(install)
+            # Nor is it waited for here: a pod that never runs (its node gone) would hold every
+            # later step, the removal that would replace it included; those steps have their
+            # own gates on members that are not ready.
             continue
         # The source is chosen again for every attempt: the one first chosen may have been
         # removed since (its volume lost) or stopped answering, and the leader refuses a
@@ -436,12 +437,7 @@ def _snapshot_installs(cluster: _ClusterPass) -> Action | None:
         return InstallSnapshot(
             install.partition, leader_view.leader or "", install.member, install.source
         )
-    if not_running:
-        install = not_running[0]
-        return Wait(
-            f"partition {install.partition}: {install.member} needs a snapshot; its pod is not "
-            "running"
-        )
+    due = [(i, v) for i, v in due if cluster.running(i.member)]
     if due:
         install = min((i for i, _ in due), key=lambda i: i.next_attempt_at)
         return Wait(
