@@ -1015,6 +1015,33 @@ def test_raised_partitions_roll_the_members_before_the_new_partitions_have_leade
     assert "partitions 2..3 start once every member restarted" in available.message
 
 
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_scaling_waits_for_a_raise_of_partitions_to_finish(replicas):
+    """Found by a review: a member removed (or added) between two of the raise's restarts
+    left members with other first voters for the new partitions, whose majorities need not
+    meet. The raise goes first, then the scaling."""
+    s = spec(partitions=4, replicas=replicas)
+    w = World(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(spec()))
+    w.hashes["c-1"] = config_hash(s)
+    w.extra["c-1"] = 4  # c-1 restarted with 4 partitions; c-0 and c-2 serve 2
+    for p in (0, 1):
+        w.follower(p, fv("c-1", lag=0, match=100))
+        w.follower(p, fv("c-2", lag=0, match=100))
+    plan = step(running_status(MEMBERS), w, s)
+    assert plan.action == RestartMember("c-2"), plan.action
+    assert [m.role for m in plan.status.members] == ["voter"] * 3
+    w.extra = {}  # every member serves 4: the raise is done
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(s))
+    for p in (2, 3):
+        w.voters[p], w.learners[p], w.leader[p], w.followers[p] = set(MEMBERS), set(), "c-0", {}
+    plan = step(plan.status, w, s)
+    if replicas == 2:
+        assert isinstance(plan.action, ChangeMembership) and plan.action.op == "remove"
+    else:
+        assert isinstance(plan.action, CreateMembers) and plan.action.names == ("c-3",)
+
+
 def test_lowered_partitions_are_refused_and_nobody_restarts():
     s = spec(partitions=1)
     w = World(MEMBERS)

@@ -547,13 +547,24 @@ def _promotions(cluster: _ClusterPass) -> Action | None:
     return waiting
 
 
+def _raising(cluster: _ClusterPass) -> bool:
+    """A raise of spec.partitions not finished: some member still serves fewer.
+
+    A new partition's first voters are the members a pod is given (`--peers`, every member
+    in status) when it restarts with the raised count. A member added or removed between two
+    of the raise's restarts would give members different first voters for one partition, whose
+    majorities need not meet (two leaders of one term). So scaling waits for the raise; the
+    rolling restart that carries it comes after the scaling steps, which step aside for it."""
+    return cluster.observed.partitions_served(cluster.spec.partitions) < cluster.spec.partitions
+
+
 def _scale_up(cluster: _ClusterPass) -> Action | None:
     """Every member missing is created at once, to join as learners side by side: learners
     count in no quorum, and their pods' starts, their catch-up and their promotion windows then
     overlap (3 -> 5 took 27 s one at a time on an idle test cluster). Each is still promoted
     alone, a single-server change each (`_promotions`)."""
     active = [m for m in cluster.status.members if m.role != "removing"]
-    if len(active) >= cluster.spec.replicas:
+    if len(active) >= cluster.spec.replicas or _raising(cluster):
         return None
     unready = [
         m.name for m in active if not cluster.ready(m.name) and not cluster.stopped_on_purpose(m)
@@ -578,7 +589,7 @@ def _scale_up(cluster: _ClusterPass) -> Action | None:
 
 def _scale_down(cluster: _ClusterPass) -> Action | None:
     active = [m for m in cluster.status.members if m.role != "removing"]
-    if len(active) <= cluster.spec.replicas:
+    if len(active) <= cluster.spec.replicas or _raising(cluster):
         return None
     named = [m for name in cluster.spec.remove_members for m in active if m.name == name]
     victim = named[0] if named else next_to_remove(active)
