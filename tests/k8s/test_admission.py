@@ -97,6 +97,8 @@ INVALID = [
         "heartbeatTicks must be below electionTicks",
     ),
     ({"storage": {"size": "ten gigs"}}, "spec.storage.size", "should match"),
+    # Taken by the API server and refused by the models, it stopped the operator's passes.
+    ({"resources": {"requests": {"cpu": "lots"}}}, "spec.resources.requests.cpu", "should match"),
     ({"storage": {"reclaimPolicy": "Keep"}}, "spec.storage.reclaimPolicy", "Unsupported value"),
     ({"authSecretName": "Not_A_Name"}, "spec.authSecretName", "should match"),
     # The spec's CEL rule (the models' `_tls_for_cert_auth`).

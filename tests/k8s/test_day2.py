@@ -229,6 +229,7 @@ def test_day2_controls_under_load_lose_no_acknowledged_record(operator: str) -> 
     kube.until("hibernated", lambda: status(ns, NAME).get("phase") == "Hibernated"
                and not pods(ns, NAME), 180)  # fmt: skip
     timed("hibernate (3 pods stopped)", started)
+    assert status(ns, NAME).get("leaders", {}) == {}, "no member runs: no partition is led"
     assert {c["metadata"]["name"] for c in kube.items("pvc", ns, f"raftlog.dev/cluster={NAME}")} \
         == claims  # fmt: skip
     started = time.monotonic()

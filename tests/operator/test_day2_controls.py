@@ -91,7 +91,20 @@ def test_switchover_annotation(value: str, target: str, partitions: tuple[int, .
     assert c.switchover.request == value.strip()
 
 
-@pytest.mark.parametrize("value", ["C-2", "c-2:", "c-2:x", ":1", "c-2:1;2", "c-2:0,", "c-:1"])
+@pytest.mark.parametrize(
+    "value",
+    [
+        "C-2",
+        "c-2:",
+        "c-2:x",
+        ":1",
+        "c-2:1;2",
+        "c-2:0,",
+        "c-:1",
+        "c-2:" + "1" * 5000,
+        "c-2:0,1" + "0" * 9,
+    ],
+)
 def test_a_switchover_that_cannot_be_read_is_named_with_its_form(value: str) -> None:
     c = parse({SWITCHOVER: value})
     assert c.switchover is None

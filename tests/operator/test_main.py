@@ -43,12 +43,45 @@ class _StatusApi:
         return SimpleNamespace(data=json.dumps({"metadata": {"resourceVersion": "8"}}).encode())
 
 
-def saving(monkeypatch: pytest.MonkeyPatch, api: _StatusApi, version: str | None) -> str:
+def saving(
+    monkeypatch: pytest.MonkeyPatch,
+    api: _StatusApi,
+    version: str | None,
+    status: RaftClusterStatus | None = None,
+    on_server: dict[str, Any] | None = None,
+) -> str:
     monkeypatch.setattr(handlers, "_api", object())
     monkeypatch.setattr(k8s, "CustomObjectsApi", lambda _: api)  # the module handlers calls
-    return asyncio.run(
-        handlers._save_status("c", "ns", RaftClusterStatus(phase="Running"), version)
-    )
+    dumped = (status or RaftClusterStatus(phase="Running")).model_dump(mode="json", by_alias=True)
+    return asyncio.run(handlers._save_status("c", "ns", dumped, on_server or {}, version))
+
+
+def test_a_partition_no_longer_led_leaves_status_leaders() -> None:
+    """Found by a review: the status went as a merge patch of the new status alone, so a key
+    the new `leaders` lacked stayed on the server (a hibernated cluster showed its old
+    leaders)."""
+    old = {"phase": "Running", "leaders": {"0": "c-0", "1": "c-1"}, "gone": 1, "members": [1]}
+    new = {"phase": "Hibernated", "leaders": {"1": "c-2"}, "members": []}
+    assert handlers.merge_patch(old, new) == {
+        "phase": "Hibernated",
+        "leaders": {"0": None, "1": "c-2"},
+        "gone": None,
+        "members": [],
+    }
+    assert handlers.merge_patch({"leaders": {"0": "c-0"}}, {"leaders": {}}) == {
+        "leaders": {"0": None}
+    }
+
+
+def test_the_status_patch_deletes_what_the_server_holds_and_the_new_status_lacks(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    api = _StatusApi()
+    on_server = {"phase": "Running", "leaders": {"0": "c-0"}}
+    saving(monkeypatch, api, "7", RaftClusterStatus(phase="Hibernated"), on_server)
+    ((args, _),) = api.calls
+    assert args[-1]["status"]["leaders"] == {"0": None}
+    assert args[-1]["status"]["phase"] == "Hibernated"
 
 
 def test_the_status_is_written_only_over_the_version_it_was_made_from(

@@ -33,7 +33,12 @@ BACKUP = "raftlog.dev/backup"
 
 _TRUE, _FALSE = ("true", "yes", "on", "1"), ("false", "no", "off", "0", "")
 _MEMBER = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
-_SWITCHOVER = re.compile(rf"^(?P<member>{_MEMBER})(:(?P<partitions>[0-9]+(,[0-9]+)*))?(@.*)?$")
+# A partition number of at most 9 digits: Python's int() refuses more than 4,300, and a
+# ValueError here ended the reconcile daemon on every start.
+_PARTITION = r"[0-9]{1,9}"
+_SWITCHOVER = re.compile(
+    rf"^(?P<member>{_MEMBER})(:(?P<partitions>{_PARTITION}(,{_PARTITION})*))?(@.*)?$"
+)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import kopf
@@ -69,13 +70,30 @@ class StaleStatus(Exception):
     """The resource changed since the status this operator holds was read (HTTP 409)."""
 
 
+def merge_patch(old: Mapping[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """`new` as a JSON merge patch (RFC 7386) over `old`: a map's key that `new` lacks is sent
+    as null, which deletes it (sent as `new` alone, a partition no longer led stayed in
+    `status.leaders` for good); lists and other values are replaced whole."""
+    out = dict(new)
+    for key, was in old.items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(was, Mapping) and isinstance(new[key], dict):
+            out[key] = merge_patch(was, new[key])
+    return out
+
+
 async def _save_status(
-    name: str, namespace: str, status: RaftClusterStatus, resource_version: str | None
+    name: str,
+    namespace: str,
+    status: dict[str, Any],
+    on_server: Mapping[str, Any],
+    resource_version: str | None,
 ) -> str:
     """Writes the status if the resource is still at `resource_version` (optimistic
     concurrency: a second operator, or anyone, who wrote since makes it a 409); returns the new
-    resourceVersion."""
-    patch: dict[str, Any] = {"status": status.model_dump(mode="json", by_alias=True)}
+    resourceVersion. `on_server`: the status the API server holds at that version."""
+    patch: dict[str, Any] = {"status": merge_patch(on_server, status)}
     if resource_version is not None:
         patch["metadata"] = {"resourceVersion": resource_version}
     custom = k8s.CustomObjectsApi(api())
@@ -122,13 +140,16 @@ async def reconcile(
 
     saved: list[RaftClusterStatus] = []
     version: list[str | None] = [meta.get("resourceVersion")]
+    on_server: list[Mapping[str, Any]] = [dict(status)]
 
     async def save(new_status: RaftClusterStatus) -> None:
         # An unchanged status is not written: every write is a watch event for every watcher.
         if saved and saved[-1] == new_status:
             return
-        version[0] = await _save_status(name, namespace, new_status, version[0])
+        dumped = new_status.model_dump(mode="json", by_alias=True)
+        version[0] = await _save_status(name, namespace, dumped, on_server[0], version[0])
         saved[:] = [new_status.model_copy(deep=True)]
+        on_server[0] = dumped
 
     try:
         while not stopped:
@@ -163,6 +184,7 @@ async def reconcile(
                 fresh = await _read(name, namespace)
                 current = RaftClusterStatus.model_validate(fresh.get("status") or {})
                 version[0] = fresh["metadata"]["resourceVersion"]
+                on_server[0] = fresh.get("status") or {}
                 saved.clear()
                 continue
             except Exception as e:  # the API server or a runtime call: the next pass retries

@@ -134,14 +134,22 @@ class RaftSettings(_Model):
         return env
 
 
+# In the CRD too: a value the API server admitted and `_quantities` refused left the
+# operator unable to read the spec, so nothing was healed until someone fixed it.
+def _quantity_values(schema: dict[str, Any]) -> None:
+    schema["additionalProperties"] = {"type": "string", "pattern": QUANTITY}
+
+
 class Resources(_Model):
     requests: dict[str, str] = Field(
         default_factory=lambda: {"cpu": "250m", "memory": "256Mi"},
         description="Resource requests of each member's container (cpu, memory).",
+        json_schema_extra=_quantity_values,
     )
     limits: dict[str, str] = Field(
         default_factory=lambda: {"memory": "1Gi"},
         description="Resource limits of each member's container.",
+        json_schema_extra=_quantity_values,
     )
 
     @model_validator(mode="after")
