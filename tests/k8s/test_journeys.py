@@ -176,6 +176,17 @@ def test_create_scale_heal_snapshot_scale_down_under_load_and_delete(operator: s
                lambda: kube.get("pod", victim, ns)["metadata"]["uid"] != old_uid
                and settled(status(ns, "c"), 5), 180)  # fmt: skip
     kube.say(f"deleted pod {victim} back and ready: {time.monotonic() - gone:.1f} s")
+    # A pod left in phase Failed, as an eviction for node pressure or a node's graceful
+    # shutdown leaves it (its object stays, so creating the member's pod was a 409): the
+    # operator deletes it, keeping the volume, and creates the member again.
+    old_uid = kube.get("pod", victim, ns)["metadata"]["uid"]
+    failed = time.monotonic()
+    kube.kubectl("patch", "pod", victim, "-n", ns, "--subresource=status", "--type=merge",
+                 "-p", '{"status": {"phase": "Failed", "reason": "Evicted"}}')  # fmt: skip
+    kube.until("a Failed pod replaced and settled",
+               lambda: kube.get("pod", victim, ns)["metadata"]["uid"] != old_uid
+               and settled(status(ns, "c"), 5), 180)  # fmt: skip
+    kube.say(f"Failed pod {victim} replaced and ready: {time.monotonic() - failed:.1f} s")
 
     # ------------------------------------------------------------- SnapshotRequired healed
     leader = status(ns, "c")["leaders"]["0"]
