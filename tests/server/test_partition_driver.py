@@ -122,6 +122,33 @@ async def _elected_by_hand(tmp_path: Path, **raft: object) -> AsyncIterator[Part
         await node.close()
 
 
+def test_an_installed_snapshots_table_is_never_shown_above_the_mark(tmp_path):
+    """Found by a review: the table was swapped in when the snapshot was installed, and the
+    mark moved only after the pass's fsync, so a local key read between the two showed an
+    applied index above the high-water mark."""
+
+    async def run() -> None:
+        node = Node(
+            NodeSettings(insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path)
+        )
+        await node.start()
+        try:
+            d = node.drivers[0]
+            with HeldSync(node) as hold:
+                offer_empty_snapshot(d, 10, 2, set(PEERS))
+                new = (Entry(11, 2, data=b"x"), Entry(12, 2, data=b"y"))
+                d.step(AppendRequest("n1", "n2", 2, 10, 2, new, 10))
+                await until(hold.held.is_set, "the pass's sync")
+                assert d.storage.snapshot_meta().index == 10, "installed before the sync"
+                assert d.table.applied_index <= d.high_water_mark == 10
+            await until(lambda: d.storage.last_index() >= 12, "the entries written")
+            assert d.failed is None
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
 def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tmp_path):
     """Proposals that arrive together become one Raft batch (one write, one fsync), and each
     appender is answered with exactly its own contiguous indexes, in arrival order."""

@@ -387,7 +387,7 @@ class PartitionDriver:
             self.node.transport.send(self.p, messages)
         if rd.committed:
             self._apply(rd)  # wakes the readers waiting for the mark too
-        elif shown:  # a mark with nothing to apply (a snapshot installed): wake them
+        elif shown or rd.snapshot is not None:  # a mark with nothing to apply: wake them
             self.committed.notify()
         for req in rd.snapshot_requests:
             self._serve_snapshot(req)
@@ -495,6 +495,8 @@ class PartitionDriver:
         index = meta.index
         self.storage.install_received(receiver, meta)
         self.table = KeyedTable.restore(data)
+        # Committed and durable: readers of the table see its index, so the mark is there too.
+        self.high_water_mark = max(self.high_water_mark, index)
         self.counters.snapshots_installed += 1
         log.info("p%d installed a snapshot at index %d", self.p, index)
 
