@@ -192,6 +192,23 @@ def test_a_pod_lost_before_bootstrap_is_recreated_able_to_bootstrap():
     assert step(st, w).action == CreateMembers(("c-1",), join=False)
 
 
+def test_a_member_that_lost_its_volume_once_a_partition_elected_is_not_an_initial_voter_again():
+    """Found by a review: before every partition elected, a member whose pod and volume were
+    gone came back as an initial voter with an empty log, though partition 0 had elected
+    (with its vote, perhaps) and committed entries on it."""
+    w = World(MEMBERS)
+    w.pods["c-1"], w.volumes["c-1"] = "missing", False
+    w.leader = {0: "c-0", 1: None}
+    st = running_status(MEMBERS)
+    st.bootstrapped = False
+    plan = step(st, w)
+    assert not isinstance(plan.action, CreateMembers), plan.action
+    assert plan.status.member("c-1").role == "removing"  # type: ignore[union-attr]
+    w.volumes["c-1"] = True  # its volume there: it comes back on its data, joining
+    plan = step(running_status(MEMBERS).model_copy(update={"bootstrapped": False}), w)
+    assert plan.action == CreateMembers(("c-1",), join=True)
+
+
 # ===================================================================== pods and peers
 def test_a_crashed_member_with_its_volume_comes_back_joining():
     w = World(MEMBERS)

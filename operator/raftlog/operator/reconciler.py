@@ -279,8 +279,10 @@ def _recreate_pods(cluster: _ClusterPass) -> Action | None:
     ]
     if not gone:
         return None
-    if not cluster.status.bootstrapped:
-        # Until the initial voters have elected, a member without data may still bootstrap.
+    if not cluster.status.bootstrapped and not any(cluster.leader_views.values()):
+        # Until an initial voter's partition has elected, a member without data may still
+        # bootstrap. Once one has, a member whose volume is lost may have voted and taken
+        # entries there: started empty as an initial voter, it could vote again in that term.
         return CreateMembers(tuple(m.name for m in gone), join=False)
     back = []
     for m in gone:
