@@ -331,6 +331,31 @@ def test_a_batch_cut_by_a_leader_change_is_told_partly_appended_and_its_retry_ad
     asyncio.run(run())
 
 
+def test_a_producers_sequences_again_with_other_content_are_a_conflict_not_a_duplicate(tmp_path):
+    """A producer id used again for other records (a Spark `writeId` reused for another
+    day's rows) was answered as a duplicate, and its records were dropped; so was the part of
+    a batch overlapping what is in the log."""
+
+    def other(seq: int) -> bytes:
+        return encode_record(Record(b"k", b"other%d" % seq, producer_id="p", sequence=seq))
+
+    async def run() -> None:
+        async with _leading(tmp_path) as d:
+            await d.propose_idempotent("p", 0, [_rec(0), _rec(1)])
+            assert (await d.propose_idempotent("p", 0, [_rec(0), _rec(1)])).duplicate
+            with pytest.raises(SequenceConflict, match="sequence 1 of p is in the log"):
+                await d.propose_idempotent("p", 0, [_rec(0), other(1)])
+            with pytest.raises(SequenceConflict, match="sequence 0 of p is in the log"):
+                await d.propose_idempotent("p", 0, [other(0), _rec(1), _rec(2)])
+            done = await d.propose_idempotent("p", 1, [_rec(1), _rec(2)])  # overlaps, same
+            assert not done.duplicate and done.last_index == done.first_index + 1
+            log = [e.data for e in d.raft.read_committed(1, done.last_index + 1)]
+            assert [log.count(_rec(i)) for i in range(3)] == [1, 1, 1]
+            assert not [x for x in log if b"other" in x]
+
+    asyncio.run(run())
+
+
 def test_an_idempotent_append_never_proposed_in_time_gives_its_sequences_back(tmp_path):
     """Found by a review: answered by the backstop while the driver was stuck, the batch was
     never proposed, yet the producer's mark kept it in flight: every retry of sequence 0 was

@@ -369,9 +369,9 @@ def test_a_rerun_under_a_write_id_with_other_chunks_fails_rather_than_dropping_r
     cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Without Spark: a write run again under its `writeId` lands what its first run did not,
-    once; when its chunks no longer line up with the first run's (other rows, another
-    `batchRecords`), the node's sequence conflict fails the write: no row is dropped as if
-    it were a duplicate."""
+    once, even where its chunks no longer line up with the first run's (another
+    `batchRecords`); with other rows under the sequences in the log, the node's sequence
+    conflict fails the write: no row is dropped as if it were a duplicate."""
     monkeypatch.setattr(sink, "TaskContext", OneTask)
     eps = ",".join(cluster.endpoints)
 
@@ -385,8 +385,13 @@ def test_a_rerun_under_a_write_id_with_other_chunks_fails_rather_than_dropping_r
     sink.writer(options, fields).write(rows(3))
     sink.writer(options, fields).write(rows(3))  # all of it again: duplicates
     assert [r["value"] for r in written(cluster, "rerun-")[1]] == [f"rerun-{i}" for i in range(3)]
+    sink.writer(options, fields).write(rows(5))  # chunks [0, 1], [2, 3], [4]: 2 is in the log
+    assert [r["value"] for r in written(cluster, "rerun-")[1]] == [f"rerun-{i}" for i in range(5)]
     with pytest.raises(RuntimeError, match="sequence_conflict"):
-        sink.writer(options, fields).write(rows(5))  # chunks [0, 1], [2, 3]: 2 is in the log
+        sink.writer(options, fields).write(
+            iter({"partition": 1, "value": f"other-{i}"} for i in range(6))
+        )
+    assert not written(cluster, "other-")[1], "none of the other rows landed"
 
 
 def test_a_timestamp_lands_at_its_exact_millisecond(

@@ -37,7 +37,7 @@ from raftlog.node.server.compaction_pass import (
     compact_behind,
     snapshot_covering,
 )
-from raftlog.node.statemachine import KeyedTable
+from raftlog.node.statemachine import PRODUCER_MEMORY, KeyedTable
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import StorageFailed
 from raftlog.node.storage.snapshots import SnapshotReceiver
@@ -233,6 +233,8 @@ class PartitionDriver:
             self._inflight_seq, self._inflight_term = {}, self.raft.term
         end = first_seq + len(records) - 1
         applied = self.table.last_sequence(producer)
+        if first_seq <= applied:
+            self._same_as_logged(producer, first_seq, records, min(end, applied))
         if end <= applied:
             first, last = self.table.placed(producer, first_seq), self.table.placed(producer, end)
             if first is None or last is None:
@@ -272,6 +274,28 @@ class PartitionDriver:
         if head is not None:  # where the first part went (if forgotten, the rest's first)
             done.first_index = head[0]
         return done
+
+    def _same_as_logged(
+        self, producer: str, first_seq: int, records: list[bytes], upto: int
+    ) -> None:
+        """A retry's records `first_seq..upto` against the producer's in the log: other
+        content under the same sequences is another write under a producer id used before (a
+        Spark `writeId` reused for other rows), a conflict rather than a duplicate whose rows
+        would be dropped. Only what the table still places (its last PRODUCER_MEMORY records,
+        the newest of these) and the log still holds is compared."""
+        for seq in range(max(first_seq, upto - PRODUCER_MEMORY + 1), upto + 1):
+            at = self.table.placed(producer, seq)
+            if at is None:
+                continue
+            try:
+                logged = self.raft.read_committed(at[0], at[0] + 1)
+            except Compacted:
+                continue
+            if logged and logged[0].data != records[seq - first_seq]:
+                raise SequenceConflict(
+                    f"sequence {seq} of {producer} is in the log (index {at[0]}) with other "
+                    "content: another write under the same producer id"
+                )
 
     async def linearizable_point(self) -> int:
         """A ReadIndex read point, once applied: reading the table now is linearizable."""
