@@ -412,3 +412,22 @@ def test_a_timestamp_lands_at_its_exact_millisecond(
     )
     (record,) = written(cluster, "exact-ms")[2]
     assert record["timestamp_ms"] == ms
+
+
+def test_rows_too_large_together_for_one_append_go_in_several(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Spark: 600 rows of 20 KB with the default `batchRecords` (500) made a 10 MB
+    append, which the node refused (413, its `max_request_bytes` is 8 MiB) whatever the retry;
+    chunks are cut by their JSON size too (`CHUNK_BYTES`)."""
+    monkeypatch.setattr(sink, "TaskContext", OneTask)
+    fields = StructType(
+        [StructField("partition", IntegerType()), StructField("value", StringType())]
+    )
+    pad = "x" * 20_000
+    rows = iter({"partition": 2, "value": f"big-{i:03d}-{pad}"} for i in range(600))
+    options = {"endpoints": ",".join(cluster.endpoints), "writeId": "big"}
+    done = sink.writer(options, fields).write(rows)
+    got = [r["value"][:7] for r in written(cluster, "big-")[2]]
+    assert got == [f"big-{i:03d}" for i in range(600)]
+    assert (done.records, done.duplicates) == (600, 0)

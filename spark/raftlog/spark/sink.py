@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
+import json
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
@@ -148,6 +149,16 @@ def _key_bytes(v: Any) -> bytes:
     return bytes(v) if isinstance(v, bytes | bytearray) else str(v).encode()
 
 
+# Most JSON bytes of one append, whatever `batchRecords` says: half the node's default
+# `max_request_bytes` (8 MiB), so that rows of a few KB each do not make a chunk the node
+# refuses (413) with the defaults. A row larger than this goes alone.
+CHUNK_BYTES = 4 * 1024 * 1024
+
+
+def _json_size(record: dict[str, Any]) -> int:
+    return len(json.dumps(record, separators=(",", ":"))) + 1
+
+
 class _Appender:
     """One task's appends: per raftlog partition, chunks under the producer id and the next
     sequence; to the partition's leader (the client finds it and retries for up to
@@ -159,6 +170,7 @@ class _Appender:
         self.producer = producer
         self.partitions = self._partition_count()
         self.pending: dict[int, list[dict[str, Any]]] = {}
+        self.pending_bytes: dict[int, int] = {}
         self.sequence: dict[int, int] = {}
         self.written = self.duplicates = 0
 
@@ -183,13 +195,19 @@ class _Appender:
             p = partition_for(_key_bytes(row["key"]), self.partitions)
         else:
             p = 0
+        record = _record(row, fields)
+        size = _json_size(record)
+        if self.pending.get(p) and self.pending_bytes[p] + size > CHUNK_BYTES:
+            self.flush(p)
         chunk = self.pending.setdefault(p, [])
-        chunk.append(_record(row, fields))
+        chunk.append(record)
+        self.pending_bytes[p] = self.pending_bytes.get(p, 0) + size
         if len(chunk) >= self.opts.batch_records:
             self.flush(p)
 
     def flush(self, p: int) -> None:
         chunk = self.pending.pop(p, [])
+        self.pending_bytes.pop(p, None)
         if not chunk:
             return
         seq = self.sequence.get(p, 0)
