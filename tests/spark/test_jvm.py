@@ -153,6 +153,30 @@ def read_partition_0_through(spark: SparkSession, node: FakeNode, *more: str) ->
         node.close()
 
 
+def test_a_member_holding_fewer_partitions_is_read_and_another_clusters_member_refused(
+    spark, cluster
+):
+    """A member not yet restarted by a raise holds fewer partitions: the survey took the
+    different counts for nodes of two clusters and refused, so every query stopped for the
+    raise. A member naming another cluster is what is refused now."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    fewer = follower_of(cluster, partitions=1)
+    fewer["partitions"] = fewer["partitions"][:1]  # type: ignore[index]
+
+    def answer_with(status: dict[str, object]) -> Callable[[str, int], tuple[int, str, bytes]]:
+        body = json.dumps(status).encode()
+        return lambda path, n: (200, "application/json", body) if path == "/v1/status" else (
+            503, "application/json", b'{"error": "behind", "reason": "behind"}'
+        )  # fmt: skip
+
+    got = read_partition_0_through(spark, FakeNode(answer_with(fewer)), cluster.nodes[leader].url)
+    assert got == [r for r in cluster.acked if r[0] == 0]
+    other = {**fewer, "cluster": "ns/another"}
+    with pytest.raises(Exception, match=r"members of different clusters \["):
+        read_partition_0_through(spark, FakeNode(answer_with(other)), cluster.nodes[leader].url)
+
+
 @pytest.mark.parametrize("how", ["behind", "down"])
 def test_a_replica_that_is_behind_or_down_is_passed_over(spark, cluster, how):
     """A replica that answered the survey but, when a page is asked of it, is behind the

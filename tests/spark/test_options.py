@@ -237,8 +237,8 @@ def test_min_partitions_halves_the_largest_splits_and_covers_the_same_indexes():
     assert len(spread([LogSplit(0, 1, 4, ["a"])], 10)) == 3  # one index each at most
 
 
-def status_of(*partitions: dict[str, Any]) -> FakeNode:
-    body = json.dumps({"partitions": list(partitions)}).encode()
+def status_of(*partitions: dict[str, Any], cluster: str | None = "ns/c") -> FakeNode:
+    body = json.dumps({"cluster": cluster, "partitions": list(partitions)}).encode()
     return FakeNode(lambda path, n: (200, "application/json", body))
 
 
@@ -253,10 +253,13 @@ def test_the_survey_makes_each_partitions_view_of_what_its_replicas_answer():
     """Without Spark: a partition's mark is the highest a replica answered, its floor the
     lowest, what it serves from the lowest a replica serves (below its floor with tiered
     reads); followers are read first, the leader last; a node down is named; `partitions`
-    keeps those asked for; nodes that disagree on the number of partitions are refused."""
+    keeps those asked for; a member that holds fewer partitions (a raise not yet rolled to
+    it) leaves the others' partitions read from those that hold them; nodes of two clusters
+    are refused."""
     a = status_of(part(0, "leader", 50, 10, 3), part(1, "follower", 7, 1))
     b = status_of(part(0, "follower", 48, 20), part(1, "leader", 9, 2, 0))
-    odd = status_of(part(0, "leader", 50, 10))
+    odd = status_of(part(0, "leader", 50, 10), cluster="ns/other")
+    fewer = status_of(part(0, "follower", 49, 10), cluster=None)
     down = "http://127.0.0.1:1"
     try:
         for extra, want in [({}, [0, 1]), ({"partitions": "1"}, [1])]:
@@ -283,13 +286,21 @@ def test_the_survey_makes_each_partitions_view_of_what_its_replicas_answer():
         assert p0.earliest == 1
         p0.tier = Tier("s3://b/p", "p/0/manifest.json", False, ())
         assert p0.earliest == 10
+        opts = parse({"endpoints": f"{fewer.url},{a.url}"}, streaming=False)
+        nodes = client(opts)
+        try:
+            raising = survey(nodes, opts).partitions
+        finally:
+            nodes.close()
+        assert sorted(raising) == [0, 1] and len(raising[0].replicas) == 2
+        assert [r.url for r in raising[1].replicas] == [a.url]
         opts = parse({"endpoints": f"{a.url},{odd.url}"}, streaming=False)
         nodes = client(opts)
         try:
-            with pytest.raises(OptionError, match=r"disagree on the number of partitions \[1, 2\]"):
+            with pytest.raises(OptionError, match=r"members of different clusters \['ns/c', "):
                 survey(nodes, opts)
         finally:
             nodes.close()
     finally:
-        for n in (a, b, odd):
+        for n in (a, b, odd, fewer):
             n.close()
