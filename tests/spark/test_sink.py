@@ -346,10 +346,11 @@ def test_a_writers_rows_land_with_their_columns_routed_as_the_node_routes(
             writer.write(iter([{"headers": None, "timestamp": None, **bad}]))
 
 
-def test_write_options_take_their_bounds_and_name_a_read_option_as_such():
+def test_write_options_take_their_bounds_and_name_a_read_option_as_such(cluster: LocalCluster):
     """Without Spark: batchRecords 1..10000 and writeId of 1..100 characters are taken, one
     past is refused; a read option given to a write is named as one; every column a write
-    takes is taken."""
+    takes is taken; a write whose endpoints do not answer fails on the driver, naming them
+    (the partition count is read there)."""
     ep = {"endpoints": "http://127.0.0.1:1"}
     assert sink.parse_write({**ep, "batchRecords": "10000"}).batch_records == 10_000
     assert sink.parse_write({**ep, "writeId": "w" * 100}).write_id == "w" * 100
@@ -361,8 +362,10 @@ def test_write_options_take_their_bounds_and_name_a_read_option_as_such():
         sink.parse_write({**ep, "startingoffsets": "earliest"})
     with pytest.raises(OptionError, match="is not an option; a write takes"):
         sink.parse_write({**ep, "nosuch": "1"})
-    sink.writer(ep, SCHEMA)
-    sink.stream_writer(ep, SCHEMA)
+    for make in (sink.writer, sink.stream_writer):
+        with pytest.raises(OptionError, match="'endpoints': no node answered /v1/status"):
+            make(ep, SCHEMA)
+        assert make({"endpoints": ",".join(cluster.endpoints)}, SCHEMA).opts.partitions == 3
 
 
 def test_a_rerun_under_a_write_id_with_other_chunks_fails_rather_than_dropping_rows(
@@ -431,3 +434,35 @@ def test_rows_too_large_together_for_one_append_go_in_several(
     got = [r["value"][:7] for r in written(cluster, "big-")[2]]
     assert got == [f"big-{i:03d}" for i in range(600)]
     assert (done.records, done.duplicates) == (600, 0)
+
+
+def test_the_partition_count_is_read_once_on_the_driver_not_by_each_task(
+    cluster: LocalCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without Spark: a task that read the count itself could route a key elsewhere on a
+    retry after a raise, under another producer id, so its rows landed twice. The writer
+    carries the count the driver read (the fewest any member holds, during a raise)."""
+    monkeypatch.setattr(sink, "TaskContext", OneTask)
+    fields = StructType([StructField("key", StringType()), StructField("value", StringType())])
+    w = sink.writer({"endpoints": ",".join(cluster.endpoints), "writeId": "count"}, fields)
+    assert w.opts.partitions == 3
+    real = sink.client
+
+    def no_status(opts: Any) -> Any:
+        nodes = real(opts)
+
+        def refused(*_: Any, **__: Any) -> Any:
+            raise AssertionError("a task asked a node for the partition count")
+
+        nodes.status = refused  # type: ignore[method-assign]
+        return nodes
+
+    monkeypatch.setattr(sink, "client", no_status)
+    done = w.write(iter({"key": f"k{i}", "value": f"count-{i}"} for i in range(30)))
+    assert (done.records, done.duplicates) == (30, 0)
+    got = written(cluster, "count-")
+    assert sorted(r["value"] for p in got.values() for r in p) == sorted(
+        f"count-{i}" for i in range(30)
+    )
+    assert all(partition_for(f"k{i}".encode(), 3) == p for p, rs in got.items() for r in rs
+               for i in [int(r["value"].split("-")[1])])  # fmt: skip

@@ -26,7 +26,7 @@ import json
 import logging
 import uuid
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyspark import TaskContext
@@ -52,6 +52,10 @@ class WriteOptions:
     nodes: Options
     batch_records: int
     write_id: str | None
+    # The cluster's partition count, read once on the driver (`writer`, `stream_writer`): a
+    # task that read it itself could route a key elsewhere on a retry after a raise, under
+    # another producer id, so its rows landed twice.
+    partitions: int = 0
 
 
 def parse_write(raw: Mapping[str, str]) -> WriteOptions:
@@ -168,20 +172,11 @@ class _Appender:
         self.opts = opts
         self.nodes = client(opts.nodes)
         self.producer = producer
-        self.partitions = self._partition_count()
+        self.partitions = opts.partitions
         self.pending: dict[int, list[dict[str, Any]]] = {}
         self.pending_bytes: dict[int, int] = {}
         self.sequence: dict[int, int] = {}
         self.written = self.duplicates = 0
-
-    def _partition_count(self) -> int:
-        last: Exception | None = None
-        for base in self.opts.nodes.endpoints:
-            try:
-                return len(self.nodes.status(base)["partitions"])
-            except ClientError as e:
-                last = e
-        raise RuntimeError(f"raftlog option 'endpoints': no node answered /v1/status ({last})")
 
     def add(self, row: Any, fields: set[str]) -> None:
         if "partition" in fields and row["partition"] is not None:
@@ -309,11 +304,31 @@ class RaftlogStreamWriter(DataSourceStreamWriter):
         pass  # what was appended stays; the batch's retry lands the rest, once
 
 
+def _with_partition_count(opts: WriteOptions) -> WriteOptions:
+    """The options with the cluster's partition count: the fewest partitions a member
+    answering holds, those every member serves (during a raise, the partitions not every
+    member holds yet have no leader). A stream keeps it for its run: a raise reaches its keys
+    when the query is started again."""
+    nodes = client(opts.nodes)
+    counts, last = [], None
+    try:
+        for base in opts.nodes.endpoints:
+            try:
+                counts.append(len(nodes.status(base)["partitions"]))
+            except ClientError as e:
+                last = e
+    finally:
+        nodes.close()
+    if not counts:
+        raise OptionError("endpoints", f"no node answered /v1/status ({last})")
+    return replace(opts, partitions=min(counts))
+
+
 def writer(options: Mapping[str, str], schema: StructType) -> RaftlogWriter:
     _check_schema(schema)
-    return RaftlogWriter(parse_write(options), schema)
+    return RaftlogWriter(_with_partition_count(parse_write(options)), schema)
 
 
 def stream_writer(options: Mapping[str, str], schema: StructType) -> RaftlogStreamWriter:
     _check_schema(schema)
-    return RaftlogStreamWriter(parse_write(options), schema)
+    return RaftlogStreamWriter(_with_partition_count(parse_write(options)), schema)
