@@ -220,6 +220,7 @@ def test_the_hold_is_the_next_index_to_read_moves_only_up_and_is_renewed(monkeyp
             streaming=True,
         )  # fmt: skip
         reader = RaftlogStreamReader(opts)
+        reader.stop()  # no renewal between the commits (its own test is below)
         placed = []  # holds placed after each commit, 0.1 s apart
         for offset in (10, 20, 15, 20, 20):
             reader.commit({"0": offset})
@@ -235,3 +236,27 @@ def test_the_hold_is_the_next_index_to_read_moves_only_up_and_is_renewed(monkeyp
     assert [b["min_index"] for _, b in held] == [10, 20, 20]
     assert all(p == "/v1/admin/partitions/0/holds/job" for p, _ in held)
     assert len(compacted.puts) == 3
+
+
+def test_the_hold_is_renewed_during_a_micro_batch_longer_than_a_quarter_of_its_ttl():
+    """Found by a review: the hold was renewed only when Spark called the reader (a trigger,
+    a commit), so a micro-batch longer than its TTL let compaction pass what it had not read.
+    The driver renews it every quarter of the TTL until the reader stops."""
+    keeps = FakeNode(holding(refuse=False))
+    try:
+        opts = parse({"endpoints": keeps.url, "retentionHold": "long",
+                      "retentionHoldTtlSeconds": "1"}, streaming=True)  # fmt: skip
+        reader = RaftlogStreamReader(opts)
+        reader.commit({"0": 12})  # the last call from Spark for a while: a long batch runs
+        deadline = time.monotonic() + 10
+        while len(keeps.puts) < 4 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(keeps.puts) >= 4, keeps.puts
+        reader.stop()
+        time.sleep(0.3)  # a renewal under way ends
+        after = len(keeps.puts)
+        time.sleep(0.6)
+        assert len(keeps.puts) == after, "renewed after stop"
+        assert {json.loads(body)["min_index"] for _, body in keeps.puts} == {12}
+    finally:
+        keeps.close()

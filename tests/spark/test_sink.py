@@ -32,6 +32,7 @@ from pyspark.sql.types import (
 
 from raftlog.harness.local import LocalCluster
 from raftlog.node.routing import partition_for
+from raftlog.spark import nodes as spark_nodes
 from raftlog.spark import sink
 from raftlog.spark.options import OptionError
 from tests.spark.helpers import JVM_ENV
@@ -446,7 +447,7 @@ def test_the_partition_count_is_read_once_on_the_driver_not_by_each_task(
     fields = StructType([StructField("key", StringType()), StructField("value", StringType())])
     w = sink.writer({"endpoints": ",".join(cluster.endpoints), "writeId": "count"}, fields)
     assert w.opts.partitions == 3
-    real = sink.client
+    real = spark_nodes.client
 
     def no_status(opts: Any) -> Any:
         nodes = real(opts)

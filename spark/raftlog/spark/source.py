@@ -15,6 +15,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -471,11 +472,30 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._holds = _Holds()
         self._last_batch_at = -math.inf  # the first batch never waits for minOffsetsPerTrigger
         self._latest: dict[int, int] | None = None
+        # The hold is renewed between triggers too: a micro-batch longer than its TTL (a first
+        # batch from the earliest record, an AvailableNow backfill, an hourly trigger) would
+        # otherwise let compaction pass what it has not read yet.
+        self._hold_lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._renewer: threading.Thread | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         # Only the options travel to the executors' `read`.
         return {"opts": self.opts, "_view": None, "_target": None, "_holds": _Holds(),
-                "_last_batch_at": -math.inf, "_latest": None}  # fmt: skip
+                "_last_batch_at": -math.inf, "_latest": None, "_hold_lock": None,
+                "_stopped": None, "_renewer": None}  # fmt: skip
+
+    def stop(self) -> None:
+        if self._stopped is not None:
+            self._stopped.set()
+
+    def _renew(self) -> None:
+        """The driver's renewal of the hold every quarter of its TTL, until `stop`."""
+        while not self._stopped.wait(self.opts.retention_hold_ttl_s / 4):
+            try:
+                self._hold({})  # placed again once a quarter of the TTL has passed
+            except Exception as e:  # a refusal: the next trigger's `_hold` raises it too
+                log.error("retention hold %s not renewed: %s", self.opts.retention_hold, e)
 
     def _survey(self) -> ClusterView:
         nodes = client(self.opts)
@@ -587,6 +607,15 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         holder = self.opts.retention_hold
         if holder is None:
             return
+        if self._renewer is None:
+            self._renewer = threading.Thread(
+                target=self._renew, name=f"raftlog-hold-{holder}", daemon=True
+            )
+            self._renewer.start()
+        with self._hold_lock:
+            self._place(holder, offsets)
+
+    def _place(self, holder: str, offsets: dict[int, int]) -> None:
         held = self._holds.offsets or {}
         merged = {**held, **{p: max(i, held.get(p, i)) for p, i in offsets.items()}}
         fresh = time.monotonic() - self._holds.placed_at < self.opts.retention_hold_ttl_s / 4
