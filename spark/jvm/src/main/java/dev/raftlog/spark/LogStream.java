@@ -6,6 +6,9 @@ import java.util.List;
 import java.util.Map;
 import java.util.Optional;
 import java.util.TreeMap;
+import java.util.concurrent.Executors;
+import java.util.concurrent.ScheduledExecutorService;
+import java.util.concurrent.TimeUnit;
 import org.apache.spark.sql.connector.read.InputPartition;
 import org.apache.spark.sql.connector.read.PartitionReaderFactory;
 import org.apache.spark.sql.connector.read.streaming.CompositeReadLimit;
@@ -36,9 +39,38 @@ final class LogStream
   private long lastBatchAtMs = Long.MIN_VALUE / 2; // the first batch never waits
   private Map<Integer, Long> held = new HashMap<>();
   private long holdPlacedAtMs = Long.MIN_VALUE / 2;
+  // The hold is renewed between triggers too: a micro-batch longer than its TTL (a first batch
+  // from the earliest record, an AvailableNow backfill, an hourly trigger) would otherwise let
+  // compaction pass what it has not read yet.
+  private ScheduledExecutorService renewer;
 
   LogStream(JvmOptions opts) {
     this.opts = opts;
+  }
+
+  private synchronized void startRenewing() {
+    if (renewer != null || opts.retentionHold == null) {
+      return;
+    }
+    renewer =
+        Executors.newSingleThreadScheduledExecutor(
+            r -> {
+              Thread t = new Thread(r, "raftlog-hold-" + opts.retentionHold);
+              t.setDaemon(true);
+              return t;
+            });
+    long every = Math.max(1, (long) (opts.retentionHoldTtlS * 1000 / 4));
+    renewer.scheduleWithFixedDelay(
+        () -> {
+          try {
+            hold(Map.of()); // placed again once a quarter of the TTL has passed
+          } catch (RuntimeException e) { // a refusal: the next trigger's hold raises it too
+            LOG.error("retention hold {} not renewed: {}", opts.retentionHold, e.getMessage());
+          }
+        },
+        every,
+        every,
+        TimeUnit.MILLISECONDS);
   }
 
   private TreeMap<Integer, PartitionView> survey() {
@@ -226,7 +258,11 @@ final class LogStream
   }
 
   @Override
-  public void stop() {}
+  public synchronized void stop() {
+    if (renewer != null) {
+      renewer.shutdownNow();
+    }
+  }
 
   /** Kafka's progress metrics: how far the records read trail each partition's latest. */
   @Override
@@ -259,11 +295,12 @@ final class LogStream
    * once a quarter of its TTL has passed: the Python source's holds. A refusal (token, request)
    * stops the stream; a replica out of reach is logged and asked again at the next move.
    */
-  private void hold(Map<Integer, Long> offsets) {
+  private synchronized void hold(Map<Integer, Long> offsets) {
     String holder = opts.retentionHold;
     if (holder == null) {
       return;
     }
+    startRenewing();
     Map<Integer, Long> merged = new HashMap<>(held);
     offsets.forEach((p, i) -> merged.merge(p, i, Math::max));
     long now = System.currentTimeMillis();
