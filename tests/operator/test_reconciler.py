@@ -213,7 +213,13 @@ def test_a_member_that_lost_its_volume_once_a_partition_elected_is_not_an_initia
 def test_a_crashed_member_with_its_volume_comes_back_joining():
     w = World(MEMBERS)
     w.pods["c-2"] = "failed"
+    # Found on the cluster: a pod in phase Failed (evicted, its node shut down) keeps its name,
+    # so creating the member's pod over it was a 409 that left the member down for good.
     plan = step(running_status(MEMBERS), w)
+    assert plan.action == RestartMember("c-2")
+    assert [e.reason for e in plan.events] == ["PodEnded"]
+    w.pods["c-2"] = "missing"  # deleted
+    plan = step(plan.status, w)
     # `--join`: were its volume empty, it could never bootstrap a second cluster.
     assert plan.action == CreateMembers(("c-2",), join=True)
     assert plan.status.phase == "Degraded" or plan.status.phase == "Reconciling"

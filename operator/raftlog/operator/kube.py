@@ -248,7 +248,7 @@ class KubeRuntime:
                 config_hash=launch_hash, restore=restore_env(status) if not join else None,
             )  # fmt: skip
             self.adopt(body)
-            await self._create_pod(name, body)
+            await self._create(self.core.create_namespaced_pod, body)
 
     async def delete_member(self, name: str, delete_volume: bool) -> None:
         await self._delete(self.core.delete_namespaced_pod, name)
@@ -287,40 +287,6 @@ class KubeRuntime:
         except ApiException as e:
             if e.status != 409:  # already there: creation is idempotent
                 raise
-
-    async def _create_pod(self, name: str, body: dict[str, Any]) -> None:
-        """A pod of this name that already ran to its end (phase Failed: evicted for node
-        pressure, or stopped by a node's graceful shutdown; its object stays) takes the name:
-        it is deleted, its volume kept, and the next pass creates the member's pod again.
-        Taken for the member's own, it left the member down for good."""
-        create: Callable[..., Any] = self.core.create_namespaced_pod  # takes the body as JSON
-        try:
-            await asyncio.to_thread(create, self.namespace, body, _preload_content=False)
-            return
-        except ApiException as e:
-            if e.status != 409:
-                raise
-        try:
-            existing = _json(
-                await asyncio.to_thread(
-                    self.core.read_namespaced_pod, name, self.namespace, _preload_content=False
-                )
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return  # gone meanwhile: the next pass creates it
-            raise
-        if _pod_state(existing) == "failed":
-            uid = existing["metadata"]["uid"]
-            try:
-                await asyncio.to_thread(
-                    self.core.delete_namespaced_pod, name, self.namespace,
-                    body=k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=uid)),
-                    _preload_content=False,
-                )  # fmt: skip
-            except ApiException as e:
-                if e.status not in (404, 409):  # gone, or another pod by now
-                    raise
 
     async def _delete(self, fn: Callable[..., Any], name: str) -> None:
         try:

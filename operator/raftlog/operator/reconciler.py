@@ -279,6 +279,18 @@ def _recreate_pods(cluster: _ClusterPass) -> Action | None:
     ]
     if not gone:
         return None
+    ended = next((m for m in gone if _pod(cluster, m.name) == "failed"), None)
+    if ended is not None:
+        # Its pod ran to its end and stays (phase Failed: evicted for node pressure, or its
+        # node shut down): its name is taken until it is deleted, and the next pass makes it
+        # again (creating it over the pod was a 409 that left the member down for good).
+        cluster.event(
+            "PodEnded",
+            f"{ended.name}'s pod ended (evicted, or its node shut down); it is deleted to be "
+            "made again",
+            warning=True,
+        )
+        return RestartMember(ended.name)
     if not cluster.status.bootstrapped and not any(cluster.leader_views.values()):
         # Until an initial voter's partition has elected, a member without data may still
         # bootstrap. Once one has, a member whose volume is lost may have voted and taken
