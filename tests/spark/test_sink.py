@@ -8,6 +8,7 @@ import collections
 import datetime as dt
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,12 +22,17 @@ from pyspark.errors import StreamingQueryException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
+    ArrayType,
     BinaryType,
+    DataType,
     IntegerType,
+    LongType,
     MapType,
+    ShortType,
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
     TimestampType,
 )
 
@@ -467,3 +473,44 @@ def test_the_partition_count_is_read_once_on_the_driver_not_by_each_task(
     )
     assert all(partition_for(f"k{i}".encode(), 3) == p for p, rs in got.items() for r in rs
                for i in [int(r["value"].split("-")[1])])  # fmt: skip
+
+
+def _schema(**columns: DataType) -> StructType:
+    return StructType([StructField(name, kind) for name, kind in columns.items()])
+
+
+STRING_STRUCT = StructType([StructField("key", StringType()), StructField("val", BinaryType())])
+KAFKA_HEADERS = ArrayType(
+    StructType([StructField("key", StringType()), StructField("value", BinaryType())])
+)
+
+
+@pytest.mark.parametrize(
+    ("columns", "message"),
+    [
+        ({"partition": StringType()}, "column `partition` must be an integer, not string"),
+        ({"timestamp": StringType()}, "column `timestamp` must be a timestamp, not string"),
+        ({"timestamp": LongType()}, "column `timestamp` must be a timestamp, not bigint"),
+        ({"headers": MapType(StringType(), IntegerType())}, "column `headers` must be map<"),
+        ({"headers": ArrayType(StringType())}, "column `headers` must be map<string,string>"),
+        ({"headers": ArrayType(STRING_STRUCT)}, "or array<struct<key:string,value:binary"),
+    ],
+)
+def test_a_column_of_the_wrong_type_is_refused_when_the_write_is_planned(columns, message):
+    """Without Spark: a wrong type was met row by row in the tasks (a string `timestamp` was an
+    AttributeError) after some chunks had been appended; it is refused on the driver, naming
+    the column, before anything is written."""
+    schema = _schema(value=StringType(), **columns)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        sink.writer({"endpoints": "http://127.0.0.1:1"}, schema)
+
+
+def test_every_column_type_a_write_takes_passes_the_check():
+    sink._check_schema(
+        _schema(value=StringType(), partition=LongType(), timestamp=TimestampNTZType(),
+                headers=MapType(StringType(), StringType()))
+    )  # fmt: skip
+    sink._check_schema(
+        _schema(value=BinaryType(), key=BinaryType(), partition=ShortType(),
+                timestamp=TimestampType(), headers=KAFKA_HEADERS)
+    )  # fmt: skip

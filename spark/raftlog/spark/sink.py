@@ -31,7 +31,17 @@ from typing import Any
 
 from pyspark import TaskContext
 from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, WriterCommitMessage
-from pyspark.sql.types import BinaryType, StringType, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    DataType,
+    IntegralType,
+    MapType,
+    StringType,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from raftlog.client import ClientError
 from raftlog.node.record import epoch_ms
@@ -101,6 +111,40 @@ def _check_schema(schema: StructType) -> None:
             f"raftlog write: column `{sorted(extra)[0]}` is not one a write takes (key, value, "
             "partition, headers, timestamp)"
         )
+    # Checked here, on the driver, rather than row by row in the tasks: a task that met one
+    # failed after some of its chunks were appended, leaving the write partial.
+    kinds = {column: names[column].dataType for column in names}
+    if "partition" in kinds and not isinstance(kinds["partition"], IntegralType):
+        raise ValueError(_wrong("partition", "an integer", kinds["partition"]))
+    if "timestamp" in kinds and not isinstance(
+        kinds["timestamp"], TimestampType | TimestampNTZType
+    ):
+        raise ValueError(_wrong("timestamp", "a timestamp", kinds["timestamp"]))
+    if "headers" in kinds and not _headers_type(kinds["headers"]):
+        raise ValueError(
+            _wrong(
+                "headers",
+                "map<string,string> or array<struct<key:string,value:binary or string>>",
+                kinds["headers"],
+            )
+        )
+
+
+def _wrong(column: str, wanted: str, kind: DataType) -> str:
+    return f"raftlog write: column `{column}` must be {wanted}, not {kind.simpleString()}"
+
+
+def _headers_type(kind: DataType) -> bool:
+    if isinstance(kind, MapType):
+        return isinstance(kind.keyType, StringType) and isinstance(kind.valueType, StringType)
+    if isinstance(kind, ArrayType) and isinstance(kind.elementType, StructType):
+        fields = {f.name: f.dataType for f in kind.elementType.fields}
+        return (
+            set(fields) == {"key", "value"}
+            and isinstance(fields["key"], StringType)
+            and isinstance(fields["value"], BinaryType | StringType)
+        )
+    return False
 
 
 @dataclass
