@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,7 +15,17 @@ from raftlog.harness.local import LocalCluster
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, encode_record
 from raftlog.spark import arrow
-from tests.spark.helpers import append, column_page, raftlog_df, records, rows_of, wait_replicated
+from raftlog.spark.options import parse
+from raftlog.spark.source import LogSplit, read_log
+from tests.spark.helpers import (
+    FakeNode,
+    append,
+    column_page,
+    raftlog_df,
+    records,
+    rows_of,
+    wait_replicated,
+)
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 
@@ -147,3 +158,32 @@ def test_a_page_reads_as_its_records_with_nulls_times_and_headers(include_header
     # A page whose every key is null (records without keys only).
     unkeyed = arrow.page_to_batch(msgspec.msgpack.decode(column_page(2, PAGE, 12, 13)))
     assert unkeyed["key"].to_pylist() == [None]
+
+
+def test_a_replica_that_gave_no_answer_is_asked_last_for_the_rest_of_the_split(cluster):
+    """Without Spark (a split read as a task reads it): a replica that takes the connection
+    and never answers cost every page of the split its `timeoutSeconds` before the next
+    replica was asked (found by a review); it is asked after the others once it gave none."""
+    frozen_until = threading.Event()
+
+    def frozen(path: str, n: int) -> None:
+        frozen_until.wait(5)  # past the call's timeout
+        return None
+
+    node = FakeNode(frozen)
+    leader = cluster.leader(0)
+    assert leader is not None
+    p0 = [r for r in cluster.acked if r[0] == 0]
+    try:
+        opts = parse(
+            {"endpoints": f"{node.url},{cluster.nodes[leader].url}", "timeoutSeconds": "1",
+             "pageRecords": "10"},
+            streaming=False,
+        )  # fmt: skip
+        split = LogSplit(0, 1, p0[-1][1] + 1, [node.url, cluster.nodes[leader].url])
+        read = sum(b.num_rows for b in read_log(opts, split))
+    finally:
+        frozen_until.set()
+        node.close()
+    assert read == len(p0) and len(p0) > 30  # several pages
+    assert len(node.requests) == 1, node.requests

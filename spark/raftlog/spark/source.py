@@ -38,7 +38,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from raftlog.client import Client, ClientError
+from raftlog.client import NO_ANSWER, Client, ClientError
 from raftlog.spark import archived, arrow, sink
 from raftlog.spark.nodes import (
     ClusterView,
@@ -241,20 +241,27 @@ def spread(splits: list[LogSplit], min_partitions: int | None, others: int = 0) 
 
 # ====================================================================== reading
 def _fetch(
-    nodes: Client, split: LogSplit, at: int, opts: Options
+    nodes: Client, split: LogSplit, at: int, opts: Options, unanswered: set[str] | None = None
 ) -> dict[str, Any] | int | archived.Compacted:
     """The next column page of `split` from `at`, the index to skip to after data loss, or
-    (with archiveUrl) the floor of replicas that all compacted `at`."""
+    (with archiveUrl) the floor of replicas that all compacted `at`. `unanswered`: replicas
+    that gave no answer earlier in the task (down, or frozen until the call's timeout), asked
+    after the others from then on: each page of a split cost a frozen replica's whole
+    `timeoutSeconds` before the next was asked."""
     tries = rounds(opts).start()
     floors: dict[str, int] = {}
     errors: dict[str, str] = {}
+    unanswered = set() if unanswered is None else unanswered
     while True:
-        for url in split.replicas:
+        order = sorted(split.replicas, key=lambda u: u in unanswered)  # stable: the plan's order
+        for url in order:
             if url in floors:
                 continue
             try:
                 page = nodes.columns(url, split.partition, at, split.stop, opts.page_records)
             except ClientError as e:
+                if e.status == NO_ANSWER:
+                    unanswered.add(url)
                 if e.status == 410:
                     floor = int(e.body.get("compaction_floor", at + 1))
                     if floor > at:
@@ -298,10 +305,11 @@ def _fetch(
 
 def read_log(opts: Options, split: LogSplit) -> Iterator[pa.RecordBatch]:
     nodes = client(opts)
+    unanswered: set[str] = set()
     try:
         at = split.start
         while at < split.stop:
-            got = _fetch(nodes, split, at, opts)
+            got = _fetch(nodes, split, at, opts, unanswered)
             if isinstance(got, archived.Compacted):  # compacted since planning: the archive's
                 below = min(got.floor, split.stop)
                 yield from archived.read_range(opts, split.partition, at, below, got.floor)
