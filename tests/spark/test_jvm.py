@@ -5,6 +5,7 @@ streams) names the source that does it; a replica that is down or behind is pass
 from __future__ import annotations
 
 import json
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -138,7 +139,9 @@ def follower_of(cluster: LocalCluster, partitions: int = 3) -> dict[str, object]
     return status
 
 
-def read_partition_0_through(spark: SparkSession, node: FakeNode, *more: str) -> list[Row]:
+def read_partition_0_through(
+    spark: SparkSession, node: FakeNode, *more: str, timeout: str = "30"
+) -> list[Row]:
     """Partition 0 read by `raftlog-jvm` with `node` as the first endpoint (then `more`), in
     pages of 20; the node is closed after."""
     try:
@@ -147,6 +150,7 @@ def read_partition_0_through(spark: SparkSession, node: FakeNode, *more: str) ->
             .option("endpoints", ",".join([node.url, *more]))
             .option("partitions", "0")
             .option("pageRecords", "20")
+            .option("timeoutSeconds", timeout)
             .load()
         )
         return rows_of(df)
@@ -178,11 +182,37 @@ def test_a_member_holding_fewer_partitions_is_read_and_another_clusters_member_r
         read_partition_0_through(spark, FakeNode(answer_with(other)), cluster.nodes[leader].url)
 
 
+def test_a_replica_that_gave_no_answer_is_asked_last_for_the_rest_of_the_split(spark, cluster):
+    """A replica that answered the survey, then takes each page's connection and never
+    answers: every page cost its `timeoutSeconds` before the leader was asked (found by a
+    review); after its first silence it is asked last."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    status = json.dumps(follower_of(cluster)).encode()
+    thawed = threading.Event()
+
+    def frozen(path: str, n: int) -> tuple[int, str, bytes] | None:
+        if path == "/v1/status":
+            return 200, "application/json", status
+        thawed.wait(5)  # past the call's timeout
+        return None
+
+    node = FakeNode(frozen)
+    try:
+        got = read_partition_0_through(spark, node, cluster.nodes[leader].url, timeout="1")
+    finally:
+        thawed.set()
+    assert got == [r for r in cluster.acked if r[0] == 0] and len(got) > 40  # several pages
+    assert len([p for p in node.requests if "/columns?" in p]) == 1, node.requests
+
+
 @pytest.mark.parametrize("how", ["behind", "down"])
 def test_a_replica_that_is_behind_or_down_is_passed_over(spark, cluster, how):
     """A replica that answered the survey but, when a page is asked of it, is behind the
-    planned range (503 `behind`) or gone (the connection closes unanswered): every page is
-    asked of it first (it is a follower) and read from the leader instead."""
+    planned range (503 `behind`) or gone (the connection closes unanswered): a page is asked
+    of it first (it is a follower) and read from the leader instead; one behind is asked first
+    for every page (it answers at once, and may catch up), one gone only until its first
+    silence, after which it is asked last."""
     leader = cluster.leader(0)
     assert leader is not None
     status = json.dumps(follower_of(cluster)).encode()
@@ -197,7 +227,12 @@ def test_a_replica_that_is_behind_or_down_is_passed_over(spark, cluster, how):
     got = read_partition_0_through(spark, node, cluster.nodes[leader].url)
     assert got == [r for r in cluster.acked if r[0] == 0]
     pages = [p for p in node.requests if "/columns?" in p]
-    assert len(pages) >= 7, "each page is asked of the follower first"
+    if how == "behind":
+        assert len(pages) >= 7, "each page is asked of the follower first"
+    else:
+        # One page's call (HttpURLConnection sends a GET once more on a connection closed
+        # unanswered), then asked last.
+        assert len(pages) <= 2, "asked last after its first silence"
     assert all(f"min_index={last}" in p for p in pages), "the planned end is the mark asked for"
 
 

@@ -1,7 +1,12 @@
 package dev.raftlog.spark;
 
+import java.util.ArrayList;
+import java.util.Comparator;
+import java.util.HashSet;
 import java.util.LinkedHashMap;
+import java.util.List;
 import java.util.Map;
+import java.util.Set;
 import java.util.concurrent.ThreadLocalRandom;
 import org.apache.spark.sql.connector.read.PartitionReader;
 import org.apache.spark.sql.vectorized.ColumnarBatch;
@@ -25,6 +30,7 @@ final class LogReader implements PartitionReader<ColumnarBatch> {
   private final Nodes nodes;
   private long at;
   private ColumnarBatch current;
+  private final Set<String> unanswered = new HashSet<>(); // replicas that gave no answer
 
   LogReader(JvmOptions opts, LogSplit split) {
     this.opts = opts;
@@ -65,7 +71,11 @@ final class LogReader implements PartitionReader<ColumnarBatch> {
     Map<String, Long> floors = new LinkedHashMap<>();
     Map<String, String> errors = new LinkedHashMap<>();
     for (int attempt = 0; ; attempt++) {
-      for (String url : split.replicas) {
+      // A replica that gave no answer earlier in the split (down, or frozen until the call's
+      // timeout) is asked after the others: each page cost it the whole timeoutSeconds.
+      List<String> order = new ArrayList<>(List.of(split.replicas));
+      order.sort(Comparator.comparing(unanswered::contains));
+      for (String url : order) {
         if (floors.containsKey(url)) {
           continue;
         }
@@ -73,6 +83,9 @@ final class LogReader implements PartitionReader<ColumnarBatch> {
         try {
           page = nodes.columns(url, split.partition, at, split.stop, opts.pageRecords);
         } catch (NodeException e) {
+          if (e.status == 0) {
+            unanswered.add(url);
+          }
           if (e.status == 410) {
             long floor = e.body.path("compaction_floor").asLong(at + 1);
             if (floor > at) {
