@@ -310,6 +310,26 @@ def test_a_learner_is_promoted_only_after_a_whole_window_within_the_lag():
     assert plan.action is None and plan.status.phase == "Running"
 
 
+def test_a_window_not_watched_for_longer_than_itself_starts_again():
+    """Found by a review: the window's start was kept in status, so after an operator outage
+    (or a pass held by a long step) one sample within the lag promoted the learner at once,
+    though nobody had watched its lag for the window."""
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    later = T0 + 600  # the operator was down
+    plan = step(st, w, s, now=later)
+    assert isinstance(plan.action, Wait) and "within learnerPromotionLag" in plan.action.reason
+    promotion = plan.status.member("c-3").promotion  # type: ignore[union-attr]
+    assert promotion is not None and (promotion.window_started_at, promotion.restarts) == (
+        later,
+        1,
+    )
+    assert "not watched for 600 s" in " ".join(e.message for e in plan.events)
+    for i in range(1, 4):  # watched every second now: the whole window, then promoted
+        plan = step(plan.status, w, s, now=later + i * window / 3)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
+
+
 def test_a_lag_excursion_restarts_the_window():
     w, st, s = learner_world(lag=3)
     window = s.raft.learner_promotion_stable_window

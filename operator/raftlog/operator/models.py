@@ -546,6 +546,9 @@ class Promotion(_Status):
     elapsed_seconds: float = 0.0
     restarts: int = Field(0, description="Times a lag excursion restarted the window.")
     max_lag: int | None = Field(None, description="The learner's largest lag over its partitions.")
+    sampled_at: float | None = Field(
+        None, description="Epoch seconds of the last pass that saw the learner's lag."
+    )
 
 
 MemberRole = Literal["voter", "learner", "joining", "removing"]

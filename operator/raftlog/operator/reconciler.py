@@ -509,6 +509,21 @@ def _promotion_windows(cluster: _ClusterPass) -> None:
         }
         known = [f.lag for f in followers.values() if f is not None and f.lag is not None]
         promotion.max_lag = max(known) if known else None
+        last_seen, promotion.sampled_at = promotion.sampled_at, cluster.now
+        if (
+            promotion.window_started_at is not None
+            and last_seen is not None
+            and cluster.now - last_seen > window
+        ):
+            # Not watched for longer than a whole window (the operator down, or a pass held
+            # by a long step): one sample after it would have promoted the learner at once.
+            promotion.restarts += 1
+            cluster.event(
+                "PromotionWindowRestarted",
+                f"{m.name}: its lag was not watched for {cluster.now - last_seen:.0f} s; its "
+                "promotion window starts again",
+            )
+            promotion.window_started_at, promotion.elapsed_seconds = None, 0.0
         if not all(within_promotion_lag(f, limit) for f in followers.values()):
             unknown = [p for p, f in followers.items() if f is None or f.lag is None]
             silent = [p for p, f in followers.items() if f is not None and not f.recent_active]
