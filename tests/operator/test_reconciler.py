@@ -378,7 +378,11 @@ def test_a_promotion_the_leader_refuses_restarts_the_window():
     pr = st2.member("c-3").promotion  # type: ignore[union-attr]
     assert pr is not None and pr.window_started_at is None and pr.restarts == 1
     assert [e.reason for e in events] == ["StepFailed", "PromotionWindowRestarted"]
-    assert "HTTP 409: lags" in events[1].message
+    assert "the leader refused the promotion (HTTP 409: lags)" in events[1].message
+    # Not answered in time: not a refusal (found by a review: it was reported as one).
+    timeout = Outcome(False, "HTTP 503: the change at 9 is not committed yet")
+    _, events = record_outcome(plan.status, plan.action, timeout, T0)
+    assert "the promotion was not confirmed, it may still take effect" in events[1].message
 
 
 def added_as_learner(

@@ -1276,10 +1276,16 @@ def record_outcome(
                 # The leader's own check is the last word: the window starts again.
                 m.promotion.window_started_at, m.promotion.elapsed_seconds = None, 0.0
                 m.promotion.restarts += 1
+                # A 409 is the leader's refusal; anything else (no answer, a 503 timeout) left
+                # the outcome unknown: the change may still commit, as the next pass will see.
+                what = (
+                    "the leader refused the promotion"
+                    if outcome.detail.startswith("HTTP 409")
+                    else "the promotion was not confirmed, it may still take effect"
+                )
                 events.append(Event(
                     "Normal", "PromotionWindowRestarted",
-                    f"{member}: the leader refused the promotion ({outcome.detail}); its "
-                    "promotion window starts again",
+                    f"{member}: {what} ({outcome.detail}); its promotion window starts again",
                 ))  # fmt: skip
         case ExpandVolume(name, size) if not outcome.ok:
             new_status.volume_expansion = VolumeExpansion(
