@@ -111,15 +111,20 @@ async def _elected_by_hand(tmp_path: Path, **raft: object) -> AsyncIterator[Part
     await node.start()
     try:
         d = node.drivers[0]
-        d.call(d.raft.hup)
-        await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
-        d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
-        await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
-        d.step(VoteResponse("n2", "n1", d.raft.term, True))
-        await until(lambda: d.raft.role == Role.LEADER, "election")
+        await _elect_by_hand(d)
         yield d
     finally:
         await node.close()
+
+
+async def _elect_by_hand(d: PartitionDriver) -> None:
+    """n1 campaigns and n2's pre-vote and vote elect it (all it needs of three)."""
+    d.call(d.raft.hup)
+    await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
+    d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
+    await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
+    d.step(VoteResponse("n2", "n1", d.raft.term, True))
+    await until(lambda: d.raft.role == Role.LEADER, "election")
 
 
 def test_an_installed_snapshots_table_is_never_shown_above_the_mark(tmp_path):
@@ -309,13 +314,7 @@ def test_a_batch_cut_by_a_leader_change_is_told_partly_appended_and_its_retry_ad
             with pytest.raises(PartlyAppended, match=r"first 2 records .* indexes 2\.\.3"):
                 await asyncio.wait_for(mine, 10)
             await until(lambda: d.table.applied_index >= 4, "the new leader's no-op applied")
-            # n1 leads again; the producer retries the whole batch.
-            d.call(d.raft.hup)
-            await until(lambda: d.raft.role == Role.PRE_CANDIDATE, "pre-candidacy")
-            d.step(PreVoteResponse("n2", "n1", d.raft.term + 1, True))
-            await until(lambda: d.raft.role == Role.CANDIDATE, "candidacy")
-            d.step(VoteResponse("n2", "n1", d.raft.term, True))
-            await until(lambda: d.raft.role == Role.LEADER, "leading again")
+            await _elect_by_hand(d)  # n1 leads again; the producer retries the whole batch
             d.step(AppendResponse("n2", "n1", d.raft.term, True, 5))
             await until(lambda: d.table.applied_index >= 5, "its no-op applied")
             retry = asyncio.ensure_future(d.propose_idempotent("p", 0, batch))

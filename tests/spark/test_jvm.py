@@ -651,13 +651,8 @@ def test_a_node_that_refuses_format_wal_is_read_by_column_pages(spark, cluster, 
     assert set(node.authorizations) == {"Bearer s3cret"}
 
 
-def test_a_streams_retention_hold_is_placed_at_its_start_and_moved_to_each_committed_end(
-    spark, cluster, tmp_path
-):
-    """A `raftlog-jvm` stream with retentionHold, in batches of at most 25 records: the hold is
-    put on the replica at the stream's first offset before anything is read, then at the end
-    of each batch committed (the next index to read), never below what was read; each batch's
-    progress tells how many records it trails the latest offset by."""
+def holding_leader(cluster: LocalCluster) -> FakeNode:
+    """The leader of partition 0 serving VARIED, taking every retention hold put on it."""
     answer = leader_of(cluster, VARIED)
 
     def with_holds(path: str, n: int) -> tuple[int, str, bytes]:
@@ -665,7 +660,17 @@ def test_a_streams_retention_hold_is_placed_at_its_start_and_moved_to_each_commi
             return 200, "application/json", b"{}"
         return answer(path, n)
 
-    node = FakeNode(with_holds)
+    return FakeNode(with_holds)
+
+
+def test_a_streams_retention_hold_is_placed_at_its_start_and_moved_to_each_committed_end(
+    spark, cluster, tmp_path
+):
+    """A `raftlog-jvm` stream with retentionHold, in batches of at most 25 records: the hold is
+    put on the replica at the stream's first offset before anything is read, then at the end
+    of each batch committed (the next index to read), never below what was read; each batch's
+    progress tells how many records it trails the latest offset by."""
+    node = holding_leader(cluster)
     try:
         q = (
             spark.readStream.format("raftlog-jvm")
@@ -699,14 +704,7 @@ def test_a_streams_hold_is_renewed_between_triggers_until_the_query_stops(spark,
     """Found by a review: the hold was renewed only when Spark called the stream (a trigger, a
     commit), so a batch or a trigger interval longer than the TTL let compaction pass what the
     query had not read. The driver renews it every quarter of the TTL until the stream stops."""
-    answer = leader_of(cluster, VARIED)
-
-    def with_holds(path: str, n: int) -> tuple[int, str, bytes]:
-        if "/holds/" in path:
-            return 200, "application/json", b"{}"
-        return answer(path, n)
-
-    node = FakeNode(with_holds)
+    node = holding_leader(cluster)
     try:
         q = (
             spark.readStream.format("raftlog-jvm")
