@@ -83,7 +83,7 @@ final class LogReader implements PartitionReader<ColumnarBatch> {
         try {
           page = nodes.columns(url, split.partition, at, split.stop, opts.pageRecords);
         } catch (NodeException e) {
-          if (e.status == 0) {
+          if (e.silent) {
             unanswered.add(url);
           }
           if (e.status == 410) {

@@ -10,12 +10,26 @@ final class NodeException extends Exception {
   final String url;
   final int status;
   final transient JsonNode body;
+  // No answer at all (refused, reset, timed out), as opposed to an answer that could not be
+  // read (a damaged page, not JSON), which is status 0 too.
+  final boolean silent;
 
   NodeException(String url, int status, JsonNode body) {
+    this(url, status, body, false);
+  }
+
+  private NodeException(String url, int status, JsonNode body, boolean silent) {
     super(url + ": " + (status != 0 ? "HTTP " + status + ": " : "") + reason(body));
     this.url = url;
     this.status = status;
     this.body = body == null ? JsonNodeFactory.instance.objectNode() : body;
+    this.silent = silent;
+  }
+
+  /** The node gave no answer: {@code why} says how the call ended. */
+  static NodeException silent(String url, String why) {
+    return new NodeException(
+        url, 0, JsonNodeFactory.instance.objectNode().put("reason", why), true);
   }
 
   private static String reason(JsonNode body) {

@@ -115,8 +115,7 @@ final class Nodes {
       if (c != null) {
         c.disconnect(); // not back to the pool half read
       }
-      throw new NodeException(
-          base, 0, JsonNodeFactory.instance.objectNode().put("reason", describe(e)));
+      throw NodeException.silent(base, describe(e));
     }
   }
 
