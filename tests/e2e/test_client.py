@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from raftlog.client import AsyncClient
+from raftlog.client import AsyncClient, IdempotentProducer
+from raftlog.client.calls import ClientError
 from raftlog.harness.local import LocalCluster
 
 pytestmark = [pytest.mark.e2e]
@@ -130,3 +131,31 @@ def test_concurrent_appends_to_one_partition_all_land_once(node):
     got = values(node, 0)
     for i in range(30):
         assert got.count(f"c{i}") == 1 and got.count(f"d{i}") == 1
+
+
+def test_a_producer_restarted_under_its_id_resumes_from_the_sequences_it_kept(node):
+    """Found by a review: a writer restarted under the same producer id started at sequence
+    0 again, and its new records were taken for ones in the log (409) and not appended. It
+    gives the sequences it kept (`next_sequence`), and its new records land; without them it is
+    told, not silently skipped."""
+
+    async def run() -> None:
+        async with AsyncClient([node.nodes["n1"].url], token=TOKEN) as c:
+            first = IdempotentProducer(c, "restarted")
+            for i in range(3):
+                await first.append(1, [{"value": f"restarted-{i}"}])
+            kept = {1: first.next_sequence(1)}
+            assert kept == {1: 3}
+            naive = IdempotentProducer(c, "restarted")  # its state lost
+            with pytest.raises(ClientError, match="sequence_conflict"):
+                await naive.append(1, [{"value": "restarted-new"}])
+            resumed = IdempotentProducer(c, "restarted", next_sequences=kept)
+            done = await resumed.append(1, [{"value": "restarted-new"}])
+            assert not done.duplicate and resumed.next_sequence(1) == 4
+            page = await c.read(1, 1, limit=1000)
+            values = [r.get("value") for r in page["records"]]
+            assert [v for v in values if str(v).startswith("restarted")] == [
+                "restarted-0", "restarted-1", "restarted-2", "restarted-new"
+            ]  # fmt: skip
+
+    asyncio.run(run())

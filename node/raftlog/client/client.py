@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any, Concatenate, ParamSpec, TypeVar
 
 import aiohttp
 import aiohttp.abc
 import yarl
 
-from raftlog.client.calls import AppendResult, Calls, Pause, Plan, Reply, Send
+from raftlog.client.calls import AppendResult, Calls, ClientError, Pause, Plan, Reply, Send
 from raftlog.client.retry import CONNECT_TIMEOUT_S, NO_ANSWER, RetryPolicy
 from raftlog.client.session import SessionHolder
 
@@ -138,16 +138,30 @@ class IdempotentProducer:
     Each partition's records get consecutive sequence numbers under this producer's id; a failed
     append keeps its sequence numbers, so calling `append` again with the same records retries
     it safely. Concurrent appends to one partition go one at a time, in the order they were
-    called (the node takes a producer's sequences in order). Use one producer id per writer,
-    and a new id after losing its state.
+    called (the node takes a producer's sequences in order). Use one producer id per writer.
+
+    Its sequences live in this object: a writer that restarts under the same id must give
+    `next_sequences` (each partition's `next_sequence`, kept with its own progress), or use a
+    new id. Started at 0 again, its first records were taken for ones already in the log (409
+    `already_appended`, or `sequence_conflict` while the node still compares them) and not
+    appended.
     """
 
-    def __init__(self, client: AsyncClient, producer_id: str) -> None:
+    def __init__(
+        self,
+        client: AsyncClient,
+        producer_id: str,
+        next_sequences: Mapping[int, int] | None = None,
+    ) -> None:
         self.client = client
         self.producer_id = producer_id
-        self._next: dict[int, int] = {}
+        self._next: dict[int, int] = dict(next_sequences or {})
         self._pending: dict[int, list[dict[str, Any]]] = {}
         self._turns: dict[int, asyncio.Lock] = {}  # asyncio's Lock wakes its waiters in order
+
+    def next_sequence(self, partition: int) -> int:
+        """The sequence this producer's next record to `partition` gets."""
+        return self._next.get(partition, 0)
 
     async def append(self, partition: int, records: list[dict[str, Any]]) -> AppendResult:
         async with self._turns.setdefault(partition, asyncio.Lock()):
@@ -157,11 +171,18 @@ class IdempotentProducer:
                     "the previous append to this partition failed: retry it with the same "
                     "records before appending others"
                 )
-            self._pending[partition] = records
+            self._pending[partition] = list(records)  # a copy: the caller may reuse its list
             seq = self._next.get(partition, 0)
-            result = await self.client.append(
-                partition, records, producer_id=self.producer_id, sequence=seq
-            )
+            try:
+                result = await self.client.append(
+                    partition, records, producer_id=self.producer_id, sequence=seq
+                )
+            except ClientError as e:
+                if not e.retryable:  # a definite answer: nothing of it to retry
+                    del self._pending[partition]
+                    if e.error == "already_appended":  # in the log: its sequences are used
+                        self._next[partition] = seq + len(records)
+                raise
             self._next[partition] = seq + len(records)
             del self._pending[partition]
             return result
