@@ -185,6 +185,25 @@ def test_idempotent_appends_take_lanes_and_a_failed_lane_is_dropped():
     assert "producer_id" not in bodies[-1]
 
 
+def test_a_batch_partly_appended_is_retried_only_under_a_producer_id():
+    """503 `partly_appended`: the first records of the batch went in. Under a producer id the
+    retry appends only the rest; without one it would append them twice, so it is raised at
+    once (found by a review)."""
+    cut = (503, {"error": "partly_appended", "reason": "the first 2 records ..."})
+    answers = iter([cut, appended()])
+    result, steps = run(calls(A).append(0, [{"value": "1"}]), lambda s: next(answers))
+    assert result.first_index == 1 and len(sends(steps)) == 2
+    sent: list[Send] = []
+
+    def once(s: Send) -> tuple[int, dict[str, Any]]:
+        sent.append(s)
+        return cut if len(sent) == 1 else appended()
+
+    with pytest.raises(ClientError, match="partly_appended"):
+        run(calls(A, idempotent=False).append(0, [{"value": "1"}]), once)
+    assert len(sent) == 1, "not sent again without a producer id"
+
+
 def test_an_admin_call_goes_to_the_leader_the_statuses_name_and_is_tried_once():
     asked: list[tuple[str, str]] = []
 

@@ -212,10 +212,15 @@ class Calls:
         return self.endpoints
 
     def _retried(
-        self, request: Request, targets: list[str], leader_of: int | None = None
+        self,
+        request: Request,
+        targets: list[str],
+        leader_of: int | None = None,
+        final: frozenset[str] = frozenset(),
     ) -> Plan[Reply]:
         """`request` until a 2xx answer, to `targets` in turn; with `leader_of`, to that
-        partition's leader when known, following the hints of nodes that are not."""
+        partition's leader when known, following the hints of nodes that are not. An answer
+        whose error is in `final` is raised at once, retryable or not."""
         tries = self.retry.start()
         lacking: set[str] = set()  # nodes that answered they have no such partition
         while True:
@@ -238,7 +243,7 @@ class Calls:
                 if lacking.issuperset(targets):
                     raise error
                 continue
-            if not error.retryable:
+            if not error.retryable or error.error in final:
                 raise error
             hint = error.body.get("leader_url") if leader_of is not None else None
             if leader_of is not None:
@@ -288,7 +293,10 @@ class Calls:
         if producer_id is not None:
             body["producer_id"], body["sequence"] = producer_id, sequence
         request = Request("POST", f"/v1/partitions/{partition}/records", body)
-        reply = (yield from self._retried(request, self._targets(), leader_of=partition)).json()
+        # Without a producer id, a retry of a batch whose first records went in would append
+        # them twice: told at once instead (with one, the retry appends only the rest).
+        final = frozenset() if producer_id is not None else frozenset({"partly_appended"})
+        reply = (yield from self._retried(request, self._targets(), partition, final)).json()
         return AppendResult(
             reply["partition"],
             reply["first_index"],
