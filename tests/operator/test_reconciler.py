@@ -310,7 +310,20 @@ def test_a_learner_is_promoted_only_after_a_whole_window_within_the_lag():
     assert plan.action is None and plan.status.phase == "Running"
 
 
-def test_a_window_not_watched_for_longer_than_itself_starts_again():
+def test_a_window_shorter_than_a_pass_still_runs_its_course():
+    """Passes a second apart and a window of half a second: each pass watched the learner
+    (the first version of the check below took the window for the longest gap allowed, and no
+    learner with a short window was ever promoted: the RBAC test on the cluster found it)."""
+    w, st, s = learner_world(lag=3)
+    s = s.model_copy(
+        update={"raft": s.raft.model_copy(update={"learner_promotion_stable_window": 0.5})}
+    )
+    plan = step(st, w, s, now=T0 + 1)
+    plan = step(plan.status, w, s, now=T0 + 2)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
+
+
+def test_a_window_not_watched_for_a_while_starts_again():
     """Found by a review: the window's start was kept in status, so after an operator outage
     (or a pass held by a long step) one sample within the lag promoted the learner at once,
     though nobody had watched its lag for the window."""
