@@ -177,3 +177,13 @@ def test_a_node_started_with_fewer_partitions_than_it_holds_refuses_naming_them(
         assert node.drivers[1].storage.last_index() >= 2  # the election's no-op and the record
     finally:
         node.journal.close()
+
+
+def test_wal_check_reports_a_nodes_only_partition_lost_rather_than_nothing_found(tmp_path, capsys):
+    """Found by a review: with the node's only partition directory gone no WAL was left, and
+    `wal check` said there was nothing to check (exit 2); the journal says what it held."""
+    asyncio.run(append_and_close(Node(one_node(tmp_path, partitions=1))))
+    shutil.rmtree(tmp_path / "p0")
+    assert main(["wal", "check", str(tmp_path)]) == 1
+    out = capsys.readouterr().out
+    assert "LOST        partition 0: p0/ is missing" in out and "CORRUPTED" in out, out

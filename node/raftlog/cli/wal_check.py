@@ -148,10 +148,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"raftctl wal check: {args.path}: no such directory", file=sys.stderr)
         return 2
     dirs = find_wal_dirs(args.path)
+    # The journal first: a node's only partition directory lost leaves no WAL, but the journal
+    # says what it held (LOST, exit 1), which "nothing found" (exit 2) would hide.
+    journals, status = check_journals(args.path)
     if not dirs:
+        if journals or status:
+            return status
         print(f"raftctl wal check: no WAL segments under {args.path}", file=sys.stderr)
         return 2
-    journals, status = check_journals(args.path)
     for d in dirs:
         try:
             a = analyze_wal(d, _trusted(d, journals))
