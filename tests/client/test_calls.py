@@ -280,6 +280,14 @@ def test_names_in_paths_are_percent_encoded():
     ]
 
 
+def test_a_refusal_names_the_field_the_node_named():
+    """Found by a review: "HTTP 400 bad_request: give both or neither" left out which field."""
+    refused = ClientError(400, {"error": "bad_request", "reason": "must be 1..10000, got 0",
+                                "field": "limit"}, A)  # fmt: skip
+    assert str(refused) == f"{A}: HTTP 400 bad_request (field limit): must be 1..10000, got 0"
+    assert str(ClientError(503, {"error": "busy", "reason": "retry"})) == "HTTP 503 busy: retry"
+
+
 def test_a_2xx_answer_that_is_not_json_is_a_bad_response():
     plan = calls(A).status(A)
     step = next(plan)

@@ -466,8 +466,10 @@ def test_an_idempotent_producer_numbers_its_records_and_retries_a_failed_append_
 ):
     def script(seen: Seen, n: int) -> tuple[int, str, bytes]:
         body = json.loads(seen.body)
-        if n == 1:  # a refusal the client does not retry: the caller retries the append
-            return answer(400, {"error": "bad_request", "reason": "not now"})
+        if n == 1:  # an unknown outcome the client gave up on: the caller retries the append
+            return answer(503, {"error": "timeout", "reason": "not committed in time"})
+        if n == 3:  # a refusal: not appended, and nothing to retry (found by a review)
+            return answer(400, {"error": "bad_request", "reason": "no", "field": "records"})
         count = len(body["records"])
         return answer(200, {"partition": 0, "first_index": 1, "last_index": count, "term": 1})
 
@@ -482,7 +484,9 @@ def test_an_idempotent_producer_numbers_its_records_and_retries_a_failed_append_
             with pytest.raises(ValueError, match="retry it with the same records"):
                 await producer.append(0, [{"value": "d"}])
             await producer.append(0, [{"value": "c"}])
-            await producer.append(0, [{"value": "e"}])
+            with pytest.raises(ClientError, match=r"\(field records\)"):
+                await producer.append(0, [{"value": "e"}])
+            await producer.append(0, [{"value": "x"}])  # other records, the same sequence
             await producer.append(1, [{"value": "f"}])
             # Concurrent appends go one at a time, in the order they were called.
             await asyncio.gather(*(producer.append(2, [{"value": f"g{i}"}]) for i in range(4)))
@@ -495,6 +499,7 @@ def test_an_idempotent_producer_numbers_its_records_and_retries_a_failed_append_
         ("0", 2, ["c"]),
         ("0", 2, ["c"]),  # the retry: the sequence the failed try had
         ("0", 3, ["e"]),
+        ("0", 3, ["x"]),
         ("1", 0, ["f"]),
         *(("2", i, [f"g{i}"]) for i in range(4)),
     ]

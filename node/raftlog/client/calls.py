@@ -41,7 +41,10 @@ class ClientError(Exception):
         self.reason = str(body.get("reason") or self.error)
         where = f"{url}: " if url else ""
         if status != NO_ANSWER:
-            super().__init__(f"{where}HTTP {status} {self.error}: {body.get('reason', '')}")
+            # The field a refusal names, as the node's answer gives it (400s, 409s, 413s).
+            field = f" (field {body['field']})" if body.get("field") else ""
+            reason = body.get("reason", "")
+            super().__init__(f"{where}HTTP {status} {self.error}{field}: {reason}")
         else:
             super().__init__(f"{where}no answer: {self.reason}")
 
