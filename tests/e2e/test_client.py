@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 
-from raftlog.client import AsyncClient, IdempotentProducer
+from raftlog.client import AsyncClient, Client, IdempotentProducer
 from raftlog.client.calls import ClientError
 from raftlog.harness.local import LocalCluster
 
@@ -159,3 +160,17 @@ def test_a_producer_restarted_under_its_id_resumes_from_the_sequences_it_kept(no
             ]  # fmt: skip
 
     asyncio.run(run())
+
+
+def test_a_long_poll_longer_than_the_clients_timeout_is_answered(node):
+    """Found by a review: `read(wait_ms=...)` kept the client's timeout, so a poll of a quiet
+    partition longer than it always ended as "no answer". Both clients give it the wait too."""
+    url = node.nodes["n1"].url
+
+    async def run() -> dict[str, Any]:
+        async with AsyncClient([url], token=TOKEN, timeout_s=1.0, retries=0) as c:
+            return await c.read(0, 10**6, wait_ms=1500)
+
+    assert asyncio.run(run())["records"] == []
+    with Client([url], token=TOKEN, timeout_s=1.0, retries=0) as c:
+        assert c.read(0, 10**6, wait_ms=1500)["records"] == []

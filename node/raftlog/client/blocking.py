@@ -114,7 +114,7 @@ class Client:
 
     def _send(self, step: Send) -> Reply:
         r = step.request
-        timeout = r.timeout_s if r.timeout_s is not None else self.timeout_s
+        timeout = (r.timeout_s if r.timeout_s is not None else self.timeout_s) + r.wait_s
         payload = r.payload()
         headers = dict(self._headers)
         if payload is not None:

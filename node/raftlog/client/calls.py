@@ -73,6 +73,7 @@ class Request:
     path: str  # percent-encoded, with its query
     body: Any = None  # sent as JSON when not None
     timeout_s: float | None = None  # None: the client's
+    wait_s: float = 0.0  # how long the node may hold the answer (a long poll), on top of it
 
     def payload(self) -> bytes | None:
         return None if self.body is None else json.dumps(self.body).encode()
@@ -347,7 +348,10 @@ class Calls:
     ) -> Plan[dict[str, Any]]:
         """Committed records from `start`, from one replica (any, unless `endpoint`)."""
         query = f"from={start}&limit={limit}&min_index={min_index}&wait_ms={wait_ms}"
-        request = Request("GET", f"/v1/partitions/{partition}/records?{query}")
+        # A long poll past the client's timeout timed out on a quiet partition, every time.
+        request = Request(
+            "GET", f"/v1/partitions/{partition}/records?{query}", wait_s=max(wait_ms, 0) / 1000
+        )
         return (yield from self._retried(request, self._targets(endpoint))).json()
 
     def index_for_time(

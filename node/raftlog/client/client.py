@@ -63,6 +63,7 @@ class AsyncClient(SessionHolder):
         `enable.idempotence=false`): a retry after a lost answer may then add records twice.
         `cert_file`, `key_file` and `resolver`: see `SessionHolder`."""
         self._connect_timeout_s = connect_timeout_s
+        self._timeout_s = timeout_s
         super().__init__(
             token=token,
             ca_file=ca_file,
@@ -100,8 +101,8 @@ class AsyncClient(SessionHolder):
         kw: dict[str, Any] = {}
         if payload is not None:
             kw["data"], kw["headers"] = payload, {"Content-Type": "application/json"}
-        if r.timeout_s is not None:  # else the session's (aiohttp takes None for no timeout)
-            kw["timeout"] = self._timeout_of(r.timeout_s)
+        if r.timeout_s is not None or r.wait_s:  # else the session's
+            kw["timeout"] = self._timeout_of((r.timeout_s or self._timeout_s) + r.wait_s)
         try:
             async with self.session.request(
                 r.method, yarl.URL(step.base + r.path, encoded=True), **kw
