@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
+import threading
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -174,3 +176,46 @@ def test_a_long_poll_longer_than_the_clients_timeout_is_answered(node):
     assert asyncio.run(run())["records"] == []
     with Client([url], token=TOKEN, timeout_s=1.0, retries=0) as c:
         assert c.read(0, 10**6, wait_ms=1500)["records"] == []
+
+
+def test_a_blocking_client_shared_by_threads_answers_each_its_own_call(node):
+    """Found by a review: six threads on one `Client` got one another's answers, a sequence
+    conflict, and sockets closed under them (`Bad file descriptor`). Its calls go one at a
+    time: no two requests are ever on its connections at once (each held 5 ms here)."""
+    url = node.nodes["n1"].url
+    got: dict[int, list[int]] = {}
+    errors: list[BaseException] = []
+    inside, most = [0], [0]
+    with Client([url], token=TOKEN) as c:
+        send = c._send
+
+        def held(step: Any) -> Any:
+            inside[0] += 1
+            most[0] = max(most[0], inside[0])
+            time.sleep(0.005)
+            try:
+                return send(step)
+            finally:
+                inside[0] -= 1
+
+        c._send = held  # type: ignore[method-assign]
+
+        def worker(t: int) -> None:
+            try:
+                got[t] = [c.append(1, [{"value": f"shared-{t}-{i}"}]).last_index for i in range(10)]
+            except BaseException as e:
+                errors.append(e)
+
+        threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(60)
+        assert not errors, errors
+        assert most[0] == 1, f"{most[0]} requests at once on one client"
+        indexes = [i for t in range(6) for i in got[t]]
+        assert len(set(indexes)) == 60, "every call got its own answer"
+        values = {
+            r["index"]: r.get("value") for r in c.read(1, min(indexes), limit=1000)["records"]
+        }
+    assert all(values[i] == f"shared-{t}-{k}" for t in range(6) for k, i in enumerate(got[t]))

@@ -3,7 +3,8 @@
 For code that blocks anyway: scripts and Spark's Python workers, which call a reader one call
 at a time. A kept-alive connection per node and no event loop make a page read a plain
 request on an open socket. It makes the same calls as `AsyncClient` (`raftlog.client.calls`).
-One `Client` serves one thread at a time.
+A `Client` shared by threads makes their calls one at a time (its connections and producer
+lanes are one thread's at a time); give each thread its own for calls side by side.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import http.client
 import ssl
+import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Sequence
@@ -56,6 +58,9 @@ class Client:
         self._ssl = ssl.create_default_context(cafile=ca_file)
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._conns: dict[str, http.client.HTTPConnection] = {}
+        # Shared by threads, calls interleaved on one connection: one got another's answer,
+        # and sockets closed under others (found by a review).
+        self._one_call = threading.Lock()
 
     @property
     def endpoints(self) -> list[str]:
@@ -74,6 +79,10 @@ class Client:
 
     def run(self, plan: Plan[T]) -> T:
         """Carry a plan out: send what it asks, sleep its pauses, return its result."""
+        with self._one_call:
+            return self._run(plan)
+
+    def _run(self, plan: Plan[T]) -> T:
         reply: Reply | None = None
         while True:
             try:
