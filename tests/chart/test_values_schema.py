@@ -58,6 +58,11 @@ BAD = [
         "at '/metrics/service/type': value must be one of",
     ),
     ({"replicaCount": 0}, "at '/replicaCount': minimum: got 0, want 1"),
+    # Not created and not named, the operator's Role went to the namespace's `default`
+    # ServiceAccount, which every pod there runs as (found by a review).
+    ({"serviceAccount": {"create": False}}, "at '/serviceAccount/name': minLength: got 0"),
+    ({"serviceAccount": {"create": False, "name": ""}}, "at '/serviceAccount/name': minLength"),
+    ({"serviceAccount": {"name": "My_Operator"}}, "at '/serviceAccount/name': '"),
     ({"operator": {"intervalSeconds": 0}}, "at '/operator/intervalSeconds': exclusiveMinimum"),
     ({"health": {"port": 70000}}, "at '/health/port': maximum: got 70,000, want 65,535"),
     # bad formats
