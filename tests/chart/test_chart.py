@@ -17,6 +17,7 @@ from tests.chart.helm import (
     KUBE_VERSIONS,
     MODES,
     NAMESPACE,
+    RELEASE,
     ROOT,
     objects,
     of_kind,
@@ -478,3 +479,14 @@ def test_notes_tell_the_next_command(mode):
     notes = render(MODES[mode])["raftlog-operator/templates/NOTES.txt"]
     assert "kubectl -n raftlog-system rollout status deployment/raftlog-operator" in notes
     assert "-f examples/raftcluster.yaml" in notes and "kubectl get raft" in notes
+
+
+def test_the_metrics_service_name_fits_a_service_name_whatever_the_release():
+    """Found by a review: `<fullname>-metrics` passed 63 characters for a release name over
+    38, which the API server refuses for a Service."""
+    long = "a" * 54 + "-operator"  # 63, the most fullnameOverride takes
+    objs = objects({"fullnameOverride": long, "metrics": {"enabled": True}})
+    service = one(objs, "Service")["metadata"]["name"]
+    assert service == "a" * 54 + "-metrics"  # cut to 55, its trailing "-" dropped
+    short = one(objects({"metrics": {"enabled": True}}), "Service")["metadata"]["name"]
+    assert short == f"{RELEASE}-metrics"

@@ -17,6 +17,11 @@
 {{- end -}}
 {{- end -}}
 
+{{/* The metrics Service's name: a Service name is at most 63 characters, suffix included. */}}
+{{- define "raftlog-operator.metricsService" -}}
+{{- printf "%s-metrics" (include "raftlog-operator.fullname" . | trunc 55 | trimSuffix "-") -}}
+{{- end -}}
+
 {{- define "raftlog-operator.selectorLabels" -}}
 app.kubernetes.io/name: {{ include "raftlog-operator.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
