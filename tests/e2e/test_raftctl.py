@@ -464,3 +464,43 @@ def test_raftctl_without_a_command_prints_its_usage(capsys):
             main(argv)
         err = capsys.readouterr().err
         assert usage.value.code == 2 and f"arguments are required: {missing}" in err, err
+
+
+@pytest.mark.parametrize(
+    ("endpoints", "said"),
+    [
+        ("", "give at least one node URL"),
+        (" , ", "give at least one node URL"),
+        ("127.0.0.1:7001", "'127.0.0.1:7001' is not a node URL"),
+        ("http://127.0.0.1:7001,ftp://x", "'ftp://x' is not a node URL"),
+    ],
+)
+def test_endpoints_that_are_no_node_urls_are_refused_when_the_command_is_read(
+    endpoints, said, capsys
+):
+    """Found by a review: an empty list was a traceback, and a URL without a scheme was
+    retried until raftctl said it could not reach the cluster."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["status", "--endpoints", endpoints])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument --endpoints: {said}" in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_ends_raftctl_with_130_and_no_traceback(monkeypatch, capsys):
+    def interrupted(args: Any) -> int:
+        raise KeyboardInterrupt
+
+    args = build_parser().parse_args(["status"])
+    monkeypatch.setattr(args, "run", interrupted, raising=False)
+    monkeypatch.setattr("raftlog.cli.main.build_parser", lambda: _Parsed(args))
+    assert main(["status"]) == 130
+    assert "Traceback" not in capsys.readouterr().err
+
+
+class _Parsed:
+    def __init__(self, args: Any) -> None:
+        self.args = args
+
+    def parse_args(self, argv: Any) -> Any:
+        return self.args

@@ -16,15 +16,32 @@ import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from raftlog.client import NO_ANSWER, AsyncClient, ClientError
 from raftlog.operator.local_cli import add_commands as add_local_commands
 from raftlog.operator.local_cli import started_at
 
 
+def endpoint_list(text: str) -> str:
+    """`--endpoints` checked when the command line is read: an empty list was a traceback, and
+    a URL without a scheme was retried until it said the cluster could not be reached."""
+    urls = [e.strip() for e in text.split(",") if e.strip()]
+    if not urls:
+        raise argparse.ArgumentTypeError("give at least one node URL (http://host:port)")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise argparse.ArgumentTypeError(
+                f"{url!r} is not a node URL: give http://host:port or https://host:port"
+            )
+    return ",".join(urls)
+
+
 def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--endpoints",
+        type=endpoint_list,
         default=os.environ.get("RAFTLOG_ENDPOINTS", "http://127.0.0.1:7001"),
         help="comma-separated node URLs (default: $RAFTLOG_ENDPOINTS or http://127.0.0.1:7001)",
     )

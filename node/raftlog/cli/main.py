@@ -21,7 +21,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.run(args))
+    try:
+        return int(args.run(args))
+    except KeyboardInterrupt:  # Ctrl-C (`tail -f`, say): no traceback
+        return 130
 
 
 if __name__ == "__main__":
