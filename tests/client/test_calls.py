@@ -126,6 +126,40 @@ def test_a_leader_found_by_trying_is_remembered_and_forgotten_once_it_fails():
     assert [s.base for s in sends(steps)] == [C], "the new one remembered in turn"
 
 
+def test_a_crashed_leader_that_followers_still_name_is_not_asked_again_within_the_call():
+    """A leads and crashes; B and C name it for their election timeout (here 4 answers), then
+    C leads. The hint to a node silent in this call is not followed, and the silent node is
+    asked again only once every other was: within raftctl's retries the call reaches C (it
+    spent every other try on A and gave up before)."""
+    c = calls(A, B, C, retries=6)
+    run(c.append(0, [{"value": "v"}]), lambda s: appended())  # A found, remembered
+    named = iter(range(4))
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]] | None:
+        if s.base == A:
+            return None
+        if next(named, None) is not None:
+            return 421, {"error": "not_leader", "leader": "a", "leader_url": A + "/"}
+        if s.base == C:
+            return appended(2)
+        return 421, {"error": "not_leader", "leader": "c", "leader_url": C}
+
+    result, steps = run(c.append(0, [{"value": "w"}]), answer)
+    assert result.first_index == 2
+    bases = [s.base for s in sends(steps)]
+    assert bases.count(A) == 1, bases
+    assert bases[0] == A and bases[-1] == C, bases
+    # Silent nodes are asked again once none other is left to ask.
+    asked: list[str] = []
+
+    def none_answer(s: Send) -> None:
+        asked.append(s.base)
+
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B, retries=3).append(0, [{"value": "x"}]), none_answer)
+    assert e.value.status == NO_ANSWER and asked == [A, B, A, B]
+
+
 @pytest.mark.parametrize("status", [421, 502, 503, 504, NO_ANSWER])
 def test_passing_failures_are_retried_after_a_pause_on_the_next_endpoint(status):
     failures = iter([True, True])

@@ -88,6 +88,26 @@ def test_a_cluster_that_does_not_answer_is_named_unreachable(capsys):
     assert "raftctl: cannot reach the cluster: " in capsys.readouterr().err
 
 
+def test_append_and_read_ride_out_a_leaders_crash(tmp_path, capsys):
+    """The leader killed, the endpoints naming it first: followers name the dead leader until
+    an election ends, and raftctl reached the new one within its retries (it gave up before,
+    asking the dead one every other try)."""
+    with LocalCluster(tmp_path, replicas=3, durable=False) as c:
+        c.wait_ready()
+        dead = c.leader(0)
+        assert dead is not None
+        c.kill(dead)
+        urls = [c.nodes[dead].url] + [c.nodes[n].url for n in sorted(c.nodes) if n != dead]
+        code = main(["append", "--key", "k", "after-crash", "--endpoints", ",".join(urls)])
+        out = capsys.readouterr()
+        assert code == 0, out.err
+        last = appended_last(out.out)
+        code = main(["read", "--min-index", last, "--endpoints", ",".join(urls)])
+        out = capsys.readouterr()
+        assert code == 0 and "k\tafter-crash" in out.out, out
+        assert c.leader(0) not in (None, dead)
+
+
 def test_tail_prints_the_last_records_like_tail(cluster, capsys):
     values = [f"t{i}" for i in range(25)]
     code, out, _ = ctl(cluster, capsys, "append", "-p", "0", "--key", "tail", *values)

@@ -61,8 +61,13 @@ def _token(args: argparse.Namespace) -> str | None:
     return Path(args.token_file).read_text().strip() if args.token_file else None
 
 
+# Pauses of about 0.05 s doubling to 3.2 s: 3 to 10 s in all, past an election after a
+# leader's crash (followers name the dead leader for up to 2 election timeouts, 1 s by default).
+RETRIES = 7
+
+
 def _client(args: argparse.Namespace) -> AsyncClient:
-    return AsyncClient(_endpoints(args), token=_token(args), retries=3)
+    return AsyncClient(_endpoints(args), token=_token(args), retries=RETRIES)
 
 
 def _out(args: argparse.Namespace, data: Any, text: str) -> None:

@@ -17,7 +17,7 @@ import itertools
 import json
 import urllib.parse
 import uuid
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
@@ -160,6 +160,15 @@ def _q(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
 
 
+def _next(order: list[str], last: str, usable: Callable[[str], bool], avoid: set[str]) -> str:
+    """The first usable endpoint of `order` after `last` (cyclically), one not in `avoid` if
+    any is usable."""
+    at = order.index(last) if last in order else -1
+    turn = [order[(at + k) % len(order)] for k in range(1, len(order) + 1)]
+    pool = [t for t in turn if usable(t)]
+    return next((t for t in pool if t not in avoid), pool[0])
+
+
 @dataclass
 class _Lane:
     producer_id: str
@@ -227,16 +236,24 @@ class Calls:
         whose error is in `final` is raised at once, retryable or not."""
         tries = self.retry.start()
         lacking: set[str] = set()  # nodes that answered they have no such partition
+        silent: set[str] = set()  # nodes that gave no answer during this call
+        base = ""
         while True:
             known = self._leaders.get(leader_of) if leader_of is not None else None
-            rest = [t for t in targets if t not in lacking] if lacking else targets
-            base = known or rest[(tries.made - 1) % len(rest)]
+            # The endpoint after the last one asked, skipping those that lack the partition and,
+            # while any other is left, those that answered nothing: after a leader's crash,
+            # the rotation would otherwise spend every other try on it.
+            base = known or _next(targets, base, lambda t: t not in lacking, silent)
             reply = yield from ask(base, request)
             if reply.ok:
                 if leader_of is not None:
                     self._leaders[leader_of] = base
                 return reply
             error = reply.error()
+            if error.status == NO_ANSWER:
+                silent.add(base)
+            else:
+                silent.discard(base)
             if error.status == 404 and error.error == "unknown_partition":
                 # While a raised partition count rolls out, members not yet restarted lack the
                 # new partitions: the others are asked at once, and the call fails only once
@@ -250,9 +267,13 @@ class Calls:
             if not error.retryable or error.error in final:
                 raise error
             hint = error.body.get("leader_url") if leader_of is not None else None
+            if hint and str(hint).rstrip("/") in silent:
+                # Followers name a crashed leader until their election timeout: its silence
+                # in this call outweighs their word, so the others are asked, after a pause.
+                hint = None
             if leader_of is not None:
                 if hint:
-                    self._leaders[leader_of] = str(hint)
+                    self._leaders[leader_of] = str(hint).rstrip("/")
                 else:
                     self._leaders.pop(leader_of, None)
             pause = tries.again()
