@@ -403,7 +403,39 @@ def test_a_membership_change_whose_index_a_new_leader_took_is_not_answered_done(
                     r = await asyncio.wait_for(call, 10)
                     answer = await r.json()
                     assert (r.status, answer["error"]) == (503, "not_committed"), answer
-                    assert "replaced by another leader's entry" in answer["reason"]
+                    assert "index 2 was taken by term" in answer["reason"], answer
+            finally:
+                await srv.close()
+
+    asyncio.run(run())
+
+
+def test_a_membership_change_is_answered_leader_lost_when_its_leader_steps_down(tmp_path):
+    """Found by reading: the admin call waited for the commit to pass the change's index, so a
+    leader deposed before the change committed answered only at `append_timeout_s`, and then
+    "timeout". It is told at once, as an appender is, with the new leader to ask."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            term = d.raft.term
+            d.step(AppendResponse("n2", "n1", term, True, 1))
+            await until(lambda: d.table.applied_index >= 1, "the no-op applied")
+            srv = TestServer(build_app(d.node))
+            await srv.start_server()
+            try:
+                async with ClientSession(str(srv.make_url(""))) as s:
+                    body = {"op": "add_learner", "node": "n4", "url": "http://127.0.0.1:14"}
+                    call = asyncio.ensure_future(
+                        s.post("/v1/admin/partitions/0/members", json=body)
+                    )
+                    await until(lambda: d.raft.log.last_index() == 2, "the change at 2")
+                    # n2 leads term + 1 and has not (yet) taken index 2 away.
+                    d.step(AppendRequest("n2", "n1", term + 1, 1, term, (), 1))
+                    # Well inside append_timeout_s (10 s), where the old code still waited.
+                    r = await asyncio.wait_for(call, 3)
+                    answer = await r.json()
+                    assert (r.status, answer["error"]) == (503, "leader_lost"), answer
+                    assert answer["leader"] == "n2" and "outcome is unknown" in answer["reason"]
             finally:
                 await srv.close()
 

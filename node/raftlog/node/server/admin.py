@@ -27,7 +27,7 @@ from raftlog.node.server.api_common import (
     not_leader,
 )
 from raftlog.node.server.node import Node
-from raftlog.node.server.partition import PartitionDriver
+from raftlog.node.server.partition import LeadershipLost, NotCommitted, PartitionDriver
 from raftlog.node.storage.errors import StorageFailed
 
 OPS = ("add_learner", "promote", "remove")
@@ -103,25 +103,25 @@ async def members(request: web.Request) -> web.Response:
     if url is not None:
         node.transport.add_peer(member, url)  # the leader's appends to a new learner need it
     try:
-        index, term = await driver.run_on_core(lambda: driver.raft.propose_membership(op, member))
+        done = await driver.propose_membership(op, member, node.settings.append_timeout_s)
     except (NotLeader, MembershipError, ProposalRefused) as e:
         if url is not None:  # a refused change changes nothing
             node.transport.restore_peer(member, previous)
         raise _refusal(node, driver, e) from None
-    try:
-        await driver.wait_committed(index, node.settings.append_timeout_s)
-    except TimeoutError:
-        raise ApiError(503, "timeout", f"the change at {index} is not committed yet") from None
-    try:
-        replaced = driver.raft.log.term(index) != term  # a new leader's entry took the index
-    except Compacted:  # compacted since: which entry it is is not known here
+    except NotCommitted as e:
+        raise ApiError(503, "not_committed", f"{e}; the change did not happen") from None
+    except LeadershipLost as e:
+        hint = not_leader(node, driver).body
         raise ApiError(
-            503, "timeout", f"the change at {index} is compacted; see the partition's members"
+            503,
+            "leader_lost",
+            f"{e}: the outcome is unknown; see the partition's members",
+            leader=hint["leader"],
+            leader_url=hint["leader_url"],
         ) from None
-    if replaced:
-        raise ApiError(
-            503, "not_committed", f"the change at {index} was replaced by another leader's entry"
-        )
+    except TimeoutError as e:
+        raise ApiError(503, "timeout", f"{e}; see the partition's members") from None
+    index, term = done.last_index, done.term
     st = driver.raft.status()
     return web.json_response(
         {

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import Compacted, NotLeader, ProposalRefused
 from raftlog.node.core.messages import AppendRequest, HeartbeatRequest, InstallSnapshot, Message
-from raftlog.node.core.raft import Raft, Ready, Role
+from raftlog.node.core.raft import MembershipOp, Raft, Ready, Role
 from raftlog.node.core.snapshot_source import rank_snapshot_sources
 from raftlog.node.core.types import Entry, SnapshotMeta, SnapshotRequest
 from raftlog.node.server.commit_signal import CommitSignal
@@ -327,6 +327,23 @@ class PartitionDriver:
         self._on_core.add(fut)
         fut.add_done_callback(self._on_core.discard)
         return fut
+
+    async def propose_membership(
+        self, op: MembershipOp, member: str, timeout: float = float("inf")
+    ) -> Appended:
+        """A membership change, answered as an append is: once committed; `NotCommitted` when
+        another leader's entry took its index; `LeadershipLost` as soon as this node stops
+        leading first (the outcome is then unknown); TimeoutError past `timeout`. The core's
+        refusals (`NotLeader`, `MembershipError`, `ProposalRefused`) are raised as they are."""
+        done: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
+
+        def propose() -> None:
+            # Watched from the pass that proposes it: a later one may already commit it.
+            index, term = self.raft.propose_membership(op, member)
+            self._waiters[index] = _Waiter(index, term, done, time.monotonic() + timeout)
+
+        await self.run_on_core(propose)
+        return await done
 
     async def run_on_core(self, fn: Callable[[], Any]) -> Any:
         """Run `fn` in the driver loop and return its result (or raise its error, or the
@@ -669,9 +686,6 @@ class PartitionDriver:
     def read_committed(self, lo: int, hi: int) -> list[Entry]:
         """Entries in [lo, hi) at or below the mark readers are shown (`high_water_mark`)."""
         return self.raft.read_committed(lo, min(hi, self.high_water_mark + 1))
-
-    async def wait_committed(self, index: int, timeout: float) -> None:
-        await self.committed.wait_for(lambda: self.raft.commit >= index, timeout)
 
     def _count_event(self, kind: str, detail: dict[str, Any]) -> None:
         c = self.counters
