@@ -179,7 +179,7 @@ class DurableStorage:
         """
         last = self.last_index()
         last_term = self.term(last)
-        if not self.hard.on_disk and last > self.snapshot_meta().index:
+        if self.hard.lost_beside(last, self.snapshot_meta().index):
             raise LostFile(
                 self.hard.path,
                 f"is missing, while the WAL beside it holds entries up to {last} (term "

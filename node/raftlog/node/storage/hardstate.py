@@ -45,3 +45,9 @@ class HardStateFile:
             self.path, body + b"\n" + str(crc32c(body)).encode() + b"\n", self.ops, self.durable
         )
         self.term, self.vote = term, vote
+
+    def lost_beside(self, last_index: int, snapshot_index: int) -> bool:
+        """Whether the file was lost: it is written before the first entry and only ever
+        replaced, so its absence beside entries past the snapshot means votes this member may
+        have cast are gone (the node refuses to start; `raftctl wal check` says CORRUPTED)."""
+        return not self.on_disk and last_index > snapshot_index

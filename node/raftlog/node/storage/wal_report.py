@@ -117,7 +117,7 @@ def _partition_report(partition: str, out: list[str], span: tuple[int, int] | No
             f"entries {covered + 1}..{span[0] - 1} are missing"
         )
     partition_files = os.path.isdir(snap_dir)  # not a bare WAL copied out of its partition
-    if hs is not None and not hs.on_disk and partition_files and span and span[1] > covered:
+    if hs is not None and partition_files and span and hs.lost_beside(span[1], covered):
         problems.append(  # as `DurableStorage._reconcile_term` refuses it
             f"the hard state is missing while the WAL holds entries up to {span[1]}: this "
             "member's term and vote are lost"
