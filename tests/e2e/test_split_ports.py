@@ -121,6 +121,23 @@ def test_clients_and_peers_are_served_on_their_own_ports(split_cluster):
         assert call(f"http://{follower}:{port}/v1/status") == 200
 
 
+def test_an_admin_call_at_a_follower_names_the_leaders_peer_port(split_cluster):
+    """The admin API is on the peer port: a follower's 421 there named the leader's client
+    port, where the route is a 404, so `raftctl backup create` (which follows hints) failed."""
+    hosts = split_cluster
+    leader = leader_of(hosts)
+    follower = hosts[(leader + 1) % 3]
+    lag = f"/v1/admin/partitions/0/followers/n{(leader + 2) % 3}/lag"
+    req = urllib.request.Request(f"http://{follower}:{PEER}{lag}")
+    req.add_header("Authorization", f"Bearer {TOKEN}")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=5)
+    assert info.value.code == 421
+    hint = json.loads(info.value.read())["leader_url"]
+    assert hint == f"http://{hosts[leader]}:{PEER}"
+    assert "lag" in get_json(hint + lag, TOKEN)
+
+
 def test_a_full_client_listener_refuses_clearly_and_leaves_peers_and_admin_answering(
     split_cluster,
 ):

@@ -83,7 +83,7 @@ def _refusal(node: Node, driver: PartitionDriver, e: Exception) -> ApiError:
     """The answer when the leader's own checks refuse an admin change: a follower names the
     leader (421), the leader gives its reason (409), so the caller can fix the request."""
     if isinstance(e, NotLeader):
-        return not_leader(node, driver)
+        return not_leader(node, driver, admin=True)
     return ApiError(409, "refused", str(e))
 
 
@@ -98,7 +98,9 @@ async def members(request: web.Request) -> web.Response:
     if op == "add_learner" and url is None and member not in node.transport.peers:
         raise bad("url", f"the address of {member} is unknown here; give its url")
     if driver.raft.role != Role.LEADER:
-        raise not_leader(node, driver)  # before anything changes here, the address included
+        raise not_leader(
+            node, driver, admin=True
+        )  # before anything changes here, the address included
     previous = node.transport.peers.get(member)
     if url is not None:
         node.transport.add_peer(member, url)  # the leader's appends to a new learner need it
@@ -111,7 +113,7 @@ async def members(request: web.Request) -> web.Response:
     except NotCommitted as e:
         raise ApiError(503, "not_committed", f"{e}; the change did not happen") from None
     except LeadershipLost as e:
-        hint = not_leader(node, driver).body
+        hint = not_leader(node, driver, admin=True).body
         raise ApiError(
             503,
             "leader_lost",
@@ -158,7 +160,9 @@ async def snapshot_install(request: web.Request) -> web.Response:
     if not isinstance(source, str) or not source:
         raise bad("source", 'must be a member\'s name or "leader"')
     if driver.raft.role != Role.LEADER:
-        raise not_leader(node, driver)  # the leader's membership is the one to check against
+        raise not_leader(
+            node, driver, admin=True
+        )  # the leader's membership is the one to check against
     if target == node.id:
         raise ApiError(409, "is_leader", f"{target} is the leader of partition {driver.p}",
                        "target")  # fmt: skip
@@ -199,7 +203,7 @@ async def archive_flush(request: web.Request) -> web.Response:
     try:
         archived = await node.archiver.flush(driver.p)
     except NotLeader:
-        raise not_leader(node, driver) from None
+        raise not_leader(node, driver, admin=True) from None
     except Exception as e:
         raise ApiError(503, "archive_failed", f"{type(e).__name__}: {e}"[:500]) from None
     return web.json_response(
@@ -217,7 +221,7 @@ async def lag(request: web.Request) -> web.Response:
     node, driver = node_of(request), driver_of(request)
     follower = request.match_info["follower"]
     if driver.raft.role != Role.LEADER:
-        raise not_leader(node, driver)
+        raise not_leader(node, driver, admin=True)
     st = driver.raft.status().followers.get(follower)
     if st is None and follower == node.id:
         raise ApiError(

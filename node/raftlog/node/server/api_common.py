@@ -326,13 +326,15 @@ def stopped(failed: Exception) -> ApiError:
     return ApiError(503, kind, f"{failed or type(failed).__name__}; ask another member")
 
 
-def not_leader(node: Node, driver: PartitionDriver) -> ApiError:
-    """421 naming the leader when known; `stopped` when this member's partition stopped."""
+def not_leader(node: Node, driver: PartitionDriver, *, admin: bool = False) -> ApiError:
+    """421 naming the leader when known; `stopped` when this member's partition stopped. The
+    hint is the leader's URL of the listener the call is served on: its client port, or its
+    peer port for the admin API (`admin`), which is served there when the ports are split."""
     if driver.failed is not None:
         return stopped(driver.failed)
     leader = driver.raft.leader
     peer_url = node.settings.peers.get(leader) if leader else None
-    url = node.settings.client_url_of(peer_url) if peer_url else None
+    url = peer_url if admin or not peer_url else node.settings.client_url_of(peer_url)
     return ApiError(
         421,
         "not_leader",
