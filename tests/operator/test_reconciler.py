@@ -1134,6 +1134,25 @@ def test_a_member_being_removed_whose_pod_is_gone_is_not_made_again() -> None:
     assert plan.action == ChangeMembership(0, "c-0", "remove", "c-2")
 
 
+def test_a_member_being_removed_whose_pod_died_is_made_again_while_the_quorum_needs_it() -> None:
+    """Found by a review: 3 voters, c-1 down, scaled to 2; c-2's removal waits for a ready
+    majority. c-2's pod then died (its volume kept): it was never made again, c-0 alone had no
+    quorum, and replicas raised back to 3 did not help (a removal is cancelled once ready)."""
+    w = World(MEMBERS)
+    w.silent.add("c-1")
+    plan = step(running_status(MEMBERS), w, spec(replicas=2))
+    assert plan.status.member("c-2").role == "removing"  # type: ignore[union-attr]
+    assert isinstance(plan.action, Wait) and "below a majority" in plan.action.reason
+    w.pods["c-2"] = "missing"  # its volume stays
+    again = step(plan.status, w, spec(replicas=2))  # the leaders' views still name it
+    assert again.action == CreateMembers(("c-2",), join=True)
+    w.leader = {0: None, 1: None}  # c-0 alone: no leader anywhere
+    again = step(plan.status, w, spec(replicas=3))
+    assert again.action == CreateMembers(("c-2",), join=True)
+    w.volumes["c-2"] = False  # nothing of it to bring back
+    assert not isinstance(step(plan.status, w, spec(replicas=2)).action, CreateMembers)
+
+
 def test_a_joining_member_that_lost_its_pod_is_made_again_having_no_data_to_lose() -> None:
     # A member still joining never held data: no volume is nothing lost, so it is made again
     # as it was, not replaced by a new member.

@@ -272,11 +272,27 @@ def _bootstrap(cluster: _ClusterPass) -> Action | None:
     return CreateMembers(tuple(m.name for m in cluster.status.members), join=False)
 
 
+def _needed_for_quorum(cluster: _ClusterPass, name: str) -> bool:
+    """Whether a member being removed is still needed in a partition's quorum: a partition has
+    no leader, or it is a voter whose removal would leave too few ready voters."""
+    ready = cluster.ready_names()
+    return any(
+        view is None or (name in view.voters and not keeps_majority(view.voters, name, ready))
+        for view in cluster.leader_views.values()
+    )
+
+
 def _recreate_pods(cluster: _ClusterPass) -> Action | None:
     gone = [
         m
         for m in cluster.status.members
-        if m.role != "removing"
+        if (
+            m.role != "removing"
+            # One being removed is a voter until its removal commits, and its removal waits
+            # while the others lack a ready majority: left down meanwhile, the quorum was lost
+            # for good (a cancelled removal waits for it to be ready too).
+            or (_needed_for_quorum(cluster, m.name) and _has_volume(cluster, m.name))
+        )
         and not cluster.stopped_on_purpose(m)
         and _pod(cluster, m.name) in ("missing", "failed")
     ]
@@ -301,8 +317,7 @@ def _recreate_pods(cluster: _ClusterPass) -> Action | None:
         return CreateMembers(tuple(m.name for m in gone), join=False)
     back = []
     for m in gone:
-        seen = cluster.observed.members.get(m.name)
-        if (seen is not None and seen.volume) or m.role == "joining":
+        if _has_volume(cluster, m.name) or m.role == "joining":
             # Its data is there (or it never had any): the same member comes back. It starts
             # with `--join` so that an empty volume can never bootstrap a second cluster.
             back.append(m.name)
@@ -315,6 +330,11 @@ def _recreate_pods(cluster: _ClusterPass) -> Action | None:
         )
     # All at once: after a hibernation every member comes back, and a quorum needs several.
     return CreateMembers(tuple(back), join=True) if back else None
+
+
+def _has_volume(cluster: _ClusterPass, name: str) -> bool:
+    seen = cluster.observed.members.get(name)
+    return seen is not None and bool(seen.volume)
 
 
 def _leaders(cluster: _ClusterPass) -> Action | None:
