@@ -13,6 +13,8 @@ import pytest
 from tests.server.helpers import one_node, until
 
 from raftlog.cli.main import main
+from raftlog.client import Client
+from raftlog.harness.local import LocalCluster
 from raftlog.node.core.raft import Role
 from raftlog.node.server import main as server_main
 from raftlog.node.server.node import Node
@@ -187,3 +189,27 @@ def test_wal_check_reports_a_nodes_only_partition_lost_rather_than_nothing_found
     assert main(["wal", "check", str(tmp_path)]) == 1
     out = capsys.readouterr().out
     assert "LOST        partition 0: p0/ is missing" in out and "CORRUPTED" in out, out
+
+
+def test_a_second_node_process_on_a_data_directory_in_use_is_refused_before_opening_it(
+    tmp_path, capsys
+):
+    """Found by a review: a restarted local operator started a second process on each live
+    member's directory; it replayed the journal into the live WAL and deleted the live node's
+    journal segment before it found its port taken. It is refused first, naming the holder."""
+    with LocalCluster(tmp_path / "c", replicas=1, durable=False) as c:
+        c.wait_ready()
+        n1 = c.nodes["n1"]
+        assert n1.proc is not None
+        journal = sorted((n1.data_dir / "journal").iterdir())
+        argv = ["--node-id", "n1", "--peers", f"n1={n1.url}", "--data-dir", str(n1.data_dir)]
+        assert server_main.main([*argv, "--insecure-no-auth", "--port", "1"]) == 2
+        err = capsys.readouterr().err
+        assert f"is in use by another node process (pid {n1.proc.pid}" in err, err
+        assert sorted((n1.data_dir / "journal").iterdir()) == journal, "nothing touched"
+        with Client([n1.url]) as client:
+            assert client.append(0, [{"value": "still here"}]).last_index >= 2
+    # Its holder gone (the kernel lets the lock go however it ends), the directory is free.
+    c.start("n1")
+    c.wait_ready()
+    c.stop()

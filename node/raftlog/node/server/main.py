@@ -48,6 +48,7 @@ from raftlog.node.server.listener import IDLE_S, Connections, ListenerProtocol  
 from raftlog.node.server.node import Node  # noqa: E402
 from raftlog.node.server.restore import restore_missing  # noqa: E402
 from raftlog.node.settings import NodeSettings, load_settings  # noqa: E402
+from raftlog.node.storage.datadir_lock import hold_data_dir  # noqa: E402
 from raftlog.node.storage.errors import CorruptFile, StorageFailed, WalCorruption  # noqa: E402
 
 log = logging.getLogger("raftlog.node")
@@ -271,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
     flags: dict[str, Any] = {k: getattr(args, k) for k in NodeSettings.model_fields}
     try:
         settings = load_settings(flags, args.config)
-        run(serve(settings), settings.event_loop)
+        with hold_data_dir(str(settings.data_dir)):
+            run(serve(settings), settings.event_loop)
     except ValidationError as e:
         print(f"raftlog-node: invalid settings: {describe_validation_error(e)}", file=sys.stderr)
         return 2
