@@ -380,6 +380,36 @@ def test_an_idempotent_append_never_proposed_in_time_gives_its_sequences_back(tm
     asyncio.run(run())
 
 
+def test_a_producers_later_append_is_not_proposed_past_one_the_stalled_disk_expired(tmp_path):
+    """Found by a hostile client: two appends of one producer (two connections) queued behind a
+    stalled disk; the first expired unproposed (`not_committed`), the second was proposed once
+    the disk came back, so sequence 1 was in the log without 0, and the retry of 0 was told
+    `already_appended` (a record lost, silently to an `IdempotentProducer`)."""
+
+    async def run() -> None:
+        async with _leading(tmp_path) as d:
+            with HeldSync(d.node) as hold:
+                stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
+                await until(hold.held.is_set, "the driver stuck in a sync")
+                first = asyncio.ensure_future(d.propose_idempotent("p", 0, [_rec(0)], 0.2))
+                second = asyncio.ensure_future(d.propose_idempotent("p", 1, [_rec(1)], 30))
+                with pytest.raises(NotCommitted, match="not proposed in time"):
+                    await first
+                with pytest.raises(NotCommitted, match="sequence 0 before it did not happen"):
+                    await asyncio.wait_for(second, 5)
+            d.node.journal.sync = hold.real  # type: ignore[method-assign]
+            with contextlib.suppress(TimeoutError):
+                await stuck
+            with pytest.raises(SequenceConflict, match="sent sequence 1, expected 0"):
+                await d.propose_idempotent("p", 1, [_rec(1)], timeout=2)
+            done = await asyncio.wait_for(d.propose_idempotent("p", 0, [_rec(0), _rec(1)]), 10)
+            log = [e.data for e in d.raft.read_committed(1, done.last_index + 1)]
+            assert [log.count(_rec(0)), log.count(_rec(1))] == [1, 1]
+            assert log.index(_rec(0)) < log.index(_rec(1))
+
+    asyncio.run(run())
+
+
 def test_a_membership_change_whose_index_a_new_leader_took_is_not_answered_done(tmp_path):
     """Found by a review: the admin call waited for the commit to pass the change's index and
     answered 200 with the change, whoever's entry the index then held."""
@@ -494,11 +524,11 @@ def test_a_retry_of_a_producers_append_still_in_flight_is_told_busy(tmp_path):
             real = d.propose
             release = asyncio.Event()
 
-            async def held(records: list[bytes], timeout: float = float("inf")) -> Any:
+            async def held(records: list[bytes], *args: Any) -> Any:
                 await release.wait()
-                return await real(records, timeout)
+                return await real(records, *args)
 
-            d.propose = held  # type: ignore[method-assign]
+            d.propose = held  # type: ignore[method-assign,assignment]
             batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=s)) for s in (0, 1)]
             first = asyncio.ensure_future(d.propose_idempotent("p", 0, batch))
             await asyncio.sleep(0)  # the first copy is in flight
@@ -840,13 +870,13 @@ def test_a_producers_append_refused_by_the_leader_may_be_sent_again(tmp_path):
         async with _leading(tmp_path) as d:
             real, refused = d.propose, list[list[bytes]]()
 
-            async def refuse_once(records: list[bytes], timeout: float = float("inf")) -> Any:
+            async def refuse_once(records: list[bytes], *args: Any) -> Any:
                 if not refused:
                     refused.append(records)
                     raise ProposalRefused("leadership is being transferred")
-                return await real(records, timeout)
+                return await real(records, *args)
 
-            d.propose = refuse_once  # type: ignore[method-assign]
+            d.propose = refuse_once  # type: ignore[method-assign,assignment]
             batch = [encode_record(Record(b"k", b"v", producer_id="p", sequence=0))]
             with pytest.raises(ProposalRefused):
                 await d.propose_idempotent("p", 0, batch)

@@ -104,6 +104,8 @@ class _Proposal:
     records: list[bytes]
     done: asyncio.Future[Appended]
     deadline: float  # time.monotonic() after which the appender is told TimeoutError
+    producer: str | None = None  # an idempotent producer's, with its first sequence
+    first_seq: int = 0
 
 
 @dataclass
@@ -197,23 +199,57 @@ class PartitionDriver:
             self._expire_waiters(now)
             for prop in self._proposals:
                 if prop.deadline <= now and not prop.done.done():
-                    # Never proposed now (`_take_inbox` drops it): it did not happen, and an
-                    # idempotent producer's mark for it is given back.
-                    prop.done.set_exception(NotCommitted("not proposed in time: the disk stalled"))
+                    # Never proposed now (`_take_inbox` drops it): it did not happen.
+                    self._unproposed(prop, NotCommitted("not proposed in time: the disk stalled"))
 
-    async def propose(self, records: list[bytes], timeout: float = float("inf")) -> Appended:
+    async def propose(
+        self,
+        records: list[bytes],
+        timeout: float = float("inf"),
+        producer: str | None = None,
+        first_seq: int = 0,
+    ) -> Appended:
         """Append records as one batch; returns once they are committed (durable on a quorum).
 
         Raises TimeoutError when they are not committed within about `timeout` seconds (checked
         on each tick, so up to one tick later, or STUCK_TICKS later while the driver is stuck:
-        no timer per append); they may still commit.
+        no timer per append); they may still commit. `producer` and `first_seq`: the records'
+        sequences (`propose_idempotent`).
         """
         if self.failed is not None:
             raise self.failed
         fut: asyncio.Future[Appended] = asyncio.get_running_loop().create_future()
-        self._proposals.append(_Proposal(records, fut, time.monotonic() + timeout))
+        deadline = time.monotonic() + timeout
+        self._proposals.append(_Proposal(records, fut, deadline, producer, first_seq))
         self.wake()
         return await fut
+
+    def _unproposed(self, prop: _Proposal, e: Exception) -> None:
+        """`prop` fails without reaching the log. A producer's later proposals still queued
+        fail with it, and its mark goes back to before it, at once: proposed after it, they
+        would put sequences in the log past a gap (a stalled disk expired one append of a
+        producer and the next one, from another connection, went in)."""
+        prop.done.set_exception(e)
+        if prop.producer is None:
+            return
+        self._give_back(prop.producer, prop.first_seq)
+        gap = NotCommitted(
+            f"the append of {prop.producer}'s sequence {prop.first_seq} before it did not "
+            "happen, and this one would leave a gap"
+        )
+        for later in self._proposals:
+            if (
+                later.producer == prop.producer
+                and later.first_seq > prop.first_seq
+                and not later.done.done()
+            ):
+                later.done.set_exception(gap)
+
+    def _give_back(self, producer: str, first_seq: int) -> None:
+        """Sequences from `first_seq` of `producer` are not in the log: a retry may propose
+        them again (and none past them goes first)."""
+        if self._inflight_seq.get(producer, -1) >= first_seq:
+            self._inflight_seq[producer] = first_seq - 1
 
     async def propose_idempotent(
         self, producer: str, first_seq: int, records: list[bytes], timeout: float = float("inf")
@@ -256,16 +292,14 @@ class PartitionDriver:
             raise SequenceConflict(
                 f"{producer} sent sequence {first_seq}, expected {last_known + 1}"
             )
-        previous = self._inflight_seq.get(producer, -1)
         self._inflight_seq[producer] = end
         try:
-            done = await self.propose(records, timeout)
+            done = await self.propose(records, timeout, producer, first_seq)
         except (NotLeader, ProposalRefused, NotCommitted, StorageFailed):
             # Not in the log (refused, or replaced by another leader's entry): a retry may
             # propose the same sequences again. A timeout keeps the mark: the entries may still
             # commit, and until they are applied a retry is told to wait.
-            if self._inflight_seq.get(producer) == end:
-                self._inflight_seq[producer] = previous
+            self._give_back(producer, first_seq)
             raise
         # Applied now (the table is ahead of the mark): the mark is no longer needed, and every
         # client's producer ids would otherwise pile up here for the whole term.
@@ -511,7 +545,7 @@ class PartitionDriver:
         except (NotLeader, ProposalRefused) as e:
             for prop in props:
                 if not prop.done.done():  # it may have been told its deadline passed
-                    prop.done.set_exception(e)
+                    self._unproposed(prop, e)
             return
         i = 0
         for prop in props:
