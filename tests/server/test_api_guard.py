@@ -7,20 +7,22 @@ from __future__ import annotations
 import asyncio
 import errno
 import json
+import socket
+import struct
 import time
 from pathlib import Path
 from typing import Any, cast
 
 import msgspec
 import pytest
-from aiohttp import ClientSession
+from aiohttp import ClientSession, web
 from aiohttp.test_utils import TestServer
 
 from raftlog.node.core.config import RaftConfig
 from raftlog.node.core.errors import ProposalRefused
 from raftlog.node.core.raft import Role
 from raftlog.node.routing import partition_for
-from raftlog.node.server.app import build_app
+from raftlog.node.server.app import LONG_POLL_CHECK_S, build_app
 from raftlog.node.server.columnar import MAX_PAGE_BYTES
 from raftlog.node.server.connlimit import ConnectionLimit
 from raftlog.node.server.http_errors import error_body
@@ -456,12 +458,55 @@ def test_a_read_waiting_for_records_from_past_the_mark_answers_the_first_one_com
         read = asyncio.create_task(_read(s, f"from={nxt}&wait_ms=20000"))
         # The append is sent once the read waits (or, were it not to, once it answered).
         async with asyncio.timeout(10):
-            while not d.committed._waiting and not read.done():
+            while not len(d.marked) and not read.done():
                 await asyncio.sleep(0.005)
         async with s.post(APPEND, json={"value": "late"}) as r:
             assert r.status == 200
         got = await read
         assert [r["value"] for r in got["records"]] == ["late"], got
+
+    asyncio.run(_with_node(tmp_path, body))
+
+
+def test_long_polls_whose_clients_reset_their_connections_end_and_leave_nothing_waiting(
+    tmp_path: Path,
+) -> None:
+    """Found by a hostile client: aiohttp does not cancel a handler whose connection was reset,
+    so thousands of long polls (`wait_ms=60000` for an index far ahead) lived on outside the
+    connection cap, each checked on every commit: appends took 338 ms at 8,000 of them."""
+
+    async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
+        # As `main.serve` runs aiohttp: TestServer cancels the handlers of connections lost.
+        runner = web.AppRunner(build_app(d.node), access_log=None)
+        await runner.setup()
+        site = web.SockSite(runner, socket.create_server(("127.0.0.1", 0)))
+        await site.start()
+        port = site._sock.getsockname()[1]
+        try:
+            await polls_reset(port, d)
+        finally:
+            await runner.cleanup()
+        assert (await _append(s, {"value": "after"}))["last_index"] > 0
+
+    async def polls_reset(port: int, d: Any) -> None:
+        polls = []
+        for _ in range(20):
+            _, wr = await asyncio.open_connection("127.0.0.1", port)
+            wr.write(
+                b"GET /v1/partitions/0/records?from=4000000000&wait_ms=60000 HTTP/1.1\r\n"
+                b"Host: t\r\n\r\n"
+            )
+            polls.append(wr)
+        async with asyncio.timeout(10):
+            while len(d.marked) < 20:
+                await asyncio.sleep(0.01)
+        for wr in polls:  # reset, as a client that went away without a word
+            sock = wr.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            wr.close()
+        async with asyncio.timeout(5 * LONG_POLL_CHECK_S):  # not the polls' 60 s
+            while len(d.marked):
+                await asyncio.sleep(0.05)
 
     asyncio.run(_with_node(tmp_path, body))
 

@@ -61,18 +61,52 @@ def test_sequential_appends_create_no_task_per_commit(tmp_path):
 
 def test_readers_wake_on_the_notify_that_makes_them_ready_and_time_out_cleanly():
     async def run() -> None:
-        signal, mark = CommitSignal(), [0]
-        reader = asyncio.ensure_future(signal.wait_for(lambda: mark[0] >= 2))
+        mark = [0]
+        signal = CommitSignal(lambda: mark[0])
+        reader = asyncio.ensure_future(signal.wait_at_least(2))
+        far = asyncio.ensure_future(signal.wait_at_least(10**9))
         await asyncio.sleep(0)
         mark[0] = 1
         signal.notify()
         await asyncio.sleep(0)
-        assert not reader.done()  # woken, not ready: waits again
+        assert not reader.done() and len(signal) == 2  # not there yet: still waiting
         mark[0] = 2
         signal.notify()
         await asyncio.wait_for(reader, 1)
+        assert not far.done() and len(signal) == 1  # only the one whose point was reached
         with pytest.raises(TimeoutError):
-            await signal.wait_for(lambda: False, timeout=0.01)
-        assert signal._waiting == []  # the timed-out reader left nothing behind
+            await signal.wait_at_least(10**9, timeout=0.01)
+        far.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await far
+        assert len(signal) == 0  # the timed-out and the cancelled readers count no more
+        await signal.wait_at_least(1)  # reached already: at once
+
+    asyncio.run(run())
+
+
+def test_readers_given_up_are_swept_out_and_cost_a_notify_nothing():
+    """Found by a hostile client: 8,000 long polls for an index far ahead, each connection
+    reset, were each checked on every commit (338 ms appends; a lost leadership at 20,000)."""
+
+    async def run() -> None:
+        mark = [0]
+        signal = CommitSignal(lambda: mark[0])
+        far = [asyncio.ensure_future(signal.wait_at_least(10**9 + i)) for i in range(1000)]
+        near = asyncio.ensure_future(signal.wait_at_least(5))
+        await asyncio.sleep(0)
+        for f in far[:900]:
+            f.cancel()
+        await asyncio.gather(*far[:900], return_exceptions=True)
+        assert len(signal) == 101
+        assert len(signal._heap) <= 2 * 101 + 64, "swept once most of it was given up"
+        mark[0] = 5
+        signal.notify()
+        await asyncio.wait_for(near, 1)
+        assert len(signal) == 100 and not any(f.done() for f in far[900:])
+        for f in far[900:]:
+            f.cancel()
+        await asyncio.gather(*far[900:], return_exceptions=True)
+        assert len(signal) == 0
 
     asyncio.run(run())

@@ -145,6 +145,8 @@ async def append_by_key(request: web.Request) -> web.Response:
 
 
 _JSON_HEADERS = {"Content-Type": "application/json"}
+# How often a long poll checks that its client is still there.
+LONG_POLL_CHECK_S = 1.0
 
 
 async def _append_to(
@@ -211,6 +213,23 @@ async def _append_to(
     return msgspec.json.encode(answer)
 
 
+async def _long_poll(
+    request: web.Request, driver: PartitionDriver, need: int, wait_s: float
+) -> None:
+    """Wait up to `wait_s` for the mark to reach `need` (then the answer is what is there), or
+    until the client is gone: aiohttp does not cancel a handler whose connection was reset, so
+    polls of clients that left would otherwise live on outside the connection cap."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while (left := deadline - loop.time()) > 0:
+        with contextlib.suppress(TimeoutError):
+            await driver.marked.wait_at_least(need, min(left, LONG_POLL_CHECK_S))
+            return
+        transport = request.transport
+        if transport is None or transport.is_closing():
+            return
+
+
 async def read(request: web.Request) -> web.Response:
     driver = driver_of(request)
     start = int_param(request, "from", 1, 1, 2**62)
@@ -220,8 +239,7 @@ async def read(request: web.Request) -> web.Response:
     wait_ms = int_param(request, "wait_ms", 0, 0, 60_000)
     need = max(min_index, start if wait_ms else 0)
     if need > driver.high_water_mark and wait_ms:
-        with contextlib.suppress(TimeoutError):  # answer with what is there
-            await driver.committed.wait_for(lambda: driver.high_water_mark >= need, wait_ms / 1000)
+        await _long_poll(request, driver, need, wait_ms / 1000)
     require_mark(driver, min_index)
     refuse_unless_fits(request, max_bytes)
     hwm = driver.high_water_mark

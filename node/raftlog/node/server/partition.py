@@ -142,12 +142,13 @@ class PartitionDriver:
         self.config = config
         self.table = KeyedTable.restore(storage.snapshot_data())
         self.group = node.group  # the node's: one fsync for every partition's writes
-        self.committed = CommitSignal()  # readers waiting for the high-water mark
         # The high-water mark readers are shown: the commit index of the last hard state in the
         # file (synced, or written out), so that a node killed after a read never comes back
         # with a lower one. The core's may be ahead of it until the next pass writes it: a
         # leader's commit moves when its own fsync returns, a follower's when an append arrives.
         self.high_water_mark = raft.commit
+        self.marked = CommitSignal(lambda: self.high_water_mark)  # readers waiting for it
+        self.applied = CommitSignal(lambda: self.table.applied_index)  # linearizable reads
         # Why the partition stopped writing: a disk fault, or a bug caught by the loop. Reads of
         # what it holds go on; appends get 503 with this reason.
         self.failed: Exception | None = storage.failed
@@ -350,7 +351,7 @@ class PartitionDriver:
 
         self.call(ask)
         index = await fut
-        await self.committed.wait_for(lambda: self.table.applied_index >= index)
+        await self.applied.wait_at_least(index)
         return index
 
     def _answered_by_core(self) -> asyncio.Future[Any]:
@@ -463,7 +464,7 @@ class PartitionDriver:
         if rd.committed:
             self._apply(rd)  # wakes the readers waiting for the mark too
         elif shown or rd.snapshot is not None:  # a mark with nothing to apply: wake them
-            self.committed.notify()
+            self._notify()
         for req in rd.snapshot_requests:
             self._serve_snapshot(req)
         for ev in rd.events:
@@ -591,7 +592,11 @@ class PartitionDriver:
             w = self._waiters.pop(index)
             if not w.done.done():
                 w.done.set_exception(NotCommitted(f"index {index} was replaced"))
-        self.committed.notify()
+        self._notify()
+
+    def _notify(self) -> None:
+        self.marked.notify()
+        self.applied.notify()
 
     # ================================================================== local snapshots
     def _replaced(self, w: _Waiter, e: Entry) -> Exception:
