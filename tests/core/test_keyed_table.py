@@ -59,3 +59,40 @@ def test_a_forgotten_producer_keeps_its_last_sequence_not_its_first():
     index += 1
     table.apply(produced(index, "old", 1))
     assert table.duplicates == before + 1 and table.placed("old", 1) is None
+
+
+def test_a_batch_of_any_size_is_one_run_placed_whole_and_runs_are_the_memory():
+    """Found by a hostile client: the memory was 64 records, so the retry of a 100-record batch
+    after a lost answer was told `already_appended` (an error to the client, for records in the
+    log once). A batch at consecutive indexes in one term is one run, and 64 runs are kept."""
+    table = KeyedTable()
+    for seq in range(200):  # one batch: indexes 11..210, term 2
+        table.apply(produced(11 + seq, "p", seq, term=2))
+    assert table.placed("p", 0) == (11, 2) and table.placed("p", 199) == (210, 2)
+    assert table.spans("p", 50, 250) == [(50, 61, 150)]
+    table.apply(record(211, b"other", b"x"))  # another writer's entry between two batches
+    table.apply(produced(212, "p", 200, term=2))
+    table.apply(produced(213, "p", 201, term=3))  # a new term: a run of its own
+    assert table.spans("p", 199, 201) == [(199, 210, 1), (200, 212, 1), (201, 213, 1)]
+    assert table.placed("p", 201) == (213, 3) and table.placed("p", 202) is None
+    restored = KeyedTable.restore(table.snapshot())
+    assert [restored.placed("p", s) for s in (0, 199, 200, 201)] == [
+        (11, 2), (210, 2), (212, 2), (213, 3),
+    ]  # fmt: skip
+    index = 213
+    for seq in range(202, 202 + PRODUCER_MEMORY - 2):  # 65 runs in all: the first forgotten
+        index += 2
+        table.apply(record(index - 1, b"other", b"x"))
+        table.apply(produced(index, "p", seq, term=3))
+    assert table.placed("p", 200) is not None and table.placed("p", 199) is None
+
+
+def test_an_image_of_an_older_node_is_read_with_a_run_of_one_per_record():
+    import msgspec
+
+    old = msgspec.msgpack.encode([5, [], {"p": [[0, 4, 1], [1, 5, 1]]}, []])
+    table = KeyedTable.restore(old)
+    assert table.last_sequence("p") == 1
+    assert table.placed("p", 0) == (4, 1) and table.placed("p", 1) == (5, 1)
+    table.apply(produced(6, "p", 2))  # extends the last run
+    assert table.spans("p", 0, 2) == [(0, 4, 1), (1, 5, 2)]

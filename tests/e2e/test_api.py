@@ -274,9 +274,10 @@ def test_idempotent_appends_land_once(node):
     assert code == 200 and not other["duplicate"]
 
 
-def test_a_retry_of_a_batch_larger_than_the_producers_memory_is_already_appended(node):
-    """Its first sequences are past the last 64 remembered: 409 `already_appended`, in the log
-    once."""
+def test_a_retried_batch_is_a_duplicate_whatever_its_size_until_64_runs_passed_it(node):
+    """A batch is one run of the producer's memory, whatever its size (100 records here; the
+    memory was 64 records, and such a retry was 409). Once 64 later runs of the producer have
+    pushed it out, its retry is 409 `already_appended`: in the log once, its indexes unknown."""
     body = {
         "producer_id": "big",
         "sequence": 0,
@@ -285,9 +286,21 @@ def test_a_retry_of_a_batch_larger_than_the_producers_memory_is_already_appended
     raw = json.dumps(body).encode()
     code, first = post(node, "/v1/partitions/1/records", raw)
     assert code == 200, first
-    before = last_index(node)
     code, again = post(node, "/v1/partitions/1/records", raw)
-    assert code == 409 and again["error"] == "already_appended", again
+    assert code == 200 and again["duplicate"], again
+    assert (again["first_index"], again["last_index"]) == (
+        first["first_index"],
+        first["last_index"],
+    )
+    # 64 runs more (the first record right after the batch extends its run): another
+    # writer's record after each.
+    for seq in range(100, 165):
+        one = {"producer_id": "big", "sequence": seq, "value": f"b{seq}"}
+        assert post(node, "/v1/partitions/1/records", json.dumps(one).encode())[0] == 200
+        assert post(node, "/v1/partitions/1/records", b'{"value": "between"}')[0] == 200
+    before = last_index(node)
+    code, late = post(node, "/v1/partitions/1/records", raw)
+    assert code == 409 and late["error"] == "already_appended", late
     assert last_index(node) == before
 
 

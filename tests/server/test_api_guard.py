@@ -331,6 +331,33 @@ async def _read(s: ClientSession, query: str) -> dict[str, Any]:
         return cast(dict[str, Any], got)
 
 
+def test_the_retry_of_a_long_batch_is_answered_with_its_indexes_and_checked_whole(
+    tmp_path: Path,
+) -> None:
+    """Found by a hostile client: a producer's last 64 records were remembered, so the retry
+    of a 100-record batch after a lost answer was 409 `already_appended` (an error for records
+    in the log once), and only its last 64 records were compared with the log."""
+
+    async def body(s: ClientSession, srv: TestServer, d: Any) -> None:
+        records = [{"key": "k", "value": f"v{i}"} for i in range(100)]
+        batch = {"records": records, "producer_id": "long", "sequence": 0}
+        first = await _append(s, batch)
+        await _append(s, {"value": "between"})  # another writer's record after it
+        again = await _append(s, batch)
+        assert again["duplicate"] and (again["first_index"], again["last_index"]) == (
+            first["first_index"],
+            first["last_index"],
+        )
+        other = [dict(r) for r in records]
+        other[10]["value"] = "another day's row"
+        async with s.post(APPEND, json={**batch, "records": other}) as r:
+            got = await r.json()
+            assert (r.status, got["error"]) == (409, "sequence_conflict"), got
+            assert "sequence 10 of long" in got["reason"], got
+
+    asyncio.run(_with_node(tmp_path, body))
+
+
 def test_a_json_read_gives_what_is_not_text_as_base64(tmp_path: Path) -> None:
     """Keys, values and Kafka header values that are not UTF-8 come back as `*_b64` fields,
     the text ones as text: what the client appended, byte for byte."""

@@ -15,7 +15,11 @@ import msgspec
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import decode_record
 
-PRODUCER_MEMORY = 64  # records per producer whose index a retry can still be told
+# Runs per producer whose indexes a retry can still be told. A run is sequences appended at
+# consecutive indexes in one term (a batch, or several in a row): a retry of a batch of any
+# size within a producer's last 64 is answered with its indexes (it was 64 records, so the
+# retry of a 65-record batch after a lost answer was told `already_appended`).
+PRODUCER_MEMORY = 64
 # Producers remembered per partition: past this, the one that appended least recently is
 # forgotten (every client makes producer ids, so without a bound the table grows with every
 # client ever connected). The same on every replica: it is part of the applied state.
@@ -31,11 +35,19 @@ def producer_hash(producer: str) -> int:
     return int.from_bytes(hashlib.blake2b(producer.encode(), digest_size=8).digest(), "little")
 
 
+Run = list[int]  # [first sequence, last sequence, first index, term], extended in place
+
+
+def _last_index(run: Run) -> int:
+    return run[2] + run[1] - run[0]
+
+
 class _TableImage(msgspec.Struct, array_like=True):
     applied_index: int
     rows: list[tuple[bytes, bytes]]
-    # producer -> its most recent (sequence, index, term), oldest first
-    producers: dict[str, list[tuple[int, int, int]]] = {}
+    # producer -> its most recent runs (first sequence, last sequence, first index, term),
+    # oldest first; a 3-tuple (sequence, index, term) is a run of one (an older node's image)
+    producers: dict[str, list[tuple[int, ...]]] = {}
     # (producer_hash, last sequence) of producers forgotten since, the first forgotten first
     forgotten: list[tuple[int, int]] = []
 
@@ -47,12 +59,12 @@ _image_decoder = msgspec.msgpack.Decoder(_TableImage)
 def _encode_image(
     applied_index: int,
     rows: dict[bytes, bytes],
-    producers: dict[str, list[tuple[int, int, int]]],
+    producers: dict[str, list[Run]],
     forgotten: list[tuple[int, int]],
 ) -> bytes:
     ordered = {p: producers[p] for p in sorted(producers)}  # the same table, the same bytes
     return _image_encoder.encode(
-        _TableImage(applied_index, sorted(rows.items()), ordered, forgotten)
+        _TableImage(applied_index, sorted(rows.items()), ordered, forgotten)  # type: ignore[arg-type]
     )
 
 
@@ -63,7 +75,7 @@ class TableCapture:
 
     applied_index: int
     rows: dict[bytes, bytes]
-    producers: dict[str, list[tuple[int, int, int]]]
+    producers: dict[str, list[Run]]
     forgotten: list[tuple[int, int]]
 
     def encode(self) -> bytes:
@@ -77,7 +89,7 @@ class KeyedTable:
         self.applied_index = 0
         self.undecodable = 0  # entries kept in the log but not indexed (not a Record)
         # Least recently appended first, so the one to forget is at the front.
-        self.producers: OrderedDict[str, deque[tuple[int, int, int]]] = OrderedDict()
+        self.producers: OrderedDict[str, deque[Run]] = OrderedDict()
         self.forgotten: OrderedDict[int, int] = OrderedDict()  # producer_hash -> last sequence
         self.duplicates = 0
         # Bytes of the entries applied since the last `capture` (snapshots are also due by bytes)
@@ -107,12 +119,21 @@ class KeyedTable:
                 seen = self.producers[record.producer_id] = deque(maxlen=PRODUCER_MEMORY)
                 if len(self.producers) > MAX_PRODUCERS:
                     self._forget_oldest()
-            elif record.sequence <= seen[-1][0]:
+            elif record.sequence <= seen[-1][1]:
                 self.duplicates += 1  # never appended by a correct leader; kept out of the table
                 return
             else:
                 self.producers.move_to_end(record.producer_id)
-            seen.append((record.sequence, entry.index, entry.term))
+            run = seen[-1] if seen else None
+            if (
+                run is not None
+                and record.sequence == run[1] + 1
+                and entry.index == _last_index(run) + 1
+                and entry.term == run[3]
+            ):
+                run[1] = record.sequence
+            else:
+                seen.append([record.sequence, record.sequence, entry.index, entry.term])
         if record.key is None:
             return
         if record.value is None:
@@ -122,7 +143,7 @@ class KeyedTable:
 
     def _forget_oldest(self) -> None:
         producer, seen = self.producers.popitem(last=False)
-        self.forgotten[producer_hash(producer)] = seen[-1][0]
+        self.forgotten[producer_hash(producer)] = seen[-1][1]
         if len(self.forgotten) > MAX_FORGOTTEN:
             self.forgotten.popitem(last=False)
 
@@ -134,24 +155,36 @@ class KeyedTable:
         forgotten lately."""
         seen = self.producers.get(producer)
         if seen:
-            return seen[-1][0]
+            return seen[-1][1]
         return self.forgotten.get(producer_hash(producer), -1) if self.forgotten else -1
 
     def placed(self, producer: str, sequence: int) -> tuple[int, int] | None:
         """(index, term) of a recent record of `producer`, or None when not remembered."""
-        for seq, index, term in self.producers.get(producer, ()):
-            if seq == sequence:
-                return index, term
+        for first, last, index, term in reversed(self.producers.get(producer, ())):
+            if first <= sequence <= last:
+                return index + sequence - first, term
+            if last < sequence:
+                break
         return None
 
+    def spans(self, producer: str, first: int, last: int) -> list[tuple[int, int, int]]:
+        """Where the remembered records of `producer` with sequences `first..last` are: runs
+        of (first sequence, first index, count), in sequence order."""
+        out = []
+        for lo, hi, index, _ in self.producers.get(producer, ()):
+            a, b = max(lo, first), min(hi, last)
+            if a <= b:
+                out.append((a, index + a - lo, b - a + 1))
+        return out
+
     def snapshot(self) -> bytes:
-        producers = {p: list(seen) for p, seen in self.producers.items()}
+        producers = {p: [list(r) for r in seen] for p, seen in self.producers.items()}
         return _encode_image(self.applied_index, self.rows, producers, list(self.forgotten.items()))
 
     def capture(self) -> TableCapture:
         """A consistent copy for a snapshot encoded elsewhere: a shallow copy of the rows
         (keys and values are immutable bytes), about 2 ms for 100,000 keys here."""
-        producers = {p: list(seen) for p, seen in self.producers.items()}
+        producers = {p: [list(r) for r in seen] for p, seen in self.producers.items()}
         self.bytes_since_capture = 0
         return TableCapture(
             self.applied_index, dict(self.rows), producers, list(self.forgotten.items())
@@ -166,10 +199,20 @@ class KeyedTable:
             table.rows = dict(image.rows)
             # Stored by name (the same bytes on every replica); the order of recency is that of
             # each producer's last index.
-            recent = sorted(image.producers.items(), key=lambda kv: kv[1][-1][1] if kv[1] else 0)
+            runs = {p: [_run(x) for x in seen] for p, seen in image.producers.items()}
+            recent = sorted(runs.items(), key=lambda kv: _last_index(kv[1][-1]) if kv[1] else 0)
             table.producers = OrderedDict(
-                (p, deque((tuple(x) for x in seen), maxlen=PRODUCER_MEMORY))  # type: ignore[misc]
-                for p, seen in recent
+                (p, deque(seen, maxlen=PRODUCER_MEMORY)) for p, seen in recent
             )
             table.forgotten = OrderedDict((h, last) for h, last in image.forgotten)
         return table
+
+
+def _run(stored: tuple[int, ...]) -> Run:
+    """A run as an image stores it; an older node's (sequence, index, term) is a run of one."""
+    if len(stored) == 3:
+        seq, index, term = stored
+        return [seq, seq, index, term]
+    if len(stored) != 4:
+        raise ValueError(f"a producer's run of {len(stored)} numbers in a table image")
+    return list(stored)

@@ -37,7 +37,7 @@ from raftlog.node.server.compaction_pass import (
     compact_behind,
     snapshot_covering,
 )
-from raftlog.node.statemachine import PRODUCER_MEMORY, KeyedTable
+from raftlog.node.statemachine import KeyedTable
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import StorageFailed
 from raftlog.node.storage.snapshots import SnapshotReceiver
@@ -316,21 +316,19 @@ class PartitionDriver:
         """A retry's records `first_seq..upto` against the producer's in the log: other
         content under the same sequences is another write under a producer id used before (a
         Spark `writeId` reused for other rows), a conflict rather than a duplicate whose rows
-        would be dropped. Only what the table still places (its last PRODUCER_MEMORY records,
-        the newest of these) and the log still holds is compared."""
-        for seq in range(max(first_seq, upto - PRODUCER_MEMORY + 1), upto + 1):
-            at = self.table.placed(producer, seq)
-            if at is None:
-                continue
+        would be dropped. What the table still places (the producer's last PRODUCER_MEMORY
+        runs) and the log still holds is compared, a run at a time."""
+        for seq, index, count in self.table.spans(producer, first_seq, upto):
             try:
-                logged = self.raft.read_committed(at[0], at[0] + 1)
+                logged = self.raft.read_committed(index, index + count)
             except Compacted:
                 continue
-            if logged and logged[0].data != records[seq - first_seq]:
-                raise SequenceConflict(
-                    f"sequence {seq} of {producer} is in the log (index {at[0]}) with other "
-                    "content: another write under the same producer id"
-                )
+            for i, e in enumerate(logged):
+                if e.data != records[seq - first_seq + i]:
+                    raise SequenceConflict(
+                        f"sequence {seq + i} of {producer} is in the log (index {e.index}) "
+                        "with other content: another write under the same producer id"
+                    )
 
     async def linearizable_point(self) -> int:
         """A ReadIndex read point, once applied: reading the table now is linearizable."""
