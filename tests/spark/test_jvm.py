@@ -450,13 +450,17 @@ ODD_DATA = [
 Answer = Callable[[str, int], tuple[int, str, bytes]]
 
 
-def leader_of(cluster: LocalCluster, entries: list[Entry]) -> Answer:
+def leader_of(cluster: LocalCluster, entries: list[Entry], alone: int | None = None) -> Answer:
     """A fake leader of partition 0 holding `entries`, all committed: a real follower's status
-    made the leader's, and WAL and column pages of the entries."""
+    made the leader's, and WAL and column pages of the entries. With `alone`, a member holding
+    that partition only."""
     hwm = entries[-1].index
     status = follower_of(cluster, partitions=1)
     partitions = cast(list[dict[str, Any]], status["partitions"])
     partitions[0].update(role="leader", high_water_mark=hwm, compaction_floor=1)
+    partition = 0 if alone is None else alone
+    if alone is not None:
+        partitions[:] = [{**partitions[0], "partition": alone}]
     body = json.dumps(status).encode()
 
     def answer(path: str, n: int) -> tuple[int, str, bytes]:
@@ -466,10 +470,10 @@ def leader_of(cluster: LocalCluster, entries: list[Entry]) -> Answer:
         start = int(q["from"])
         nxt = min(int(q["to"]), start + int(q["limit"]), hwm + 1)
         if q.get("format") == "wal":
-            return 200, walpage.CONTENT_TYPE, wal_page(0, entries, start, nxt, hwm)
+            return 200, walpage.CONTENT_TYPE, wal_page(partition, entries, start, nxt, hwm)
         rows = Rows()
         rows.add_entries([e for e in entries if start <= e.index < nxt])
-        page = columnar.record_page(0, rows, high_water_mark=hwm, next_index=nxt, floor=1)
+        page = columnar.record_page(partition, rows, high_water_mark=hwm, next_index=nxt, floor=1)
         return 200, columnar.CONTENT_TYPE, page
 
     return answer
@@ -740,6 +744,92 @@ def test_a_streams_hold_is_renewed_between_triggers_until_the_query_stops(spark,
     # Where a restart would read from: the first batch is told committed to the source only
     # when the next is planned (an hour away).
     assert {json.loads(body)["min_index"] for _, body in node.puts[before:]} == {1}
+
+
+def test_a_hold_refused_at_a_renewal_fails_the_stream_at_its_next_trigger(spark, cluster, tmp_path):
+    """Found by a review: the hold was recorded as placed before it was asked, so a refusal met
+    by the renewal thread (which can only log it) left the next trigger's hold "fresh", and
+    the stream ran on without its hold. Once the stream has read everything, the holds are
+    refused (a token changed): the renewal meets it first, and the stream fails."""
+    answer = leader_of(cluster, VARIED)
+    refuse = threading.Event()
+
+    def refused_later(path: str, n: int) -> tuple[int, str, bytes] | None:
+        if "/holds/" in path:
+            if refuse.is_set():
+                return error(401, "unauthorized", reason="a wrong token")
+            return 200, "application/json", b"{}"
+        return answer(path, n)
+
+    node = FakeNode(refused_later)
+    try:
+        q = (
+            spark.readStream.format("raftlog-jvm")
+            .option("endpoints", node.url)
+            .option("partitions", "0")
+            .option("startingOffsets", "earliest")
+            .option("retentionHold", "refused")
+            .option("retentionHoldTtlSeconds", "1")
+            .load()
+            .writeStream.format("noop")
+            .trigger(processingTime="2 seconds")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start()
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while not any(p["numInputRows"] for p in q.recentProgress):  # the first batch
+                assert time.monotonic() < deadline, "no first batch"
+                time.sleep(0.1)
+            refuse.set()
+            with pytest.raises(Exception, match=r"'refused' on partition 0 was refused: .*401"):
+                q.awaitTermination(15)  # False (no raise) while it runs on without its hold
+        finally:
+            q.stop()
+    finally:
+        node.close()
+
+
+def test_a_partition_a_survey_missed_is_not_read_again_from_its_earliest(spark, cluster, tmp_path):
+    """Found by a review: a partition whose only members missed one survey was left out of the
+    end offset, and the next trigger took it for new: read again from its earliest record
+    (every one of its rows twice). Partition 1's only member fails its fourth status."""
+    asked = []
+    one = leader_of(cluster, VARIED, alone=1)
+
+    def misses_a_survey(path: str, n: int) -> tuple[int, str, bytes] | None:
+        if path == "/v1/status":
+            asked.append(path)
+            if len(asked) == 4:  # after the batch that read partition 1
+                return error(503, "busy")
+        return one(path, n)
+
+    zero, other = FakeNode(leader_of(cluster, VARIED, alone=0)), FakeNode(misses_a_survey)
+    try:
+        q = (
+            spark.readStream.format("raftlog-jvm")
+            .option("endpoints", f"{zero.url},{other.url}")
+            .option("startingOffsets", "earliest")
+            .load()
+            .writeStream.format("memory")
+            .queryName("jvm_missed")
+            .trigger(processingTime="500 milliseconds")
+            .option("checkpointLocation", str(tmp_path / "checkpoint"))
+            .start()
+        )
+        try:
+            deadline = time.monotonic() + 60
+            while len(asked) < 7:  # surveys past the one that missed it
+                assert time.monotonic() < deadline, (asked, q.exception())
+                time.sleep(0.1)
+            q.processAllAvailable()
+        finally:
+            q.stop()
+    finally:
+        zero.close()
+        other.close()
+    counts = spark.sql("SELECT partition, count(*) AS n FROM jvm_missed GROUP BY partition")
+    assert sorted((r["partition"], r["n"]) for r in counts.collect()) == [(0, 60), (1, 60)]
 
 
 def run_available_now(reader: Any, checkpoint: str) -> list[int]:

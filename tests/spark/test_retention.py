@@ -10,10 +10,12 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 from pyspark.sql.streaming.query import StreamingQuery
 
 from raftlog.harness.local import LocalCluster
 from raftlog.spark import source
+from raftlog.spark.nodes import ClusterView, PartitionView, Replica
 from raftlog.spark.options import parse
 from raftlog.spark.source import RaftlogStreamReader
 from tests.spark.helpers import (
@@ -260,3 +262,47 @@ def test_the_hold_is_renewed_during_a_micro_batch_longer_than_a_quarter_of_its_t
         assert {json.loads(body)["min_index"] for _, body in keeps.puts} == {12}
     finally:
         keeps.close()
+
+
+def test_a_refused_hold_fails_every_call_until_it_is_placed(monkeypatch):
+    """Found by a review: the hold was recorded as placed before it was asked, so a refusal
+    (a token changed, say) raised once, and the next trigger, or the renewal thread's log
+    line, let the stream run on without its hold."""
+
+    def refusing(path: str, n: int) -> tuple[int, str, bytes] | None:
+        if path == "/v1/status":
+            return holding(refuse=False)(path, n)
+        return error(401, "unauthorized", reason="a wrong token")
+
+    monkeypatch.setattr(source, "time", Clock())
+    node = FakeNode(refusing)
+    try:
+        opts = parse({"endpoints": node.url, "retentionHold": "job"}, streaming=True)
+        reader = RaftlogStreamReader(opts)
+        reader.stop()
+        for _ in range(3):  # the same offsets again, well within a quarter of the TTL
+            with pytest.raises(RuntimeError, match="'job' on partition 0 was refused"):
+                reader.commit({"0": 10})
+        assert len(node.puts) == 3, "asked again each time"
+    finally:
+        node.close()
+
+
+def test_a_partition_the_survey_missed_keeps_its_offset_and_is_not_read_again():
+    """Found by a review: a partition whose only members missed one survey was left out of the
+    end offset, and the next trigger took it for new: read again from its earliest record."""
+    both = {0: PartitionView(0, [Replica("http://a:1", True, 12, 1)]),
+            1: PartitionView(1, [Replica("http://c:1", True, 20, 1)])}  # fmt: skip
+    views = iter([{0: both[0]}, both])  # c (the only member with partition 1) silent, back
+    reader = RaftlogStreamReader(parse({"endpoints": "http://a:1,http://c:1"}, streaming=True))
+
+    def survey() -> ClusterView:
+        reader._view = ClusterView(next(views), {})
+        return reader._view
+
+    reader._survey = survey  # type: ignore[method-assign]
+    end = reader.latestOffset({"0": 11, "1": 21}, ReadAllAvailable())
+    assert end == {"0": 13, "1": 21}
+    assert reader.partitions({"0": 11, "1": 21}, end)  # partition 0's new records only
+    again = reader.latestOffset(end, ReadAllAvailable())
+    assert again == {"0": 13, "1": 21}, "partition 1 read again from its earliest"

@@ -569,6 +569,10 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for p, pv in view.partitions.items():
             begin.setdefault(p, pv.earliest)
         end = {p: max(v, begin[p]) for p, v in end.items()}
+        # A partition this survey missed (its only members silent) stays where it is: left out
+        # of the offset, the next trigger took it for new and read it again from its earliest.
+        for p, at in begin.items():
+            end.setdefault(p, at)
         # `start` is where the previous micro-batch ended, and Spark asks for the next one only
         # once that batch is committed: the hold moves up to it (commit() would only be told
         # with the batch after), is placed from the checkpoint on for a restarted query, and is
@@ -629,7 +633,7 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         fresh = time.monotonic() - self._holds.placed_at < self.opts.retention_hold_ttl_s / 4
         if merged == held and fresh:
             return
-        self._holds = _Holds(time.monotonic(), merged)
+        placed_at = time.monotonic()
         offsets = merged
         view = self._view or self._survey()
         nodes = client(self.opts)
@@ -651,6 +655,9 @@ class RaftlogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                         log.warning("retention hold %s on partition %d: %s", holder, p, e)
         finally:
             nodes.close()
+        # Only once no replica refused it: a refusal taken for placed (by the renewal thread,
+        # which can only log it) was never raised, and the stream ran on without its hold.
+        self._holds = _Holds(placed_at, merged)
 
 
 # ====================================================================== the source

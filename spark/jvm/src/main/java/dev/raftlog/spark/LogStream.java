@@ -148,6 +148,11 @@ final class LogStream
       begin.putIfAbsent(p, e.getValue().earliest());
       end.put(p, Math.max(v, begin.get(p)));
     }
+    // A partition this survey missed (its only members silent) stays where it is: left out of
+    // the offset, the next trigger took it for new and read it again from its earliest record.
+    for (Map.Entry<Integer, Long> e : begin.entrySet()) {
+      end.putIfAbsent(e.getKey(), e.getValue());
+    }
     // As the Python source: the hold moves up to where the previous batch ended (committed).
     hold(begin);
     ReadMinRows least = null;
@@ -308,8 +313,6 @@ final class LogStream
     if (merged.equals(held) && fresh) {
       return;
     }
-    held = merged;
-    holdPlacedAtMs = now;
     TreeMap<Integer, PartitionView> views = view != null ? view : survey();
     Nodes nodes = new Nodes(opts);
     for (Map.Entry<Integer, Long> e : new TreeMap<>(merged).entrySet()) {
@@ -327,6 +330,10 @@ final class LogStream
         }
       }
     }
+    // Only once no replica refused it: a refusal taken for placed (by the renewal thread,
+    // which can only log it) was never raised, and the stream ran on without its hold.
+    held = merged;
+    holdPlacedAtMs = now;
   }
 
   @Override

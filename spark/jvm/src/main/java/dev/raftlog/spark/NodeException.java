@@ -39,7 +39,9 @@ final class NodeException extends Exception {
     if (body != null && body.hasNonNull("error")) {
       return body.get("error").asText();
     }
-    return "no answer";
+    // An answer without a body (HttpURLConnection gives none of a 401 to a streamed PUT):
+    // "no answer" here was taken for a node that never answered.
+    return "an answer without a body";
   }
 
   /**
