@@ -256,6 +256,31 @@ def test_a_replica_that_makes_no_progress_is_passed_over():
     assert got == [values(range(1, 10))], "the read did not finish"
 
 
+@pytest.mark.parametrize("damage", ["not msgpack", "not a page", "a column cut short"])
+def test_a_replica_serving_a_damaged_page_is_passed_over(damage):
+    """Found by a review: a page that did not decode failed the task at once, where the JVM
+    reader (as the README says of both) asks the next replica."""
+    log = numbered(9)
+    good = serving(log)
+
+    def damaged(path: str, n: int) -> tuple[int, str, bytes] | None:
+        answer = good(path, n)
+        assert answer is not None
+        status, ctype, raw = answer
+        if damage == "not msgpack":
+            return status, ctype, b"\xc1 not msgpack"
+        page = msgspec.msgpack.decode(raw)
+        if damage == "not a page":
+            del page["next"]
+        else:
+            page["index"] = page["index"][:8]  # one index for the page's records
+        return status, ctype, msgspec.msgpack.encode(page)
+
+    got, (bad, _) = read_from([damaged, good], 1, 10, pageRecords="4")
+    assert got == values(range(1, 10))
+    assert len(bad.requests) >= 3, "asked first for every page"
+
+
 TABLE_LOG = [
     Entry(6, 2, EntryKind.NORMAL, encode_record(Record(b"a", b"2"))),
     Entry(7, 2, EntryKind.NORMAL, encode_record(Record(b"c", b"3"))),

@@ -242,12 +242,13 @@ def spread(splits: list[LogSplit], min_partitions: int | None, others: int = 0) 
 # ====================================================================== reading
 def _fetch(
     nodes: Client, split: LogSplit, at: int, opts: Options, unanswered: set[str] | None = None
-) -> dict[str, Any] | int | archived.Compacted:
-    """The next column page of `split` from `at`, the index to skip to after data loss, or
-    (with archiveUrl) the floor of replicas that all compacted `at`. `unanswered`: replicas
-    that gave no answer earlier in the task (down, or frozen until the call's timeout), asked
-    after the others from then on: each page of a split cost a frozen replica's whole
-    `timeoutSeconds` before the next was asked."""
+) -> tuple[pa.RecordBatch, int] | int | archived.Compacted:
+    """The next column page of `split` from `at` (its rows and the next index), the index to
+    skip to after data loss, or (with archiveUrl) the floor of replicas that all compacted
+    `at`. `unanswered`: replicas that gave no answer earlier in the task (down, or frozen until
+    the call's timeout), asked after the others from then on: each page of a split cost a
+    frozen replica's whole `timeoutSeconds` before the next was asked. A damaged page (not
+    msgpack, or not a page) is asked of the next replica, as the JVM reader does."""
     tries = rounds(opts).start()
     floors: dict[str, int] = {}
     errors: dict[str, str] = {}
@@ -259,7 +260,11 @@ def _fetch(
                 continue
             try:
                 page = nodes.columns(url, split.partition, at, split.stop, opts.page_records)
+                batch, nxt = arrow.page_to_batch(page, opts.include_headers), int(page["next"])
             except ClientError as e:
+                if e.error == "bad_response":
+                    errors[url] = f"{url}: a damaged page: {e.reason}"
+                    continue
                 if e.status == NO_ANSWER:
                     unanswered.add(url)
                 if e.status == 410:
@@ -276,8 +281,11 @@ def _fetch(
                     ) from None
                 errors[url] = str(e)
                 continue
-            if int(page["next"]) > at:
-                return page
+            except (KeyError, TypeError, ValueError, pa.ArrowException) as e:
+                errors[url] = f"{url}: a damaged page: {type(e).__name__}: {e}"
+                continue
+            if nxt > at:
+                return batch, nxt
             errors[url] = f"{url}: no progress at {at}"
         if len(floors) == len(split.replicas):
             floor = min(floors.values())
@@ -318,10 +326,9 @@ def read_log(opts: Options, split: LogSplit) -> Iterator[pa.RecordBatch]:
             if isinstance(got, int):
                 at = got
                 continue
-            batch = arrow.page_to_batch(got, opts.include_headers)
+            batch, at = got
             if batch.num_rows:
                 yield batch
-            at = int(got["next"])
     finally:
         nodes.close()
 
