@@ -56,6 +56,8 @@ BAD = [
     ),
     ({**EP, "minPartitions": "0"}, False, "minPartitions", "between 1 and"),
     ({**EP, "startingTimestamp": "soon"}, False, "startingTimestamp", "milliseconds since the"),
+    # A digit to str.isdigit, not to int (it was a ValueError, not the option named).
+    ({**EP, "startingTimestamp": "\u00b2"}, False, "startingTimestamp", "milliseconds since the"),
     (
         {**EP, "startingTimestamp": "1", "startingOffsets": "earliest"},
         False,
@@ -113,6 +115,9 @@ def test_good_options_parse():
         streaming=True,
     )
     assert o.endpoints == ("http://a:1", "https://b:2")
+    # Each once: named twice, a replica was counted twice (data loss was then never found).
+    twice = parse({"endpoints": "http://a:1,http://a:1/, https://b:2"}, streaming=False)
+    assert twice.endpoints == ("http://a:1", "https://b:2")
     assert o.starting == {0: 5, 1: -2}
     assert o.max_offsets_per_trigger == 100
     assert o.min_offsets_per_trigger is None and o.max_trigger_delay_s == 15 * 60

@@ -233,7 +233,7 @@ def _times(opts: Mapping[str, str], one: str, per: str, offsets: str) -> TimeSpe
         raise OptionError(given[-1], f"give one of {', '.join(given)}, not both")
     if one.lower() in opts:
         raw = str(opts[one.lower()]).strip()
-        if not raw.isdigit():
+        if not (raw.isascii() and raw.isdigit()):  # "²" is a digit to isdigit, not to int
             raise OptionError(one, f"must be milliseconds since the epoch, got {raw!r}")
         return int(raw)
     if per.lower() not in opts:
@@ -356,7 +356,11 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
     raw_endpoints = str(opts.get("endpoints") or "").strip()
     if not raw_endpoints:
         raise OptionError("endpoints", "is required: comma-separated node URLs (http://host:port)")
-    endpoints = tuple(e.strip().rstrip("/") for e in raw_endpoints.split(",") if e.strip())
+    # Each once: a replica named twice was counted twice, and "every replica compacted it"
+    # (data loss) was never met, so the read waited out timeoutSeconds instead.
+    endpoints = tuple(
+        dict.fromkeys(e.strip().rstrip("/") for e in raw_endpoints.split(",") if e.strip())
+    )
     for e in endpoints:
         if not e.startswith(("http://", "https://")):
             raise OptionError("endpoints", f"{e!r} is not an http(s) URL")

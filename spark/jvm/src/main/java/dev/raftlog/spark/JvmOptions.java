@@ -218,6 +218,7 @@ final class JvmOptions implements Serializable {
                 throw new OptionException("endpoints", repr(e) + " is not an http(s) URL");
               }
             })
+        .distinct() // each once: a replica named twice was counted twice (see the Python)
         .toArray(String[]::new);
   }
 
