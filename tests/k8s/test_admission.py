@@ -226,6 +226,22 @@ def test_the_storage_class_cannot_change_after_creation(
     assert spec_of(namespace, "disks")["storage"].get("storageClassName") == before
 
 
+@pytest.mark.parametrize("field", ["authSecretName", "tlsSecretName"])
+@pytest.mark.parametrize(
+    "before, after", [(None, "b"), ("a", "b"), ("a", None)], ids=["set", "changed", "unset"]
+)
+def test_the_token_and_tls_secrets_cannot_change_after_creation(
+    namespace: str, field: str, before: str | None, after: str | None
+) -> None:
+    """Found by a review: a new secret reached no member before the operator's calls failed
+    with it (401, or the other scheme), so no pass ever got to the rolling restart."""
+    name = f"{field[:4].lower()}-{'-'.join(str(x).lower() for x in (before, after))}"
+    apply(namespace, name, {field: before} if before else {})
+    err = kube.kubectl_fails(*patch(namespace, name, {field: after}))
+    assert f"spec.{field}: " in err and f"{field} cannot change after creation" in err, err
+    assert spec_of(namespace, name).get(field) == before
+
+
 def test_the_reclaim_policy_cannot_go_from_delete_to_retain(namespace: str) -> None:
     apply(namespace, "owned", {"storage": {"reclaimPolicy": "Delete"}})
     err = kube.kubectl_fails(*patch(namespace, "owned", {"storage": {"reclaimPolicy": "Retain"}}))

@@ -350,6 +350,21 @@ class RaftClusterSpec(_Model):
                 "message": "peerClientCertAuth needs tlsSecretName (the CA that signs the "
                 "members' certificates)",
             },
+            # A member's token and TLS are its pod's: a new secret reached no member before
+            # the operator's calls failed with it (401, or the other scheme), and with no
+            # member answering, the rolling restart that would carry it never came.
+            *(
+                {
+                    "rule": f"has(self.{field}) == has(oldSelf.{field})"
+                    f" && (!has(self.{field}) || self.{field} == oldSelf.{field})",
+                    "fieldPath": f".{field}",
+                    "message": f"{field} cannot change after creation: {why}",
+                }
+                for field, why in (
+                    ("authSecretName", "members keep the token they were made with"),
+                    ("tlsSecretName", "members keep the scheme and CA they were made with"),
+                )
+            ),
             {
                 "rule": "!has(self.restore) || has(self.archive)",
                 "fieldPath": ".restore",
@@ -428,13 +443,14 @@ class RaftClusterSpec(_Model):
     auth_secret_name: str | None = Field(
         None,
         pattern=DNS_NAME,
-        description="Secret (key `token`) holding the peer and admin token; generated if unset.",
+        description="Secret (key `token`) holding the peer and admin token; generated if unset. "
+        "Fixed after creation (the token cannot be rotated yet).",
     )
     tls_secret_name: str | None = Field(
         None,
         pattern=DNS_NAME,
         description="Secret of type kubernetes.io/tls (with `ca.crt`): members serve and verify "
-        "https when set.",
+        "https when set. Fixed after creation.",
     )
     peer_client_cert_auth: bool = Field(
         False,
