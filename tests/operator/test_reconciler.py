@@ -33,6 +33,7 @@ from raftlog.operator.cluster_views import (
 from raftlog.operator.models import MemberStatus, RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.reconciler import (
     INSTALL_MAX_ATTEMPTS,
+    PROMOTION_UNWATCHED_S,
     Plan,
     config_hash,
     decide,
@@ -340,6 +341,22 @@ def test_a_window_not_watched_for_a_while_starts_again():
     assert "not watched for 600 s" in " ".join(e.message for e in plan.events)
     for i in range(1, 4):  # watched every second now: the whole window, then promoted
         plan = step(plan.status, w, s, now=later + i * window / 3)
+    assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
+
+
+def test_a_window_not_watched_for_longer_than_itself_starts_again_though_briefly():
+    """Found by a review: a gap below 30 s still counted, so a 3 s window that started was
+    passed by one sample 25 s later (an operator restart, a pass held by a snapshot install).
+    A gap longer than the window (or 5 s, for windows shorter than a pass) restarts it."""
+    w, st, s = learner_world(lag=3)
+    window = s.raft.learner_promotion_stable_window
+    assert window < PROMOTION_UNWATCHED_S < 6
+    plan = step(st, w, s, now=T0 + 6)  # 6 s unwatched: more than the window and than 5 s
+    assert isinstance(plan.action, Wait), plan.action
+    assert "PromotionWindowRestarted" in [e.reason for e in plan.events]
+    # Passes 4 s apart (under 5 s) watch a 3 s window: the learner is promoted.
+    w2, st2, s2 = learner_world(lag=3)
+    plan = step(st2, w2, s2, now=T0 + 4)
     assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
 
 
