@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -171,6 +172,56 @@ def test_local_up_status_and_down(tmp_path, capsys):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+
+
+def start_local_up(data_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """`raftctl local up` of 3 members in `data_dir`, once it says the cluster is up; its
+    output so far."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlog.cli.main", "local", "up", "--replicas", "3",
+         "--data-dir", str(data_dir)],
+        stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
+    )  # fmt: skip
+    assert proc.stdout is not None
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "Ctrl-C" in line or not line:
+            break
+    return proc, lines
+
+
+def test_local_up_after_its_supervisor_was_killed_stops_the_members_it_left_first(tmp_path, capsys):
+    """Found by a review: members run in sessions of their own and outlive a `local up` killed
+    with SIGKILL; the next `local up` knew no process of theirs, started a second node on each
+    data directory, and that one deleted the live node's journal segment. Now it stops them
+    first (and refuses while the first `local up` still runs)."""
+    first, lines = start_local_up(tmp_path)
+    assert any("Ctrl-C" in line for line in lines), lines
+    left = json.loads((tmp_path / "cluster.json").read_text())["pids"]
+    assert main(["local", "up", "--data-dir", str(tmp_path)]) == 1
+    assert f"a cluster is already up in {tmp_path}" in capsys.readouterr().err
+    first.kill()  # its members run on
+    first.wait(timeout=30)
+    assert None not in [started_at(pid) for pid in left]
+    second, lines = start_local_up(tmp_path)
+    try:
+        said = "".join(lines)
+        assert "stopped 3 members a previous `raftctl local up` left running" in said, said
+        assert "Ctrl-C" in said, said
+        # Ended (a zombie when nothing reaps the orphans, as PID 1 here may not).
+        assert [started_at(pid) for pid in left] == [None] * 3
+        now = json.loads((tmp_path / "cluster.json").read_text())["pids"]
+        assert len(now) == 3 and not set(now) & set(left)
+        for pid in now:  # no node writes to a journal file deleted under it
+            fds = Path(f"/proc/{pid}/fd")
+            opened = [os.readlink(fds / fd) for fd in os.listdir(fds)]
+            assert not [f for f in opened if "journal" in f and "(deleted)" in f], opened
+    finally:
+        assert main(["local", "down", "--data-dir", str(tmp_path)]) == 0
+        second.wait(timeout=30)
 
 
 # ------------------------------------------------------------------ against a scripted node

@@ -10,9 +10,7 @@ import argparse
 import asyncio
 import json
 import os
-import signal
 import sys
-import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -20,7 +18,7 @@ from urllib.parse import urlsplit
 
 from raftlog.client import NO_ANSWER, AsyncClient, ClientError
 from raftlog.operator.local_cli import add_commands as add_local_commands
-from raftlog.operator.local_cli import started_at
+from raftlog.operator.local_cli import recorded_alive, stop_recorded
 
 
 def endpoint_list(text: str) -> str:
@@ -271,20 +269,6 @@ async def _transfer(args: argparse.Namespace) -> int:
 
 
 # ====================================================================== local
-def _alive(pid: int, state: dict[str, Any]) -> bool:
-    """Whether `pid` is still the process `local up` recorded, not one that took its pid since."""
-    recorded: int | None = state.get("started", {}).get(str(pid))
-    if recorded is not None:
-        return started_at(pid) == recorded
-    try:  # a cluster.json written before start times were recorded
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's: not a process this user's `local up` started
-        return False
-    return True
-
-
 def _local_state(args: argparse.Namespace) -> dict[str, Any] | None:
     """What `raftctl local up` left in --data-dir; None, said on stderr, when there is nothing."""
     path = Path(args.data_dir) / "cluster.json"
@@ -301,16 +285,8 @@ def _local_down(args: argparse.Namespace) -> int:
     state = _local_state(args)
     if state is None:
         return 1
-    targets = [state["supervisor"]] if _alive(state["supervisor"], state) else state["pids"]
-    for pid in targets:
-        if _alive(pid, state):
-            os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and any(_alive(p, state) for p in state["pids"]):
-        time.sleep(0.1)
-    left = [p for p in state["pids"] if _alive(p, state)]
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
+    supervised = recorded_alive(state["supervisor"], state)
+    left = stop_recorded([state["supervisor"]] if supervised else state["pids"], state)
     print(f"stopped {len(state['pids'])} nodes" + (f" ({len(left)} killed)" if left else ""))
     return 0
 
@@ -319,7 +295,7 @@ def _local_status(args: argparse.Namespace) -> int:
     state = _local_state(args)
     if state is None:
         return 1
-    running = [p for p in state["pids"] if _alive(p, state)]
+    running = [p for p in state["pids"] if recorded_alive(p, state)]
     if not running:
         print(f"not running ({len(state['pids'])} nodes stopped)")
         return 1

@@ -18,6 +18,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -67,6 +68,9 @@ def local_up(args: argparse.Namespace) -> int:
                 "--object-store: the manifest has no spec.archive (add `archive: {url: "
                 "s3://bucket/prefix}`: the bucket is made on the local server)"
             )
+        busy = _take_over(base)
+        if busy is not None:
+            raise ManifestError(busy)
         object_store = (
             LocalObjectStore(base / OBJECT_STORE, weed=args.weed) if args.object_store else None
         )
@@ -134,6 +138,64 @@ def started_at(pid: int) -> int | None:
         return None
     fields = stat.rsplit(")", 1)[1].split()  # after the command, which may hold spaces
     return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def recorded_alive(pid: int, state: dict[str, Any]) -> bool:
+    """Whether `pid` is still the process `local up` recorded in `cluster.json` (`state`), not
+    one that took its pid since."""
+    recorded: int | None = state.get("started", {}).get(str(pid))
+    if recorded is not None:
+        return started_at(pid) == recorded
+    try:  # a cluster.json written before start times were recorded
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: not a process this user's `local up` started
+        return False
+    return True
+
+
+def stop_recorded(pids: list[int], state: dict[str, Any], wait_s: float = 30.0) -> list[int]:
+    """SIGTERM each of `pids` still the process recorded, wait for the nodes of `state` to end,
+    SIGKILL those left after `wait_s`; the pids killed."""
+    for pid in pids:
+        if recorded_alive(pid, state):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(recorded_alive(p, state) for p in state["pids"]):
+        time.sleep(0.1)
+    left = [p for p in state["pids"] if recorded_alive(p, state)]
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def _take_over(base: Path) -> str | None:
+    """Members a `local up` left running when it was killed (they run in sessions of their own,
+    so they outlive it) are stopped before this one starts its own on their data: it knew no
+    process of theirs, took each for missing and started a second node on each directory.
+    Refused (the reason returned) while that `local up` itself still runs."""
+    path = base / "cluster.json"
+    if not path.is_file():
+        return None
+    state = dict(json.loads(path.read_text()))
+    supervisor = int(state.get("supervisor", 0))
+    if supervisor and supervisor != os.getpid() and recorded_alive(supervisor, state):
+        return (
+            f"a cluster is already up in {base} (raftctl local up, pid {supervisor}); stop it "
+            f"first: raftctl local down --data-dir {base}"
+        )
+    running = [p for p in state.get("pids", []) if recorded_alive(p, state)]
+    if running:
+        killed = stop_recorded(running, state)
+        print(
+            f"stopped {len(running)} members a previous `raftctl local up` left running "
+            f"(pids {', '.join(map(str, running))}"
+            + (f"; {len(killed)} killed" if killed else "")
+            + "): they are started again on their data",
+            flush=True,
+        )
+    return None
 
 
 def _write_state(base: Path, local_operator: LocalOperator) -> None:
