@@ -5,7 +5,10 @@ import java.util.List;
 
 /** What the answering replicas of one raftlog partition said of it at planning. */
 final class PartitionView {
-  record Replica(String url, boolean leader, long highWaterMark, long floor) {}
+  /** {@code floor}: the lowest index it serves (below its compaction floor from the archive);
+   * {@code compactionFloor}: the lowest its own log holds. */
+  record Replica(
+      String url, boolean leader, long highWaterMark, long floor, long compactionFloor) {}
 
   final int partition;
   final List<Replica> replicas = new ArrayList<>();

@@ -44,7 +44,8 @@ final class Survey {
                     p.get("high_water_mark").asLong(),
                     // The lowest index it serves: below its floor from the cluster's archive
                     // (tiered reads); a node without the field serves from its floor.
-                    p.path("readable_from").asLong(p.get("compaction_floor").asLong())));
+                    p.path("readable_from").asLong(p.get("compaction_floor").asLong()),
+                    p.get("compaction_floor").asLong()));
       }
     }
     if (views.isEmpty()) {

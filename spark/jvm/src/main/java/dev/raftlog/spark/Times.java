@@ -117,13 +117,14 @@ final class Times implements Serializable {
     return Offsets.of(out);
   }
 
-  /** Asked of the replica holding the most first (the lowest floor), never of one whose mark
-   * is below the planned one (it answers 503 behind): the Python source's order. */
+  /** Asked of the replica holding the most first (the lowest compaction floor: it answers
+   * from its own log, not the archive's), never of one whose mark is below the planned one (it
+   * answers 503 behind): the Python source's order. */
   private Long indexForTime(Nodes nodes, PartitionView pv, long t) {
     NodeException last = null;
     List<PartitionView.Replica> replicas = new ArrayList<>(pv.replicas);
     replicas.sort(
-        Comparator.comparingLong(PartitionView.Replica::floor)
+        Comparator.comparingLong(PartitionView.Replica::compactionFloor)
             .thenComparing(Comparator.comparingLong(PartitionView.Replica::highWaterMark)
                 .reversed()));
     String path =
