@@ -58,6 +58,14 @@ BAD = [
     ({**EP, "startingTimestamp": "soon"}, False, "startingTimestamp", "milliseconds since the"),
     # A digit to str.isdigit, not to int (it was a ValueError, not the option named).
     ({**EP, "startingTimestamp": "\u00b2"}, False, "startingTimestamp", "milliseconds since the"),
+    # Numbers as both readers read them (Python's int took "1_0" and any size, Java's
+    # parseDouble "1d" and hexadecimal).
+    ({**EP, "startingTimestamp": "9" * 20}, False, "startingTimestamp", "milliseconds since the"),
+    ({**EP, "maxRecordsPerSplit": "200_000"}, False, "maxRecordsPerSplit", "an integer"),
+    ({**EP, "partitions": "1_0"}, False, "partitions", "comma-separated"),
+    ({**EP, "timeoutSeconds": "1d"}, False, "timeoutSeconds", "a number"),
+    ({**EP, "timeoutSeconds": "0x1p3"}, False, "timeoutSeconds", "a number"),
+    ({**EP, "startingOffsets": '{"1_0": 5}'}, False, "startingOffsets", "not an integer"),
     (
         {**EP, "startingTimestamp": "1", "startingOffsets": "earliest"},
         False,

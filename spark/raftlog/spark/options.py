@@ -153,12 +153,40 @@ def _bounded(
     return v
 
 
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+
+
+def integer(text: str) -> int:
+    """An integer as the JVM reader's `Long.parseLong` reads one: ASCII digits with an optional
+    sign, in 64 bits. Python's `int` also takes "1_0" (10), other scripts' digits and any size,
+    which the JVM reader refused: the two readers read the same options alike."""
+    text = text.strip()
+    if not _INTEGER.fullmatch(text):
+        raise ValueError(f"not an integer: {text!r}")
+    value = int(text)
+    if not -(2**63) <= value < 2**63:
+        raise ValueError(f"out of 64 bits: {text!r}")
+    return value
+
+
 def _int(opts: Mapping[str, str], name: str, default: int | None, lo: int, hi: int) -> int | None:
-    return _bounded(opts, name, default, lo, hi, int, "an integer")
+    return _bounded(opts, name, default, lo, hi, integer, "an integer")
+
+
+_DECIMAL = re.compile(r"[+-]?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][+-]?[0-9]+)?")
+
+
+def decimal(text: str) -> float:
+    """A number in decimal notation, as both readers take one (not Python's "1_0" nor Java's
+    "1d" or hexadecimal "0x1p3")."""
+    text = text.strip()
+    if not _DECIMAL.fullmatch(text):
+        raise ValueError(f"not a decimal number: {text!r}")
+    return float(text)
 
 
 def _float(opts: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
-    return _bounded(opts, name, default, lo, hi, float, "a number")
+    return _bounded(opts, name, default, lo, hi, decimal, "a number")
 
 
 # Spark's time strings (JavaUtils.timeStringAsMs), as Kafka's maxTriggerDelay takes them.
@@ -188,7 +216,7 @@ def _per_partition(name: str, text: str, like: str, what: str) -> dict[int, Any]
     out: dict[int, Any] = {}
     for k, v in parsed.items():
         try:
-            p = int(k)
+            p = integer(k)
         except ValueError:
             raise OptionError(name, f"partition {k!r} is not an integer") from None
         if p < 0:
@@ -233,9 +261,13 @@ def _times(opts: Mapping[str, str], one: str, per: str, offsets: str) -> TimeSpe
         raise OptionError(given[-1], f"give one of {', '.join(given)}, not both")
     if one.lower() in opts:
         raw = str(opts[one.lower()]).strip()
-        if not (raw.isascii() and raw.isdigit()):  # "²" is a digit to isdigit, not to int
+        try:
+            value = integer(raw)  # "²" is a digit to str.isdigit, not to int
+        except ValueError:
+            value = -1
+        if value < 0 or raw[:1] in "+-":
             raise OptionError(one, f"must be milliseconds since the epoch, got {raw!r}")
-        return int(raw)
+        return value
     if per.lower() not in opts:
         return None
     parsed = _per_partition(
@@ -368,7 +400,7 @@ def parse(raw_options: Mapping[str, str], *, streaming: bool) -> Options:
     raw_parts = opts.get("partitions")
     if raw_parts is not None and str(raw_parts).strip():
         try:
-            partitions = tuple(sorted({int(p) for p in str(raw_parts).split(",") if p.strip()}))
+            partitions = tuple(sorted({integer(p) for p in str(raw_parts).split(",") if p.strip()}))
         except ValueError:
             raise OptionError(
                 "partitions", f"must be comma-separated partition numbers, got {raw_parts!r}"

@@ -313,9 +313,22 @@ final class JvmOptions implements Serializable {
     }
   }
 
+  /** Decimal notation only, as the Python reader's {@code decimal}: {@code parseDouble} also
+   * took "1d" and hexadecimal "0x1p3". */
+  private static final java.util.regex.Pattern DECIMAL =
+      java.util.regex.Pattern.compile("[+-]?([0-9]+\\.?[0-9]*|\\.[0-9]+)([eE][+-]?[0-9]+)?");
+
+  private static double decimal(String text) {
+    String t = text.strip();
+    if (!DECIMAL.matcher(t).matches()) {
+      throw new NumberFormatException("not a decimal number: " + t);
+    }
+    return Double.parseDouble(t);
+  }
+
   private static double number(
       Map<String, String> o, String name, double dflt, double lo, double hi) {
-    return bounded(o, name, dflt, Double::parseDouble, "a number", v -> v >= lo && v <= hi, lo, hi);
+    return bounded(o, name, dflt, JvmOptions::decimal, "a number", v -> v >= lo && v <= hi, lo, hi);
   }
 
   /**
