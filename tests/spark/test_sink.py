@@ -363,6 +363,8 @@ def test_write_options_take_their_bounds_and_name_a_read_option_as_such(cluster:
     assert sink.parse_write({**ep, "writeId": "w" * 100}).write_id == "w" * 100
     with pytest.raises(OptionError, match="between 1 and 10000, got 10001"):
         sink.parse_write({**ep, "batchRecords": "10001"})
+    with pytest.raises(OptionError, match="must be an integer, got '1_0'"):
+        sink.parse_write({**ep, "batchRecords": "1_0"})  # int() read it as 10
     with pytest.raises(OptionError, match="1 to 100 characters"):
         sink.parse_write({**ep, "writeId": "w" * 101})
     with pytest.raises(OptionError, match="is a read option; a write takes"):

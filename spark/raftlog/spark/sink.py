@@ -47,7 +47,7 @@ from raftlog.client import ClientError
 from raftlog.node.record import epoch_ms
 from raftlog.node.routing import partition_for
 from raftlog.spark.nodes import client
-from raftlog.spark.options import READ_OPTIONS, OptionError, Options, parse
+from raftlog.spark.options import READ_OPTIONS, OptionError, Options, integer, parse
 
 log = logging.getLogger("raftlog.spark.sink")
 WRITE_OPTIONS = ("endpoints", "token", "tokenFile", "caFile", "timeoutSeconds")
@@ -81,7 +81,7 @@ def parse_write(raw: Mapping[str, str]) -> WriteOptions:
         raise OptionError(name, f"is {what}; a write takes {writes}")
     batch = opts.pop("batchrecords", "500")
     try:
-        batch_records = int(str(batch).strip())
+        batch_records = integer(str(batch))
     except ValueError:
         raise OptionError("batchRecords", f"must be an integer, got {batch!r}") from None
     if not 1 <= batch_records <= 10_000:
