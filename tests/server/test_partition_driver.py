@@ -410,6 +410,39 @@ def test_a_producers_later_append_is_not_proposed_past_one_the_stalled_disk_expi
     asyncio.run(run())
 
 
+def test_a_failed_append_gives_its_producers_mark_back_once_not_over_a_retrys(tmp_path):
+    """Found by a review: an append expired unproposed had its mark given back by the driver
+    at once and again by its own call a turn later; a retry admitted in between lost its mark,
+    so a second retry was admitted too, and the record went in twice."""
+
+    async def run() -> None:
+        async with _leading(tmp_path) as d:
+            unproposed, retries = d._unproposed, list[asyncio.Future[Any]]()
+
+            def retry_sent_meanwhile(prop: Any, e: Exception) -> None:
+                if prop.producer == "p" and not retries:  # a retry's handler, run first
+                    retries.append(asyncio.ensure_future(d.propose_idempotent("p", 0, [_rec(0)])))
+                unproposed(prop, e)
+
+            d._unproposed = retry_sent_meanwhile  # type: ignore[method-assign]
+            with HeldSync(d.node) as hold:
+                stuck = asyncio.ensure_future(d.propose([b"stuck"], timeout=0.2))
+                await until(hold.held.is_set, "the driver stuck in a sync")
+                with pytest.raises(NotCommitted):
+                    await d.propose_idempotent("p", 0, [_rec(0)], 0.2)
+                await asyncio.sleep(0)
+                with pytest.raises(ProducerBusy):  # the first retry is in flight
+                    await d.propose_idempotent("p", 0, [_rec(0)])
+            d.node.journal.sync = hold.real  # type: ignore[method-assign]
+            with contextlib.suppress(TimeoutError):
+                await stuck
+            done = await asyncio.wait_for(retries[0], 10)
+            log = [e.data for e in d.raft.read_committed(1, done.last_index + 1)]
+            assert log.count(_rec(0)) == 1
+
+    asyncio.run(run())
+
+
 def test_a_membership_change_whose_index_a_new_leader_took_is_not_answered_done(tmp_path):
     """Found by a review: the admin call waited for the commit to pass the change's index and
     answered 200 with the change, whoever's entry the index then held."""

@@ -166,6 +166,10 @@ class PartitionDriver:
         self._serving: set[str] = set()  # targets a snapshot is being streamed to
         # Producer -> the last sequence proposed in `_inflight_term` and not yet applied.
         self._inflight_seq: dict[str, int] = {}
+        # Producer -> the call of `propose_idempotent` whose proposal set its mark: only that
+        # call gives the mark back when it fails (a failure given back at once by the driver,
+        # then again by its call a turn later, undid a retry's mark: records in twice).
+        self._inflight_owner: dict[str, object] = {}
         self._inflight_term = 0
         self._read_ids = 0
         self._reads: dict[int, asyncio.Future[int]] = {}  # ReadIndex requests in flight
@@ -251,6 +255,7 @@ class PartitionDriver:
         them again (and none past them goes first)."""
         if self._inflight_seq.get(producer, -1) >= first_seq:
             self._inflight_seq[producer] = first_seq - 1
+        self._inflight_owner.pop(producer, None)
 
     async def propose_idempotent(
         self, producer: str, first_seq: int, records: list[bytes], timeout: float = float("inf")
@@ -268,6 +273,7 @@ class PartitionDriver:
             raise ProducerBusy("a new leader is still applying its log; retry")
         if self._inflight_term != self.raft.term:
             self._inflight_seq, self._inflight_term = {}, self.raft.term
+            self._inflight_owner = {}
         end = first_seq + len(records) - 1
         applied = self.table.last_sequence(producer)
         if first_seq <= applied:
@@ -294,18 +300,20 @@ class PartitionDriver:
                 f"{producer} sent sequence {first_seq}, expected {last_known + 1}"
             )
         self._inflight_seq[producer] = end
+        mine = self._inflight_owner[producer] = object()
         try:
             done = await self.propose(records, timeout, producer, first_seq)
         except (NotLeader, ProposalRefused, NotCommitted, StorageFailed):
             # Not in the log (refused, or replaced by another leader's entry): a retry may
             # propose the same sequences again. A timeout keeps the mark: the entries may still
             # commit, and until they are applied a retry is told to wait.
-            self._give_back(producer, first_seq)
+            if self._inflight_owner.get(producer) is mine:
+                self._give_back(producer, first_seq)
             raise
         # Applied now (the table is ahead of the mark): the mark is no longer needed, and every
         # client's producer ids would otherwise pile up here for the whole term.
-        if self._inflight_seq.get(producer) == end:
-            del self._inflight_seq[producer]
+        if self._inflight_owner.get(producer) is mine:
+            del self._inflight_seq[producer], self._inflight_owner[producer]
         if head is not None:  # where the first part went (if forgotten, the rest's first)
             done.first_index = head[0]
         return done
