@@ -3,6 +3,8 @@ by a tombstone; and where a producer's recent sequences landed."""
 
 from __future__ import annotations
 
+import msgspec
+
 from raftlog.node.core.types import Entry
 from raftlog.node.record import Record, encode_record
 from raftlog.node.statemachine import MAX_PRODUCERS, PRODUCER_MEMORY, KeyedTable
@@ -87,12 +89,36 @@ def test_a_batch_of_any_size_is_one_run_placed_whole_and_runs_are_the_memory():
     assert table.placed("p", 200) is not None and table.placed("p", 199) is None
 
 
-def test_an_image_of_an_older_node_is_read_with_a_run_of_one_per_record():
-    import msgspec
-
-    old = msgspec.msgpack.encode([5, [], {"p": [[0, 4, 1], [1, 5, 1]]}, []])
+def test_an_image_of_an_older_node_is_read_with_its_records_joined_into_runs():
+    """Records of an older node's image (a (sequence, index, term) each) are joined as `apply`
+    joins them: a replica restored from it holds the runs one that applied them holds."""
+    records = {"p": [[0, 4, 1], [1, 5, 1], [2, 7, 1]]}
+    old = msgspec.msgpack.encode([7, [[b"k", b"v"]], records, []])
     table = KeyedTable.restore(old)
-    assert table.last_sequence("p") == 1
-    assert table.placed("p", 0) == (4, 1) and table.placed("p", 1) == (5, 1)
-    table.apply(produced(6, "p", 2))  # extends the last run
-    assert table.spans("p", 0, 2) == [(0, 4, 1), (1, 5, 2)]
+    assert table.last_sequence("p") == 2
+    assert table.spans("p", 0, 2) == [(0, 4, 2), (2, 7, 1)]
+    applied = KeyedTable()
+    for index, seq in ((4, 0), (5, 1), (7, 2)):
+        applied.apply(produced(index, "p", seq))
+    assert table.snapshot() == applied.snapshot()
+
+
+class _OlderImage(msgspec.Struct, array_like=True):
+    """The table image as a node before runs decodes it."""
+
+    applied_index: int
+    rows: list[tuple[bytes, bytes]]
+    producers: dict[str, list[tuple[int, int, int]]] = {}
+    forgotten: list[tuple[int, int]] = []
+
+
+def test_an_older_node_reads_an_image_with_runs_as_its_last_records():
+    """A rolling upgrade's new leader sends its image to members not restarted yet: an older
+    node reads it (the runs are a trailing field it skips), with each producer's last 64
+    records as it kept them."""
+    table = KeyedTable()
+    for seq in range(100):  # one run of 100 records at 11..110
+        table.apply(produced(11 + seq, "p", seq, term=2))
+    older = msgspec.msgpack.Decoder(_OlderImage).decode(table.snapshot())
+    assert older.producers["p"] == [(s, 11 + s, 2) for s in range(36, 100)]
+    assert KeyedTable.restore(table.snapshot()).spans("p", 0, 99) == [(0, 11, 100)]

@@ -45,11 +45,15 @@ def _last_index(run: Run) -> int:
 class _TableImage(msgspec.Struct, array_like=True):
     applied_index: int
     rows: list[tuple[bytes, bytes]]
-    # producer -> its most recent runs (first sequence, last sequence, first index, term),
-    # oldest first; a 3-tuple (sequence, index, term) is a run of one (an older node's image)
-    producers: dict[str, list[tuple[int, ...]]] = {}
+    # producer -> its last PRODUCER_MEMORY records' (sequence, index, term), oldest first: what
+    # a node before runs kept, written still so that one can install this image (a rolling
+    # upgrade's new leader sends it to members not restarted yet); read when `runs` is absent
+    producers: dict[str, list[tuple[int, int, int]]] = {}
     # (producer_hash, last sequence) of producers forgotten since, the first forgotten first
     forgotten: list[tuple[int, int]] = []
+    # producer -> its most recent runs (first sequence, last sequence, first index, term),
+    # oldest first (a field older nodes' decoders skip, as trailing)
+    runs: dict[str, list[tuple[int, int, int, int]]] = {}
 
 
 _image_encoder = msgspec.msgpack.Encoder()
@@ -62,10 +66,26 @@ def _encode_image(
     producers: dict[str, list[Run]],
     forgotten: list[tuple[int, int]],
 ) -> bytes:
-    ordered = {p: producers[p] for p in sorted(producers)}  # the same table, the same bytes
+    names = sorted(producers)  # the same table, the same bytes
+    runs = {p: [(r[0], r[1], r[2], r[3]) for r in producers[p]] for p in names}
+    records = {p: _last_records(producers[p]) for p in names}
     return _image_encoder.encode(
-        _TableImage(applied_index, sorted(rows.items()), ordered, forgotten)  # type: ignore[arg-type]
+        _TableImage(applied_index, sorted(rows.items()), records, forgotten, runs)
     )
+
+
+def _last_records(runs: list[Run]) -> list[tuple[int, int, int]]:
+    """The last PRODUCER_MEMORY records of `runs` as (sequence, index, term), oldest first."""
+    out: list[tuple[int, int, int]] = []
+    for first, last, index, term in reversed(runs):
+        seq = last
+        while seq >= first and len(out) < PRODUCER_MEMORY:
+            out.append((seq, index + seq - first, term))
+            seq -= 1
+        if len(out) == PRODUCER_MEMORY:
+            break
+    out.reverse()
+    return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +219,10 @@ class KeyedTable:
             table.rows = dict(image.rows)
             # Stored by name (the same bytes on every replica); the order of recency is that of
             # each producer's last index.
-            runs = {p: [_run(x) for x in seen] for p, seen in image.producers.items()}
+            if image.runs or not image.producers:
+                runs = {p: [list(r) for r in seen] for p, seen in image.runs.items()}
+            else:  # an older node's image: its records, joined as `apply` joins them
+                runs = {p: _joined(seen) for p, seen in image.producers.items()}
             recent = sorted(runs.items(), key=lambda kv: _last_index(kv[1][-1]) if kv[1] else 0)
             table.producers = OrderedDict(
                 (p, deque(seen, maxlen=PRODUCER_MEMORY)) for p, seen in recent
@@ -208,11 +231,18 @@ class KeyedTable:
         return table
 
 
-def _run(stored: tuple[int, ...]) -> Run:
-    """A run as an image stores it; an older node's (sequence, index, term) is a run of one."""
-    if len(stored) == 3:
-        seq, index, term = stored
-        return [seq, seq, index, term]
-    if len(stored) != 4:
-        raise ValueError(f"a producer's run of {len(stored)} numbers in a table image")
-    return list(stored)
+def _joined(records: list[tuple[int, int, int]]) -> list[Run]:
+    """Runs of an older image's (sequence, index, term) records, joined by `apply`'s rule."""
+    runs: list[Run] = []
+    for seq, index, term in records:
+        run = runs[-1] if runs else None
+        if (
+            run is not None
+            and seq == run[1] + 1
+            and index == _last_index(run) + 1
+            and term == run[3]
+        ):
+            run[1] = seq
+        else:
+            runs.append([seq, seq, index, term])
+    return runs
