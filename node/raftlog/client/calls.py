@@ -236,14 +236,19 @@ class Calls:
         whose error is in `final` is raised at once, retryable or not."""
         tries = self.retry.start()
         lacking: set[str] = set()  # nodes that answered they have no such partition
-        silent: set[str] = set()  # nodes that gave no answer during this call
+        silent: dict[str, int] = {}  # nodes that gave no answer: the ask that found it
+        asks = 0
         base = ""
         while True:
             known = self._leaders.get(leader_of) if leader_of is not None else None
+            # Silent until each other node was asked once since (then asked again: a live
+            # leader that missed one answer is still the one to ask).
+            quiet = {n for n, at in silent.items() if asks - at < len(targets)}
             # The endpoint after the last one asked, skipping those that lack the partition and,
-            # while any other is left, those that answered nothing: after a leader's crash,
-            # the rotation would otherwise spend every other try on it.
-            base = known or _next(targets, base, lambda t: t not in lacking, silent)
+            # while any other is left, those quiet: after a leader's crash, the rotation would
+            # otherwise spend every other try on it.
+            base = known or _next(targets, base, lambda t: t not in lacking, quiet)
+            asks += 1
             reply = yield from ask(base, request)
             if reply.ok:
                 if leader_of is not None:
@@ -251,9 +256,9 @@ class Calls:
                 return reply
             error = reply.error()
             if error.status == NO_ANSWER:
-                silent.add(base)
+                silent[base] = asks
             else:
-                silent.discard(base)
+                silent.pop(base, None)
             if error.status == 404 and error.error == "unknown_partition":
                 # While a raised partition count rolls out, members not yet restarted lack the
                 # new partitions: the others are asked at once, and the call fails only once
@@ -267,9 +272,9 @@ class Calls:
             if not error.retryable or error.error in final:
                 raise error
             hint = error.body.get("leader_url") if leader_of is not None else None
-            if hint and str(hint).rstrip("/") in silent:
+            if hint and asks - silent.get(str(hint).rstrip("/"), -len(targets)) < len(targets):
                 # Followers name a crashed leader until their election timeout: its silence
-                # in this call outweighs their word, so the others are asked, after a pause.
+                # this round outweighs their word, so the others are asked, after a pause.
                 hint = None
             if leader_of is not None:
                 if hint:
