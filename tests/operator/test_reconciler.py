@@ -33,7 +33,6 @@ from raftlog.operator.cluster_views import (
 from raftlog.operator.models import MemberStatus, RaftClusterSpec, RaftClusterStatus
 from raftlog.operator.reconciler import (
     INSTALL_MAX_ATTEMPTS,
-    PROMOTION_UNWATCHED_S,
     Plan,
     config_hash,
     decide,
@@ -350,14 +349,21 @@ def test_a_window_not_watched_for_longer_than_itself_starts_again_though_briefly
     A gap longer than the window (or 5 s, for windows shorter than a pass) restarts it."""
     w, st, s = learner_world(lag=3)
     window = s.raft.learner_promotion_stable_window
-    assert window < PROMOTION_UNWATCHED_S < 6
-    plan = step(st, w, s, now=T0 + 6)  # 6 s unwatched: more than the window and than 5 s
+    assert window == 3.0
+    plan = step(st, w, s, now=T0 + 4)  # 4 s unwatched: more than the 3 s window
     assert isinstance(plan.action, Wait), plan.action
     assert "PromotionWindowRestarted" in [e.reason for e in plan.events]
-    # Passes 4 s apart (under 5 s) watch a 3 s window: the learner is promoted.
+    # Passes 3 s apart (the floor) watch a 3 s window: the learner is promoted.
     w2, st2, s2 = learner_world(lag=3)
-    plan = step(st2, w2, s2, now=T0 + 4)
+    plan = step(st2, w2, s2, now=T0 + 3)
     assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
+    # A 60 s window is watched at most 5 s apart: a sample 59 s after its start restarts it.
+    long = spec(replicas=4, raft={"learnerPromotionStableWindow": 60})
+    w3, st3, _ = learner_world(lag=3)
+    plan = step(st3, w3, long, now=T0 + 59)
+    assert isinstance(plan.action, Wait) and "PromotionWindowRestarted" in [
+        e.reason for e in plan.events
+    ]
 
 
 def test_a_lag_excursion_restarts_the_window():
@@ -566,8 +572,9 @@ def test_a_changed_promotion_window_applies_to_the_learner_already_in_one() -> N
     plan = step(st, w, longer, now=T0 + 3)
     assert plan.action == Wait("c-3 within learnerPromotionLag for 3.0 of 30 s")
     assert plan.status.member("c-3").promotion.window_seconds == 30  # type: ignore[union-attr]
-    plan = step(plan.status, w, longer, now=T0 + 29.9)
-    assert isinstance(plan.action, Wait)
+    for now in range(5, 30, 2):  # watched every 2 s
+        plan = step(plan.status, w, longer, now=T0 + now)
+        assert isinstance(plan.action, Wait), now
     plan = step(plan.status, w, longer, now=T0 + 30)
     assert plan.action == ChangeMembership(0, "c-0", "promote", "c-3")
 

@@ -74,9 +74,11 @@ from raftlog.operator.safety import (
     within_promotion_lag,
 )
 
-# A learner's lag not sampled for longer than its window, or than this when the window is
-# shorter (passes come every second or so), was not watched: its promotion window starts again.
+# A learner's lag not sampled for longer than its window (at most PROMOTION_UNWATCHED_S, at
+# least PROMOTION_GAP_FLOOR_S: passes come every second or so) was not watched: its promotion
+# window starts again.
 PROMOTION_UNWATCHED_S = 5.0
+PROMOTION_GAP_FLOOR_S = 3.0
 INSTALL_MAX_ATTEMPTS = 5
 INSTALL_BACKOFF_S = 2.0  # doubled per failed attempt
 INSTALL_BACKOFF_MAX_S = 60.0
@@ -536,12 +538,14 @@ def _promotion_windows(cluster: _ClusterPass) -> None:
         if (
             promotion.window_started_at is not None
             and last_seen is not None
-            and cluster.now - last_seen > max(window, PROMOTION_UNWATCHED_S)
+            and cluster.now - last_seen
+            > max(min(window, PROMOTION_UNWATCHED_S), PROMOTION_GAP_FLOOR_S)
         ):
             # Not watched for a while (the operator down, or a pass held by a long step): one
             # sample after it would have promoted the learner at once (it was 30 s: a 3 s
-            # window was passed by one sample 25 s after it started). Not the window's length
-            # alone: a window shorter than a pass (0.5 s) would never run.
+            # window was passed by one sample 25 s after it started; a 60 s one by samples 59
+            # s apart). Not the window's length alone: a window shorter than a pass (0.5 s)
+            # would never run.
             promotion.restarts += 1
             cluster.event(
                 "PromotionWindowRestarted",
