@@ -505,6 +505,34 @@ def test_a_membership_change_is_answered_leader_lost_when_its_leader_steps_down(
     asyncio.run(run())
 
 
+def test_a_membership_change_under_way_when_the_partition_stops_is_a_503_naming_why(tmp_path):
+    """Found by a review: the change's waiter was failed with the partition's own error (a
+    failed disk), which the admin call did not take for an answer: a 500."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            d.step(AppendResponse("n2", "n1", d.raft.term, True, 1))
+            await until(lambda: d.table.applied_index >= 1, "the no-op applied")
+            srv = TestServer(build_app(d.node))
+            await srv.start_server()
+            try:
+                async with ClientSession(str(srv.make_url(""))) as s:
+                    body = {"op": "add_learner", "node": "n4", "url": "http://127.0.0.1:14"}
+                    call = asyncio.ensure_future(
+                        s.post("/v1/admin/partitions/0/members", json=body)
+                    )
+                    await until(lambda: d.raft.log.last_index() == 2, "the change at 2")
+                    eio = OSError(5, "Input/output error")
+                    d.stop(StorageFailed(str(tmp_path / "journal"), "fdatasync", eio))
+                    r = await asyncio.wait_for(call, 10)
+                    answer = await r.json()
+                    assert (r.status, answer["error"]) == (503, "storage_failed"), answer
+            finally:
+                await srv.close()
+
+    asyncio.run(run())
+
+
 def test_a_follower_answers_an_append_only_once_its_entries_are_synced(tmp_path):
     """An AppendResponse says "durable here" and the leader counts it for commit: sent while
     the follower's fsync still runs, a crash then would lose a committed entry."""

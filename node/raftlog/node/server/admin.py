@@ -25,6 +25,7 @@ from raftlog.node.server.api_common import (
     json_body,
     node_of,
     not_leader,
+    stopped,
 )
 from raftlog.node.server.node import Node
 from raftlog.node.server.partition import LeadershipLost, NotCommitted, PartitionDriver
@@ -97,10 +98,8 @@ async def members(request: web.Request) -> web.Response:
     url = None if body.get("url") is None else _url("url", body["url"])
     if op == "add_learner" and url is None and member not in node.transport.peers:
         raise bad("url", f"the address of {member} is unknown here; give its url")
-    if driver.raft.role != Role.LEADER:
-        raise not_leader(
-            node, driver, admin=True
-        )  # before anything changes here, the address included
+    if driver.raft.role != Role.LEADER:  # before anything changes here, the address included
+        raise not_leader(node, driver, admin=True)
     previous = node.transport.peers.get(member)
     if url is not None:
         node.transport.add_peer(member, url)  # the leader's appends to a new learner need it
@@ -118,11 +117,17 @@ async def members(request: web.Request) -> web.Response:
             503,
             "leader_lost",
             f"{e}: the outcome is unknown; see the partition's members",
-            leader=hint["leader"],
-            leader_url=hint["leader_url"],
+            leader=hint.get("leader"),
+            leader_url=hint.get("leader_url"),
         ) from None
     except TimeoutError as e:
         raise ApiError(503, "timeout", f"{e}; see the partition's members") from None
+    except Exception:
+        if driver.failed is None:
+            raise
+        # The partition stopped under the change (its disk failed, or a bug stopped it): as an
+        # append is answered, not a 500; another member may still commit it.
+        raise stopped(driver.failed) from None
     index, term = done.last_index, done.term
     st = driver.raft.status()
     return web.json_response(
