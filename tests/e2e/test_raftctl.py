@@ -209,7 +209,7 @@ def test_local_up_after_its_supervisor_was_killed_stops_the_members_it_left_firs
     second, lines = start_local_up(tmp_path)
     try:
         said = "".join(lines)
-        assert "stopped 3 members a previous `raftctl local up` left running" in said, said
+        assert "stopped 3 processes a previous `raftctl local up` left running" in said, said
         assert "Ctrl-C" in said, said
         # Ended (a zombie when nothing reaps the orphans, as PID 1 here may not).
         assert [started_at(pid) for pid in left] == [None] * 3

@@ -27,6 +27,7 @@ from tests.operator.test_local_operator import Harness, running
 from raftlog.cli.main import main
 from raftlog.harness.s3 import WEED_ENV, S3Server, weed_binary
 from raftlog.node.storage.archive_manifest import Manifest
+from raftlog.operator.local_cli import started_at
 from raftlog.operator.models import RaftClusterStatus
 
 pytestmark = [pytest.mark.s3, pytest.mark.operator]
@@ -230,6 +231,38 @@ def test_local_up_object_store_runs_a_server_for_as_long_as_the_cluster(tmp_path
     # Stopped with the cluster, its data kept for the next `local up`.
     assert pid is not None and not alive(pid)
     assert (base / "object-store" / "data").is_dir()
+
+
+def test_local_down_after_local_up_was_killed_stops_its_object_store_too(tmp_path: Path) -> None:
+    """Found by a review: the object store runs in a session of its own, as the members do,
+    and outlived a `local up` killed with SIGKILL; `local down` stopped the members only."""
+    manifest = tmp_path / "orders.yaml"
+    manifest.write_text(
+        "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nmetadata: {name: orders}\n"
+        "spec:\n  replicas: 1\n  partitions: 1\n  archive: {url: 's3://orders-archive/p'}\n"
+    )
+    base = tmp_path / "state"
+    env = {**os.environ, "RAFTLOG_DURABLE": "false", WEED_ENV: str(weed_binary())}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "raftlog.cli.main", "local", "up", "-f", str(manifest),
+         "--data-dir", str(base), "--object-store"],
+        stdout=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    lines: list[str] = []
+    try:
+        read_until(proc, "Ctrl-C", lines, 90)
+    finally:
+        proc.kill()
+        proc.wait(timeout=30)
+    state = json.loads((base / "cluster.json").read_text())
+    store, nodes = state["objectStore"]["pid"], state["pids"]
+
+    def running(pid: int) -> bool:  # not a zombie: nothing here may reap the orphans
+        return started_at(pid) is not None
+
+    assert running(store) and all(running(p) for p in nodes)  # outlived it
+    assert main(["local", "down", "--data-dir", str(base)]) == 0
+    assert not running(store) and not any(running(p) for p in nodes)
 
 
 def test_local_up_object_store_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -286,7 +286,10 @@ def _local_down(args: argparse.Namespace) -> int:
     if state is None:
         return 1
     supervised = recorded_alive(state["supervisor"], state)
-    left = stop_recorded([state["supervisor"]] if supervised else state["pids"], state)
+    store = int((state.get("objectStore") or {}).get("pid") or 0)
+    # Without its supervisor (killed), the object store it ran is stopped here too.
+    orphans = [*state["pids"], *([store] if str(store) in state.get("started", {}) else [])]
+    left = stop_recorded([state["supervisor"]] if supervised else orphans, state)
     print(f"stopped {len(state['pids'])} nodes" + (f" ({len(left)} killed)" if left else ""))
     return 0
 

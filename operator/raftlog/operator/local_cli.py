@@ -160,11 +160,13 @@ def stop_recorded(pids: list[int], state: dict[str, Any], wait_s: float = 30.0) 
     SIGKILL those left after `wait_s`; the pids killed."""
     for pid in pids:
         if recorded_alive(pid, state):
+            os.kill(pid, signal.SIGCONT)  # a paused node must run to hear SIGTERM
             os.kill(pid, signal.SIGTERM)
+    waited = [*state["pids"], *(p for p in pids if p not in state["pids"])]
     deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and any(recorded_alive(p, state) for p in state["pids"]):
+    while time.monotonic() < deadline and any(recorded_alive(p, state) for p in waited):
         time.sleep(0.1)
-    left = [p for p in state["pids"] if recorded_alive(p, state)]
+    left = [p for p in waited if recorded_alive(p, state)]
     for pid in left:
         os.kill(pid, signal.SIGKILL)
     return left
@@ -185,11 +187,14 @@ def _take_over(base: Path) -> str | None:
             f"a cluster is already up in {base} (raftctl local up, pid {supervisor}); stop it "
             f"first: raftctl local down --data-dir {base}"
         )
+    store = int((state.get("objectStore") or {}).get("pid") or 0)
     running = [p for p in state.get("pids", []) if recorded_alive(p, state)]
+    if store and str(store) in state.get("started", {}) and recorded_alive(store, state):
+        running.append(store)  # its object store too (SeaweedFS, in a session of its own)
     if running:
         killed = stop_recorded(running, state)
         print(
-            f"stopped {len(running)} members a previous `raftctl local up` left running "
+            f"stopped {len(running)} processes a previous `raftctl local up` left running "
             f"(pids {', '.join(map(str, running))}"
             + (f"; {len(killed)} killed" if killed else "")
             + "): they are started again on their data",
@@ -202,14 +207,15 @@ def _write_state(base: Path, local_operator: LocalOperator) -> None:
     """`cluster.json`, read by `raftctl local status|down`."""
     pids = local_operator.runtime.pids()
     supervisor = os.getpid()  # `local down` asks it to stop its nodes
+    store = local_operator.runtime.object_store
+    stores = [store.pid] if store is not None and store.pid is not None else []
     state = {
         "endpoints": local_operator.endpoints(),
         "pids": pids,
         "supervisor": supervisor,
-        "started": {str(pid): started_at(pid) for pid in [*pids, supervisor]},
+        "started": {str(pid): started_at(pid) for pid in [*pids, supervisor, *stores]},
         "phase": local_operator.status.phase,
     }
-    store = local_operator.runtime.object_store
     if store is not None:
         state["objectStore"] = {"endpoint": store.endpoint, "pid": store.pid}
     tmp = base / "cluster.json.tmp"
