@@ -254,6 +254,29 @@ def test_a_batch_partly_appended_is_retried_only_under_a_producer_id():
     assert len(sent) == 1, "not sent again without a producer id"
 
 
+def test_a_leader_found_by_an_admin_call_is_not_where_appends_go():
+    """With the ports split, a hint on the admin API names the leader's peer port, where the
+    client routes are a 404: the leader an archive flush found is kept apart from the one
+    appends go to (found by a review: one cache for both)."""
+    peer_b = "http://b:2"
+    c = calls(A, B)
+
+    def answer(s: Send) -> tuple[int, dict[str, Any]]:
+        if s.request.path.endswith("/archive"):
+            if s.base == peer_b:
+                return 200, {"archived_index": 5}
+            return 421, {"error": "not_leader", "leader": "b", "leader_url": peer_b}
+        if s.base == B:
+            return appended()
+        return 421, {"error": "not_leader", "leader": "b", "leader_url": B}
+
+    assert run(c.archive_flush(0), answer)[0] == {"archived_index": 5}
+    _, steps = run(c.append(0, [{"value": "v"}]), answer)
+    assert peer_b not in [s.base for s in sends(steps)]
+    _, steps = run(c.archive_flush(0), answer)
+    assert [s.base for s in sends(steps)] == [peer_b], "its own leader remembered"
+
+
 def test_an_admin_call_goes_to_the_leader_the_statuses_name_and_is_tried_once():
     asked: list[tuple[str, str]] = []
 

@@ -213,6 +213,8 @@ class Calls:
         self.retry = retry
         self.idempotent = idempotent
         self._leaders: dict[int, str] = {}
+        # The admin API's leaders apart: with split ports, their URLs are the peer port's.
+        self._admin_leaders: dict[int, str] = {}
         self._partitions: int | None = None
         self._producer = f"client-{uuid.uuid4().hex}"  # unique per client: never shared
         self._lanes: dict[int, _Lanes] = {}
@@ -230,17 +232,19 @@ class Calls:
         targets: list[str],
         leader_of: int | None = None,
         final: frozenset[str] = frozenset(),
+        admin: bool = False,
     ) -> Plan[Reply]:
         """`request` until a 2xx answer, to `targets` in turn; with `leader_of`, to that
         partition's leader when known, following the hints of nodes that are not. An answer
         whose error is in `final` is raised at once, retryable or not."""
+        leaders = self._admin_leaders if admin else self._leaders
         tries = self.retry.start()
         lacking: set[str] = set()  # nodes that answered they have no such partition
         silent: dict[str, int] = {}  # nodes that gave no answer: the ask that found it
         asks = 0
         base = ""
         while True:
-            known = self._leaders.get(leader_of) if leader_of is not None else None
+            known = leaders.get(leader_of) if leader_of is not None else None
             # Silent until each other node was asked once since (then asked again: a live
             # leader that missed one answer is still the one to ask).
             quiet = {n for n, at in silent.items() if asks - at < len(targets)}
@@ -252,7 +256,7 @@ class Calls:
             reply = yield from ask(base, request)
             if reply.ok:
                 if leader_of is not None:
-                    self._leaders[leader_of] = base
+                    leaders[leader_of] = base
                 return reply
             error = reply.error()
             if error.status == NO_ANSWER:
@@ -265,7 +269,7 @@ class Calls:
                 # every node said so (a partition that does not exist fails without a pause).
                 lacking.add(base)
                 if leader_of is not None:
-                    self._leaders.pop(leader_of, None)
+                    leaders.pop(leader_of, None)
                 if lacking.issuperset(targets):
                     raise error
                 continue
@@ -278,9 +282,9 @@ class Calls:
                 hint = None
             if leader_of is not None:
                 if hint:
-                    self._leaders[leader_of] = str(hint).rstrip("/")
+                    leaders[leader_of] = str(hint).rstrip("/")
                 else:
-                    self._leaders.pop(leader_of, None)
+                    leaders.pop(leader_of, None)
             pause = tries.again()
             if pause is None:
                 raise error
@@ -521,5 +525,5 @@ class Calls:
         request = Request("POST", f"/v1/admin/partitions/{partition}/archive", {}, timeout_s)
         if endpoint:
             return (yield from self._at_leader(partition, endpoint, request))
-        reply = yield from self._retried(request, self._targets(), leader_of=partition)
+        reply = yield from self._retried(request, self._targets(), leader_of=partition, admin=True)
         return reply.json()

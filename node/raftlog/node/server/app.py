@@ -217,8 +217,9 @@ async def _long_poll(
     request: web.Request, driver: PartitionDriver, need: int, wait_s: float
 ) -> None:
     """Wait up to `wait_s` for the mark to reach `need` (then the answer is what is there), or
-    until the client is gone: aiohttp does not cancel a handler whose connection was reset, so
-    polls of clients that left would otherwise live on outside the connection cap."""
+    until the connection is reset or closed: aiohttp does not cancel a handler whose connection
+    was lost, so polls of clients that left would otherwise live on outside the connection cap.
+    (A client that half-closed still waits for its answer: the poll runs its course.)"""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait_s
     while (left := deadline - loop.time()) > 0:
