@@ -129,3 +129,63 @@ def test_the_leader_says_a_removal_is_pending_until_it_commits(tmp_path):
             time.sleep(0.05)
             st = cluster.status(leader)["partitions"][0]
         assert st["membership_pending"] is False and removed not in st["voters"], st
+
+
+def test_new_voters_elect_without_the_leader_that_added_them(tmp_path):
+    """Found by a fault-injection review: a new member's address, given to the leader with
+    `add_learner`, reached that leader only (a membership entry carries names). Two members
+    added and promoted, two old ones (the leader last) removed and killed: the three voters
+    left could not reach each other and never elected. The leader now tells its peers."""
+    with LocalCluster(tmp_path, replicas=3, durable=False) as cluster:
+        cluster.wait_ready()
+
+        def leading() -> str | None:
+            """The running node leading partition 0 in the highest term (a joining node, no
+            member yet, follows no leader: `cluster.leader` wants every node to agree)."""
+            best: tuple[int, str] | None = None
+            for name, n in cluster.nodes.items():
+                if not n.running:
+                    continue
+                try:
+                    p = cluster.status(name)["partitions"][0]
+                except (OSError, RuntimeError):
+                    continue
+                if p["role"] == "leader" and (best is None or p["term"] > best[0]):
+                    best = (p["term"], name)
+            return None if best is None else best[1]
+
+        def change(body: dict[str, str]) -> dict[str, Any]:
+            code, reply = 0, None
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                leader = leading()
+                if leader is not None:
+                    code, reply = cluster.request(
+                        leader, "POST", "/v1/admin/partitions/0/members",
+                        json.dumps(body).encode(), {"Content-Type": "application/json"},
+                    )  # fmt: skip
+                    if code == 200:
+                        return dict(reply)
+                time.sleep(0.1)  # 409 while the last change is applied, 503, no leader
+            raise AssertionError(f"{body} never done: {code} {reply}")
+
+        for _ in range(2):
+            new = cluster.add_node()  # started with the members it is given, --join
+            cluster.start(new.name)
+            change({"op": "add_learner", "node": new.name, "url": new.url})
+            change({"op": "promote", "node": new.name})
+        first = leading()
+        assert first is not None
+        other = next(n for n in ("n1", "n2", "n3") if n != first)
+        change({"op": "remove", "node": other})
+        change({"op": "remove", "node": first})
+        cluster.kill(other)
+        cluster.kill(first)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            leader = leading()
+            if leader is not None and leader not in (first, other):
+                break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the voters left never elected a leader")

@@ -129,6 +129,8 @@ async def members(request: web.Request) -> web.Response:
         # append is answered, not a 500; another member may still commit it.
         raise stopped(driver.failed) from None
     index, term = done.last_index, done.term
+    if op == "add_learner" and url is not None:
+        node.transport.tell_address(member, url)
     st = driver.raft.status()
     return web.json_response(
         {

@@ -51,6 +51,7 @@ SEND_TIMEOUT = 5.0
 FRAME_BUDGET = 4 * 1024 * 1024  # half of a node's default max_request_bytes
 CONNECT_TIMEOUT = 5.0  # TCP, TLS and the frame stream's handshake
 REQUEST_CONNECT_S = 2.0  # a peer request's connection (a snapshot's chunks, an ask to stream)
+TELL_FOR_S = 60.0  # how long a leader keeps telling its peers a new member's address
 SECOND_ROUTE_AFTER = 0.25  # a peer's other address is tried this long after the first
 
 
@@ -335,6 +336,7 @@ class Transport:
         self.peers = peers
         self.token = token
         self.session: aiohttp.ClientSession | None = None
+        self._telling: set[asyncio.Task[None]] = set()  # `tell_address` under way
         self.senders: dict[str, PeerSender] = {}
         self.addresses: dict[str, str] = {}  # where each peer was last seen (`seen`)
         self._no_address = OncePer(60.0)
@@ -390,8 +392,43 @@ class Transport:
         for s in self.senders.values():
             if s.task is not None:
                 s.task.cancel()
+        for t in list(self._telling):
+            t.cancel()
         if self.session is not None:
             await self.session.close()
+
+    def tell_address(self, member: str, url: str, for_s: float = TELL_FOR_S) -> None:
+        """Tell every other peer `member`'s URL (their `POST /v1/admin/peers`), in the
+        background: a leader given it by an admin call is the only member that knows it (a
+        membership entry carries names), and once that leader was gone, a majority of the new
+        voters could not reach each other to elect. Each is asked again, a second apart, for
+        `for_s` until it answers; an operator tells them all again anyway (`SyncPeers`)."""
+        task = asyncio.get_running_loop().create_task(self._tell(member, url, for_s))
+        self._telling.add(task)
+        task.add_done_callback(self._telling.discard)
+
+    async def _tell(self, member: str, url: str, for_s: float) -> None:
+        assert self.session is not None
+        left = {n: u for n, u in self.peers.items() if n not in (self.node_id, member)}
+        deadline = time.monotonic() + for_s
+        while left and time.monotonic() < deadline:
+            for name, base in list(left.items()):
+                route = _Route(f"{base}/v1/admin/peers")
+                try:
+                    async with self.session.post(
+                        route.url,
+                        json={member: url},
+                        headers=route.headers(self.token, self.cluster),
+                        timeout=aiohttp.ClientTimeout(5, connect=REQUEST_CONNECT_S),
+                    ) as resp:  # fmt: skip
+                        if resp.status == 200:
+                            del left[name]
+                except (aiohttp.ClientError, TimeoutError, OSError):
+                    pass  # asked again in a second
+            if left:
+                await asyncio.sleep(1.0)
+        if left:
+            log.warning("%s's address was not told to %s", member, ", ".join(sorted(left)))
 
     def seen(self, name: str, address: str) -> None:
         """`name` is at `address`: it connected to this node from there (an authenticated
