@@ -147,19 +147,7 @@ def test_tail_of_a_compacted_partition_prints_its_last_records(tmp_path, capsys)
 
 
 def test_local_up_status_and_down(tmp_path, capsys):
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "raftlog.cli.main", "local", "up", "--replicas", "3",
-         "--data-dir", str(tmp_path)],
-        stdout=subprocess.PIPE, text=True, env=os.environ.copy(),
-    )  # fmt: skip
-    assert proc.stdout is not None
-    lines = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        lines.append(line)
-        if "Ctrl-C" in line:
-            break
+    proc, lines = start_local_up(tmp_path)
     assert any(line.startswith("export RAFTLOG_ENDPOINTS=") for line in lines), lines
     pids = json.loads((tmp_path / "cluster.json").read_text())["pids"]
     assert len(pids) == 3
