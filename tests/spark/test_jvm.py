@@ -786,7 +786,11 @@ def test_a_hold_refused_at_a_renewal_fails_the_stream_at_its_next_trigger(spark,
                 assert time.monotonic() < deadline, "no first batch"
                 time.sleep(0.1)
             refuse.set()
-            with pytest.raises(Exception, match=r"'refused' on partition 0 was refused: .*401"):
+            with pytest.raises(
+                Exception,
+                # The node's reason, worded as the Python client words it.
+                match=r"'refused' on partition 0 was refused: .*HTTP 401 unauthorized: a wrong",
+            ):
                 q.awaitTermination(15)  # False (no raise) while it runs on without its hold
         finally:
             q.stop()

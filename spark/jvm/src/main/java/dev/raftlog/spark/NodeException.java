@@ -19,7 +19,7 @@ final class NodeException extends Exception {
   }
 
   private NodeException(String url, int status, JsonNode body, boolean silent) {
-    super(url + ": " + (status != 0 ? "HTTP " + status + ": " : "") + reason(body));
+    super(url + ": " + describe(status, body, silent));
     this.url = url;
     this.status = status;
     this.body = body == null ? JsonNodeFactory.instance.objectNode() : body;
@@ -30,6 +30,23 @@ final class NodeException extends Exception {
   static NodeException silent(String url, String why) {
     return new NodeException(
         url, 0, JsonNodeFactory.instance.objectNode().put("reason", why), true);
+  }
+
+  /** As the Python client's {@code ClientError} says it: {@code HTTP 503 behind: ...}, with
+   * the field a refusal names, or {@code no answer: ...}. */
+  private static String describe(int status, JsonNode body, boolean silent) {
+    if (silent) {
+      return "no answer: " + reason(body);
+    }
+    if (status == 0) {
+      return reason(body); // an answer that could not be read
+    }
+    String error = body != null && body.hasNonNull("error") ? body.get("error").asText() : "error";
+    String field =
+        body != null && body.hasNonNull("field") && !body.get("field").asText().isEmpty()
+            ? " (field " + body.get("field").asText() + ")"
+            : "";
+    return "HTTP " + status + " " + error + field + ": " + reason(body);
   }
 
   private static String reason(JsonNode body) {

@@ -97,7 +97,8 @@ final class Nodes {
       if (json != null) {
         c.setDoOutput(true);
         c.setRequestProperty("Content-Type", "application/json");
-        c.setFixedLengthStreamingMode(json.length);
+        // Not streamed (a hold's body is small): HttpURLConnection gives no error body of a
+        // 401 to a streamed request, and the node's reason was lost.
         try (var out = c.getOutputStream()) {
           out.write(json);
         }
