@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import random
 import urllib.parse
+import urllib.request
 from datetime import UTC
 
 import pytest
@@ -200,3 +201,58 @@ def test_the_index_for_a_time_is_asked_of_the_replica_holding_most_and_not_of_on
         for n in nodes:
             n.close()
     assert all("min_index=50" in p for p in nodes[0].requests)
+
+
+def replica_of(cluster: LocalCluster, floor: int, index: int, compacted: bool) -> Answer:
+    """A replica of partition 0 in front of the leader: its status says the compaction floor
+    `floor` (the archive serves from 1), its index for any time is `index`; pages are the
+    leader's."""
+    leader = cluster.leader(0)
+    assert leader is not None
+    real = cluster.nodes[leader].url
+    status = cluster.status(leader)
+    for part in status["partitions"]:
+        part["role"] = "follower"
+    status["partitions"] = [p for p in status["partitions"] if p["partition"] == 0]
+    status["partitions"][0].update(compaction_floor=floor, readable_from=1)
+    body = json.dumps(status).encode()
+
+    def answer(path: str, n: int) -> tuple[int, str, bytes] | None:
+        if path == "/v1/status":
+            return 200, "application/json", body
+        if "/index-for-time" in path:
+            found = json.dumps({"index": index, "compacted": compacted}).encode()
+            return 200, "application/json", found
+        with urllib.request.urlopen(real + path, timeout=10) as r:
+            return r.status, r.headers["Content-Type"], r.read()
+
+    return answer
+
+
+@FORMATS
+def test_the_index_for_a_time_is_asked_first_of_the_replica_whose_own_log_holds_most(
+    spark, cluster, fmt
+):
+    """Found by a review: with the nodes archiving, every replica is readable from 1, and the
+    JVM reader ordered them by that: it asked a replica that compacted past the time (here
+    named first), whose answer is a later index. Both ask the lowest compaction floor first."""
+    first = first_at(cluster.acked, 0, BASE)
+    assert first is not None
+    later = first + 7
+    nodes = [
+        FakeNode(replica_of(cluster, 40, later, True)),
+        FakeNode(replica_of(cluster, 1, first, False)),
+    ]
+    try:
+        df = (
+            spark.read.format(fmt)
+            .option("endpoints", ",".join(n.url for n in nodes))
+            .option("partitions", "0")
+            .option("startingTimestamp", str(BASE))
+            .load()
+        )
+        got = rows_of(df)
+    finally:
+        for n in nodes:
+            n.close()
+    assert min(r[1] for r in got) == first
