@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -443,11 +443,13 @@ def test_a_failed_append_gives_its_producers_mark_back_once_not_over_a_retrys(tm
     asyncio.run(run())
 
 
-def test_a_membership_change_whose_index_a_new_leader_took_is_not_answered_done(tmp_path):
-    """Found by a review: the admin call waited for the commit to pass the change's index and
-    answered 200 with the change, whoever's entry the index then held."""
+def _membership_change_meets(
+    tmp_path: Path, meanwhile: Callable[[PartitionDriver, int], None], wait_s: float = 10
+) -> tuple[int, dict[str, Any]]:
+    """The admin API's answer to an `add_learner` on n1 (elected by hand, its no-op committed)
+    when `meanwhile(driver, term)` happens once the change is at index 2, not committed."""
 
-    async def run() -> None:
+    async def run() -> tuple[int, dict[str, Any]]:
         async with _elected_by_hand(tmp_path) as d:
             term = d.raft.term
             d.step(AppendResponse("n2", "n1", term, True, 1))
@@ -461,16 +463,26 @@ def test_a_membership_change_whose_index_a_new_leader_took_is_not_answered_done(
                         s.post("/v1/admin/partitions/0/members", json=body)
                     )
                     await until(lambda: d.raft.log.last_index() == 2, "the change at 2")
-                    had = (*d.raft.log.entries(1, 2), Entry(2, term + 1, EntryKind.NOOP))
-                    d.step(AppendRequest("n2", "n1", term + 1, 0, 0, had, 2))
-                    r = await asyncio.wait_for(call, 10)
-                    answer = await r.json()
-                    assert (r.status, answer["error"]) == (503, "not_committed"), answer
-                    assert "index 2 was taken by term" in answer["reason"], answer
+                    meanwhile(d, term)
+                    r = await asyncio.wait_for(call, wait_s)
+                    return r.status, await r.json()
             finally:
                 await srv.close()
 
-    asyncio.run(run())
+    return asyncio.run(run())
+
+
+def test_a_membership_change_whose_index_a_new_leader_took_is_not_answered_done(tmp_path):
+    """Found by a review: the admin call waited for the commit to pass the change's index and
+    answered 200 with the change, whoever's entry the index then held."""
+
+    def taken(d: PartitionDriver, term: int) -> None:
+        had = (*d.raft.log.entries(1, 2), Entry(2, term + 1, EntryKind.NOOP))
+        d.step(AppendRequest("n2", "n1", term + 1, 0, 0, had, 2))
+
+    status, answer = _membership_change_meets(tmp_path, taken)
+    assert (status, answer["error"]) == (503, "not_committed"), answer
+    assert "index 2 was taken by term" in answer["reason"], answer
 
 
 def test_a_membership_change_is_answered_leader_lost_when_its_leader_steps_down(tmp_path):
@@ -478,59 +490,26 @@ def test_a_membership_change_is_answered_leader_lost_when_its_leader_steps_down(
     leader deposed before the change committed answered only at `append_timeout_s`, and then
     "timeout". It is told at once, as an appender is, with the new leader to ask."""
 
-    async def run() -> None:
-        async with _elected_by_hand(tmp_path) as d:
-            term = d.raft.term
-            d.step(AppendResponse("n2", "n1", term, True, 1))
-            await until(lambda: d.table.applied_index >= 1, "the no-op applied")
-            srv = TestServer(build_app(d.node))
-            await srv.start_server()
-            try:
-                async with ClientSession(str(srv.make_url(""))) as s:
-                    body = {"op": "add_learner", "node": "n4", "url": "http://127.0.0.1:14"}
-                    call = asyncio.ensure_future(
-                        s.post("/v1/admin/partitions/0/members", json=body)
-                    )
-                    await until(lambda: d.raft.log.last_index() == 2, "the change at 2")
-                    # n2 leads term + 1 and has not (yet) taken index 2 away.
-                    d.step(AppendRequest("n2", "n1", term + 1, 1, term, (), 1))
-                    # Well inside append_timeout_s (10 s), where the old code still waited.
-                    r = await asyncio.wait_for(call, 3)
-                    answer = await r.json()
-                    assert (r.status, answer["error"]) == (503, "leader_lost"), answer
-                    assert answer["leader"] == "n2" and "outcome is unknown" in answer["reason"]
-            finally:
-                await srv.close()
+    def deposed(d: PartitionDriver, term: int) -> None:
+        # n2 leads term + 1 and has not (yet) taken index 2 away.
+        d.step(AppendRequest("n2", "n1", term + 1, 1, term, (), 1))
 
-    asyncio.run(run())
+    # Well inside append_timeout_s (10 s), where the old code still waited.
+    status, answer = _membership_change_meets(tmp_path, deposed, wait_s=3)
+    assert (status, answer["error"]) == (503, "leader_lost"), answer
+    assert answer["leader"] == "n2" and "outcome is unknown" in answer["reason"]
 
 
 def test_a_membership_change_under_way_when_the_partition_stops_is_a_503_naming_why(tmp_path):
     """Found by a review: the change's waiter was failed with the partition's own error (a
     failed disk), which the admin call did not take for an answer: a 500."""
 
-    async def run() -> None:
-        async with _elected_by_hand(tmp_path) as d:
-            d.step(AppendResponse("n2", "n1", d.raft.term, True, 1))
-            await until(lambda: d.table.applied_index >= 1, "the no-op applied")
-            srv = TestServer(build_app(d.node))
-            await srv.start_server()
-            try:
-                async with ClientSession(str(srv.make_url(""))) as s:
-                    body = {"op": "add_learner", "node": "n4", "url": "http://127.0.0.1:14"}
-                    call = asyncio.ensure_future(
-                        s.post("/v1/admin/partitions/0/members", json=body)
-                    )
-                    await until(lambda: d.raft.log.last_index() == 2, "the change at 2")
-                    eio = OSError(5, "Input/output error")
-                    d.stop(StorageFailed(str(tmp_path / "journal"), "fdatasync", eio))
-                    r = await asyncio.wait_for(call, 10)
-                    answer = await r.json()
-                    assert (r.status, answer["error"]) == (503, "storage_failed"), answer
-            finally:
-                await srv.close()
+    def disk_failed(d: PartitionDriver, term: int) -> None:
+        eio = OSError(5, "Input/output error")
+        d.stop(StorageFailed(str(tmp_path / "journal"), "fdatasync", eio))
 
-    asyncio.run(run())
+    status, answer = _membership_change_meets(tmp_path, disk_failed)
+    assert (status, answer["error"]) == (503, "storage_failed"), answer
 
 
 def test_a_follower_answers_an_append_only_once_its_entries_are_synced(tmp_path):
