@@ -10,11 +10,13 @@ import time
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, cast
 
 import msgspec
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from raftlog.harness.local import LocalCluster
 from raftlog.node.core.types import Entry, EntryKind
@@ -708,30 +710,41 @@ def test_a_streams_retention_hold_is_placed_at_its_start_and_moved_to_each_commi
     assert held == [1, 26, 51, 61]
 
 
+def held_stream(
+    spark: SparkSession, node: FakeNode, holder: str, every: str, tmp_path: Path
+) -> StreamingQuery:
+    """A `raftlog-jvm` stream of partition 0 from `node` with retentionHold `holder` (a 1 s TTL)
+    and a trigger `every`, once its first batch has read something."""
+    q = (
+        spark.readStream.format("raftlog-jvm")
+        .option("endpoints", node.url)
+        .option("partitions", "0")
+        .option("startingOffsets", "earliest")
+        .option("retentionHold", holder)
+        .option("retentionHoldTtlSeconds", "1")
+        .load()
+        .writeStream.format("noop")
+        .trigger(processingTime=every)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .start()
+    )
+    deadline = time.monotonic() + 60
+    while not any(p["numInputRows"] for p in q.recentProgress):  # the first batch
+        if time.monotonic() > deadline:
+            q.stop()
+            raise AssertionError("no first batch")
+        time.sleep(0.1)
+    return q
+
+
 def test_a_streams_hold_is_renewed_between_triggers_until_the_query_stops(spark, cluster, tmp_path):
     """Found by a review: the hold was renewed only when Spark called the stream (a trigger, a
     commit), so a batch or a trigger interval longer than the TTL let compaction pass what the
     query had not read. The driver renews it every quarter of the TTL until the stream stops."""
     node = holding_leader(cluster)
     try:
-        q = (
-            spark.readStream.format("raftlog-jvm")
-            .option("endpoints", node.url)
-            .option("partitions", "0")
-            .option("startingOffsets", "earliest")
-            .option("retentionHold", "renewed")
-            .option("retentionHoldTtlSeconds", "1")
-            .load()
-            .writeStream.format("noop")
-            .trigger(processingTime="1 hour")
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .start()
-        )
+        q = held_stream(spark, node, "renewed", "1 hour", tmp_path)
         try:
-            deadline = time.monotonic() + 60
-            while not any(p["numInputRows"] for p in q.recentProgress):  # the first batch
-                assert time.monotonic() < deadline, "no first batch"
-                time.sleep(0.1)
             before = len(node.puts)  # the next trigger is an hour away
             deadline = time.monotonic() + 15
             while len(node.puts) < before + 3 and time.monotonic() < deadline:
@@ -767,24 +780,8 @@ def test_a_hold_refused_at_a_renewal_fails_the_stream_at_its_next_trigger(spark,
 
     node = FakeNode(refused_later)
     try:
-        q = (
-            spark.readStream.format("raftlog-jvm")
-            .option("endpoints", node.url)
-            .option("partitions", "0")
-            .option("startingOffsets", "earliest")
-            .option("retentionHold", "refused")
-            .option("retentionHoldTtlSeconds", "1")
-            .load()
-            .writeStream.format("noop")
-            .trigger(processingTime="2 seconds")
-            .option("checkpointLocation", str(tmp_path / "checkpoint"))
-            .start()
-        )
+        q = held_stream(spark, node, "refused", "2 seconds", tmp_path)
         try:
-            deadline = time.monotonic() + 60
-            while not any(p["numInputRows"] for p in q.recentProgress):  # the first batch
-                assert time.monotonic() < deadline, "no first batch"
-                time.sleep(0.1)
             refuse.set()
             with pytest.raises(
                 Exception,
