@@ -181,21 +181,30 @@ def alive(pid: int) -> bool:
     return True
 
 
-@pytest.mark.slow
-def test_local_up_object_store_runs_a_server_for_as_long_as_the_cluster(tmp_path: Path) -> None:
+def local_up_with_store(
+    tmp_path: Path, base: Path, replicas: str, archive: str
+) -> subprocess.Popen[str]:
+    """`raftctl local up --object-store` of a cluster `orders` (`replicas`, `archive` in YAML)
+    with its data in `base`."""
     manifest = tmp_path / "orders.yaml"
     manifest.write_text(
         "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nmetadata: {name: orders}\n"
-        "spec:\n  replicas: 3\n  partitions: 1\n"
-        "  archive: {url: 's3://orders-archive/prod', intervalSeconds: 0.5}\n"
+        f"spec:\n  {replicas}\n  partitions: 1\n  archive: {archive}\n"
     )
-    base = tmp_path / "state"
     env = {**os.environ, "RAFTLOG_DURABLE": "false", WEED_ENV: str(weed_binary())}
-    proc = subprocess.Popen(
+    return subprocess.Popen(
         [sys.executable, "-m", "raftlog.cli.main", "local", "up", "-f", str(manifest),
          "--data-dir", str(base), "--object-store"],
         stdout=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_local_up_object_store_runs_a_server_for_as_long_as_the_cluster(tmp_path: Path) -> None:
+    base = tmp_path / "state"
+    proc = local_up_with_store(
+        tmp_path, base, "replicas: 3", "{url: 's3://orders-archive/prod', intervalSeconds: 0.5}"
+    )
     lines: list[str] = []
     pid = None
     try:
@@ -236,18 +245,8 @@ def test_local_up_object_store_runs_a_server_for_as_long_as_the_cluster(tmp_path
 def test_local_down_after_local_up_was_killed_stops_its_object_store_too(tmp_path: Path) -> None:
     """Found by a review: the object store runs in a session of its own, as the members do,
     and outlived a `local up` killed with SIGKILL; `local down` stopped the members only."""
-    manifest = tmp_path / "orders.yaml"
-    manifest.write_text(
-        "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nmetadata: {name: orders}\n"
-        "spec:\n  replicas: 1\n  partitions: 1\n  archive: {url: 's3://orders-archive/p'}\n"
-    )
     base = tmp_path / "state"
-    env = {**os.environ, "RAFTLOG_DURABLE": "false", WEED_ENV: str(weed_binary())}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "raftlog.cli.main", "local", "up", "-f", str(manifest),
-         "--data-dir", str(base), "--object-store"],
-        stdout=subprocess.PIPE, text=True, env=env,
-    )  # fmt: skip
+    proc = local_up_with_store(tmp_path, base, "replicas: 1", "{url: 's3://orders-archive/p'}")
     lines: list[str] = []
     try:
         read_until(proc, "Ctrl-C", lines, 90)
