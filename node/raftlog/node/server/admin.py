@@ -166,10 +166,8 @@ async def snapshot_install(request: web.Request) -> web.Response:
     target, source = _str(body, "target"), body.get("source", "leader")
     if not isinstance(source, str) or not source:
         raise bad("source", 'must be a member\'s name or "leader"')
-    if driver.raft.role != Role.LEADER:
-        raise not_leader(
-            node, driver, admin=True
-        )  # the leader's membership is the one to check against
+    if driver.raft.role != Role.LEADER:  # the leader's membership is the one to check against
+        raise not_leader(node, driver, admin=True)
     if target == node.id:
         raise ApiError(409, "is_leader", f"{target} is the leader of partition {driver.p}",
                        "target")  # fmt: skip
