@@ -89,7 +89,7 @@ class Target:
 
 
 # ====================================================================== tools
-def _apt_install(packages: list[str]) -> str | None:
+def apt_install(packages: list[str]) -> str | None:
     """Install Debian packages; None on success, else why not."""
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     if shutil.which("apt-get") is None:
@@ -119,7 +119,7 @@ def ensure_tools() -> dict[str, Any]:
     wanted = {"wrk": "wrk", "etcd": "etcd-server"}
     missing = [pkg for tool, pkg in wanted.items() if shutil.which(tool) is None]
     if missing:
-        why = _apt_install(missing)
+        why = apt_install(missing)
         if why:
             for tool, pkg in wanted.items():
                 if pkg in missing:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -31,7 +32,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from bench.compare import raftlog_body, wrk
+from bench.compare import apt_install, raftlog_body, wrk
 from bench.cpu_per_append import cpu_seconds
 from raftlog.harness.local import LocalCluster
 
@@ -168,6 +169,10 @@ def rss_mib(pid: int) -> float:
 
 
 def main(argv: list[str]) -> None:
+    if argv[:1] != ["--idle"] and shutil.which("wrk") is None:
+        why = apt_install(["wrk"])  # as `make bench` does (`bench.compare`)
+        if why:
+            sys.exit(f"bench.partitions: wrk is needed and could not be installed: {why}")
     if argv[:1] == ["--idle"]:
         print("| partitions | | every partition led after | CPU per node (idle) | RSS per node |")
         print("|---|---|---|---|---|")
