@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict, deque
+from collections.abc import MutableSequence
 from dataclasses import dataclass
 
 import msgspec
@@ -144,16 +145,7 @@ class KeyedTable:
                 return
             else:
                 self.producers.move_to_end(record.producer_id)
-            run = seen[-1] if seen else None
-            if (
-                run is not None
-                and record.sequence == run[1] + 1
-                and entry.index == _last_index(run) + 1
-                and entry.term == run[3]
-            ):
-                run[1] = record.sequence
-            else:
-                seen.append([record.sequence, record.sequence, entry.index, entry.term])
+            _add_record(seen, record.sequence, entry.index, entry.term)
         if record.key is None:
             return
         if record.value is None:
@@ -231,18 +223,19 @@ class KeyedTable:
         return table
 
 
+def _add_record(runs: MutableSequence[Run], seq: int, index: int, term: int) -> None:
+    """A producer's record at `index` after `runs`: it extends the last run when it follows it
+    (the next sequence, at the next index, in the same term), else starts one."""
+    run = runs[-1] if runs else None
+    if run is not None and seq == run[1] + 1 and index == _last_index(run) + 1 and term == run[3]:
+        run[1] = seq
+    else:
+        runs.append([seq, seq, index, term])
+
+
 def _joined(records: list[tuple[int, int, int]]) -> list[Run]:
-    """Runs of an older image's (sequence, index, term) records, joined by `apply`'s rule."""
+    """Runs of an older image's (sequence, index, term) records, joined as `apply` joins them."""
     runs: list[Run] = []
     for seq, index, term in records:
-        run = runs[-1] if runs else None
-        if (
-            run is not None
-            and seq == run[1] + 1
-            and index == _last_index(run) + 1
-            and term == run[3]
-        ):
-            run[1] = seq
-        else:
-            runs.append([seq, seq, index, term])
+        _add_record(runs, seq, index, term)
     return runs
