@@ -10,6 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from raftlog.harness.local import LocalCluster
 from raftlog.node.core.types import Entry, EntryKind
@@ -68,6 +69,23 @@ def test_min_partitions_cuts_the_ranges_into_at_least_that_many_spark_partitions
     df = raftlog_df(spark, cluster, {"minPartitions": "50"}, fmt=fmt)
     assert df.rdd.getNumPartitions() >= 50
     assert rows_of(df) == cluster.acked
+
+
+def test_min_partitions_cuts_the_same_ranges_in_both_readers(spark, cluster):
+    """The README says the JVM reader plans the same ranges: equal-sized splits are halved in
+    one order in both (ties are many once the largest are halved)."""
+
+    def ranges(fmt: str, n: str) -> list[tuple[int, int, int]]:
+        df = raftlog_df(spark, cluster, {"minPartitions": n}, fmt=fmt)
+        by_task = df.groupBy(F.spark_partition_id().alias("task"), "partition").agg(
+            F.min("index").alias("lo"), F.max("index").alias("hi")
+        )
+        return sorted((r["partition"], r["lo"], r["hi"]) for r in by_task.collect())
+
+    for n in ("7", "9", "13", "50"):  # 9 differed before
+        python, jvm = ranges("raftlog", n), ranges("raftlog-jvm", n)
+        assert len(python) >= int(n)
+        assert python == jvm, f"minPartitions={n}"
 
 
 def test_schema_is_the_documented_one(spark, cluster):

@@ -208,13 +208,14 @@ def test_a_replica_that_gave_no_answer_is_asked_last_for_the_rest_of_the_split(s
     assert len([p for p in node.requests if "/columns?" in p]) == 1, node.requests
 
 
-@pytest.mark.parametrize("how", ["behind", "down"])
+@pytest.mark.parametrize("how", ["behind", "unknown_partition", "down"])
 def test_a_replica_that_is_behind_or_down_is_passed_over(spark, cluster, how):
     """A replica that answered the survey but, when a page is asked of it, is behind the
-    planned range (503 `behind`) or gone (the connection closes unanswered): a page is asked
-    of it first (it is a follower) and read from the leader instead; one behind is asked first
-    for every page (it answers at once, and may catch up), one gone only until its first
-    silence, after which it is asked last."""
+    planned range (503 `behind`), no longer holds the partition (404 `unknown_partition`: a
+    member recreated with an empty disk) or gone (the connection closes unanswered): a page is
+    asked of it first (it is a follower) and read from the leader instead; one that answers is
+    asked first for every page (it may catch up), one gone only until its first silence, after
+    which it is asked last."""
     leader = cluster.leader(0)
     assert leader is not None
     status = json.dumps(follower_of(cluster)).encode()
@@ -223,13 +224,15 @@ def test_a_replica_that_is_behind_or_down_is_passed_over(spark, cluster, how):
     def answer(path: str, n: int) -> tuple[int, str, bytes] | None:
         if path == "/v1/status":
             return 200, "application/json", status
-        return error(503, "behind", high_water_mark=1) if how == "behind" else None
+        if how == "behind":
+            return error(503, "behind", high_water_mark=1)
+        return error(404, how) if how == "unknown_partition" else None
 
     node = FakeNode(answer)
     got = read_partition_0_through(spark, node, cluster.nodes[leader].url)
     assert got == [r for r in cluster.acked if r[0] == 0]
     pages = [p for p in node.requests if "/columns?" in p]
-    if how == "behind":
+    if how != "down":
         assert len(pages) >= 7, "each page is asked of the follower first"
     else:
         # One page's call (HttpURLConnection sends a GET once more on a connection closed

@@ -207,8 +207,10 @@ def test_unreachable_endpoints_fail_at_planning_naming_them(spark, fmt):
     df = load(spark, fmt, endpoints=endpoints, timeoutSeconds="2")
     with pytest.raises(Exception, match="raftlog option 'endpoints': no node answered") as e:
         df.count()
-    for p in ports:
-        assert f"127.0.0.1:{p}" in str(e.value)
+    for p in ports:  # each named once, with why
+        url = f"http://127.0.0.1:{p}"
+        assert f"{url}: no answer" in str(e.value) or f"{url}/v1/status: no answer" in str(e.value)
+        assert f"{url}: {url}" not in str(e.value)
 
 
 # Reads of the log, batch and streaming: the JVM reader refuses each of these as the Python

@@ -63,11 +63,20 @@ def expected(acked: list[Row]) -> list[tuple[int, bytes | None]]:
     return [(r[1], r[4]) for r in acked]
 
 
-def test_a_replica_behind_the_range_is_passed_over_for_another(cluster):
+@pytest.mark.parametrize("refusal", ["behind", "unknown_partition"])
+def test_a_replica_behind_the_range_is_passed_over_for_another(cluster, refusal):
+    """503 `behind`, or 404 `unknown_partition` from a replica that held the partition when
+    surveyed (a member recreated with an empty disk, not yet given its partitions): both are
+    one replica's state, and failed the task when the other replica could serve it."""
     acked = append(cluster, 0, records(50, "behind"))
     wait_replicated(cluster, 0, acked[-1][1])
     first, last = acked[0][1], acked[-1][1]
-    behind = FakeNode(lambda path, n: error(503, "behind", high_water_mark=first - 1))
+    refused = (
+        error(503, "behind", high_water_mark=first - 1)
+        if refusal == "behind"
+        else error(404, "unknown_partition")
+    )
+    behind = FakeNode(lambda path, n: refused)
     try:
         opts = parse({"endpoints": behind.url, "pageRecords": "20"}, streaming=False)
         split = LogSplit(0, first, last + 1, [behind.url, cluster.nodes["n1"].url])

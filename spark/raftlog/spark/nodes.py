@@ -150,7 +150,7 @@ def survey(nodes: Client, opts: Options, timeout: float | None = None) -> Cluste
                 )
             )
     if not views:
-        why = "; ".join(f"{u}: {r}" for u, r in unreachable.items())
+        why = "; ".join(unreachable.values())  # each names its endpoint
         raise OptionError("endpoints", f"no node answered /v1/status ({why})")
     # Members may hold different numbers of partitions while a raise rolls through them: a
     # partition is read from those that hold it (refusing stopped every query for the raise).

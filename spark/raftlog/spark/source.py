@@ -223,20 +223,20 @@ def log_splits(
 
 def spread(splits: list[LogSplit], min_partitions: int | None, others: int = 0) -> list[LogSplit]:
     """`splits` with the largest halved until there are `min_partitions` of them with `others`
-    (Kafka's minPartitions), or every split holds one index; in partition and index order."""
+    (Kafka's minPartitions), or every split holds one index; in partition and index order.
+    Of equal sizes, the lowest partition and index is halved first, as in the JVM reader's
+    `Planner.spread`, so both readers cut the same ranges."""
     if not min_partitions or len(splits) + others >= min_partitions:
         return splits
-    heap = [(s.start - s.stop, n, s) for n, s in enumerate(splits)]  # the largest first
+    heap = [(s.start - s.stop, s.partition, s.start, s) for s in splits]  # the largest first
     heapq.heapify(heap)
-    made = len(heap)
     while heap and len(heap) + others < min_partitions and heap[0][0] <= -2:
-        _, _, s = heapq.heappop(heap)
+        s = heapq.heappop(heap)[3]
         mid = s.start + (s.stop - s.start) // 2
         for half in (LogSplit(s.partition, s.start, mid, s.replicas),
                      LogSplit(s.partition, mid, s.stop, s.replicas)):  # fmt: skip
-            heapq.heappush(heap, (half.start - half.stop, made, half))
-            made += 1
-    return sorted((s for _, _, s in heap), key=lambda s: (s.partition, s.start))
+            heapq.heappush(heap, (half.start - half.stop, half.partition, half.start, half))
+    return sorted((e[3] for e in heap), key=lambda s: (s.partition, s.start))
 
 
 # ====================================================================== reading
@@ -248,7 +248,8 @@ def _fetch(
     `at`. `unanswered`: replicas that gave no answer earlier in the task (down, or frozen until
     the call's timeout), asked after the others from then on: each page of a split cost a
     frozen replica's whole `timeoutSeconds` before the next was asked. A damaged page (not
-    msgpack, or not a page) is asked of the next replica, as the JVM reader does."""
+    msgpack, or not a page), or 404 `unknown_partition`, is asked of the next replica, as the
+    JVM reader does."""
     tries = rounds(opts).start()
     floors: dict[str, int] = {}
     errors: dict[str, str] = {}
@@ -274,7 +275,9 @@ def _fetch(
                     else:  # a floor not yet moved past `at` (an install under way): retry
                         errors[url] = f"{url}: 410 with a floor of {floor} at {at}"
                     continue
-                if not e.retryable:
+                if not e.retryable and e.error != "unknown_partition":
+                    # A replica without the partition (recreated with an empty disk, not yet
+                    # given its partitions) is one replica's state: another may serve the page.
                     raise RuntimeError(
                         f"raftlog partition {split.partition}: reading [{at}, {split.stop}) "
                         f"failed: {e}"

@@ -16,9 +16,10 @@ import org.slf4j.LoggerFactory;
 /**
  * One Spark task: the committed records of a split, page by page, each page a batch. A page is
  * asked of the split's replicas in order, as the Python source's {@code _fetch} does: the next
- * one on no answer or a retryable status (503 {@code behind} or {@code busy}, ...); a 410 whose
- * floor is past the read marks that replica compacted, one whose floor is not (a snapshot
- * install under way) is retried; when every replica is compacted past the read, data loss (or,
+ * one on no answer, a retryable status (503 {@code behind} or {@code busy}, ...) or 404
+ * {@code unknown_partition}; a 410 whose floor is past the read marks that replica compacted,
+ * one whose floor is not (a snapshot install under way) is retried; when every replica is
+ * compacted past the read, data loss (or,
  * with failOnDataLoss=false, a logged skip to the floor). Rounds are retried with back-off for
  * up to timeoutSeconds.
  */
@@ -95,7 +96,9 @@ final class LogReader implements PartitionReader<ColumnarBatch> {
             }
             continue;
           }
-          if (!e.retryable()) {
+          // A replica without the partition (recreated with an empty disk, not yet given its
+          // partitions) is one replica's state: another may serve the page.
+          if (!e.retryable() && !e.unknownPartition()) {
             throw new IllegalStateException(
                 "raftlog partition " + split.partition + ": reading [" + at + ", " + split.stop
                     + ") failed: " + e.getMessage());

@@ -68,6 +68,11 @@ final class NodeException extends Exception {
    */
   static final Set<Integer> RETRIED_STATUSES = Set.of(421, 502, 503, 504);
 
+  /** The node does not hold the partition asked for (404 {@code unknown_partition}). */
+  boolean unknownPartition() {
+    return status == 404 && "unknown_partition".equals(body.path("error").asText());
+  }
+
   /** No answer, or an answer that another replica (or a later try) may not give. */
   boolean retryable() {
     return status == 0 || RETRIED_STATUSES.contains(status);

@@ -208,7 +208,7 @@ final class Nodes {
       try {
         send(base, path + "&format=wal", options.timeoutS);
       } catch (NodeException e) {
-        if (e.status != 400 && e.status != 404) {
+        if ((e.status != 400 && e.status != 404) || e.unknownPartition()) {
           throw e;
         }
         columnsOnly.add(base);

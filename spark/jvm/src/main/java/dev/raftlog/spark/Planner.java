@@ -64,13 +64,16 @@ final class Planner {
   }
 
   /** {@code splits} with the largest halved until there are {@code minPartitions} of them
-   * (Kafka's minPartitions), or every split holds one index; in partition and index order. */
+   * (Kafka's minPartitions), or every split holds one index; in partition and index order.
+   * Of equal sizes, the lowest partition and index is halved first, as in the Python reader's
+   * {@code spread}, so both readers cut the same ranges. */
   static List<LogSplit> spread(List<LogSplit> splits, int minPartitions) {
     if (splits.size() >= minPartitions) {
       return splits;
     }
     PriorityQueue<LogSplit> largest =
-        new PriorityQueue<>(Comparator.comparingLong((LogSplit s) -> s.start - s.stop));
+        new PriorityQueue<>(Comparator.comparingLong((LogSplit s) -> s.start - s.stop)
+            .thenComparingInt(s -> s.partition).thenComparingLong(s -> s.start));
     largest.addAll(splits);
     while (!largest.isEmpty() && largest.size() < minPartitions
         && largest.peek().stop - largest.peek().start >= 2) {

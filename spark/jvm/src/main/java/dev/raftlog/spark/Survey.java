@@ -8,7 +8,6 @@ import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.TreeSet;
-import java.util.stream.Collectors;
 
 /** Every endpoint's {@code /v1/status}, as the Python source's {@code nodes.survey}. */
 final class Survey {
@@ -49,10 +48,7 @@ final class Survey {
       }
     }
     if (views.isEmpty()) {
-      String why =
-          unreachable.entrySet().stream()
-              .map(e -> e.getKey() + ": " + e.getValue())
-              .collect(Collectors.joining("; "));
+      String why = String.join("; ", unreachable.values()); // each names its endpoint
       throw new OptionException("endpoints", "no node answered /v1/status (" + why + ")");
     }
     // Members may hold different numbers of partitions while a raise rolls through them: a
