@@ -202,6 +202,57 @@ def test_both_faces_append_keyed_records_to_their_partition_and_refuse_a_mix(ser
     assert len([s for s in server.seen if s.method == "POST"]) == 2, "nothing sent for a mix"
 
 
+def test_both_faces_route_keys_by_a_partition_count_asked_again_once_old(serve):
+    """Found by a review: the partition count keys were routed by was asked once per client,
+    so a long-lived client never routed a key to partitions added to the cluster later, while
+    new clients did (one key in two partitions, for good). It is asked again once older than
+    `metadata_max_age_s` (Kafka's metadata.max.age.ms)."""
+    key = next(
+        k
+        for k in map(str, range(100))
+        if partition_for(k.encode(), 2) != partition_for(k.encode(), 4)
+    )
+    count = [2]
+
+    def script(seen: Seen, n: int) -> tuple[int, str, bytes]:
+        if seen.path == "/v1/status":
+            parts = [{"partition": i} for i in range(count[0])]
+            return answer(200, {"node": "n1", "partitions": parts})
+        p = int(seen.path.split("/")[3])
+        return answer(200, {"partition": p, "first_index": 1, "last_index": 1, "term": 1})
+
+    def three_appends(append: Callable[[], Any], sleep: Callable[[], Any]) -> list[int]:
+        count[0] = 2
+        first = append().partition
+        count[0] = 4  # partitions raised
+        second = append().partition  # within the age: the count known
+        sleep()
+        return [first, second, append().partition]
+
+    server = serve(script)
+    want = [partition_for(key.encode(), 2)] * 2 + [partition_for(key.encode(), 4)]
+    records = [{"key": key, "value": "v"}]
+    with Client([server.url], metadata_max_age_s=0.5) as c:
+        got = three_appends(lambda: c.append_keyed(records), lambda: time.sleep(0.6))
+    assert got == want
+
+    async def on_async() -> list[int]:
+        async with AsyncClient([server.url], metadata_max_age_s=0.5) as c:
+            out = []
+            for step in (0, 1, 2):
+                if step == 1:
+                    count[0] = 4
+                if step == 2:
+                    await asyncio.sleep(0.6)
+                out.append((await c.append_keyed(records)).partition)
+            return out
+
+    count[0] = 2
+    assert asyncio.run(on_async()) == want
+    statuses = [s for s in server.seen if s.path == "/v1/status"]
+    assert len(statuses) == 4, "asked once when new and once when old, by each face"
+
+
 def test_both_faces_retry_a_connection_closed_unanswered_then_raise_a_refusal(serve):
     def script(seen: Seen, n: int) -> tuple[int, str, bytes] | None:
         if n % 3 == 0:

@@ -49,10 +49,13 @@ class Client:
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
         ca_file: str | None = None,
         idempotent: bool = True,
+        metadata_max_age_s: float = 30.0,
     ) -> None:
         """As `AsyncClient`'s; `timeout_s` bounds each socket operation of a call,
         `connect_timeout_s` the opening of a connection (and its TLS handshake)."""
-        self.calls = Calls(endpoints, retry or RetryPolicy(retries=retries), idempotent)
+        self.calls = Calls(
+            endpoints, retry or RetryPolicy(retries=retries), idempotent, metadata_max_age_s
+        )
         self.timeout_s = timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._ssl = ssl.create_default_context(cafile=ca_file)

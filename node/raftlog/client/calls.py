@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 import urllib.parse
 import uuid
 from collections.abc import Callable, Generator, Mapping, Sequence
@@ -208,10 +209,20 @@ class Calls:
     moved during the flush.
     """
 
-    def __init__(self, endpoints: Sequence[str], retry: RetryPolicy, idempotent: bool) -> None:
+    def __init__(
+        self,
+        endpoints: Sequence[str],
+        retry: RetryPolicy,
+        idempotent: bool,
+        metadata_max_age_s: float = 30.0,
+    ) -> None:
         self.endpoints = [e.rstrip("/") for e in endpoints]
         self.retry = retry
         self.idempotent = idempotent
+        # How long the partition count that keys are routed by is trusted (Kafka's
+        # metadata.max.age.ms): a count kept for good never routed to partitions added since.
+        self.metadata_max_age_s = metadata_max_age_s
+        self._partitions_at = 0.0
         self._leaders: dict[int, str] = {}
         # The admin API's leaders apart: with split ports, their URLs are the peer port's.
         self._admin_leaders: dict[int, str] = {}
@@ -346,9 +357,12 @@ class Calls:
         producer_id: str | None = None,
         sequence: int | None = None,
     ) -> Plan[AppendResult]:
-        """Append records routed by key (all of them must map to one partition)."""
-        if self._partitions is None:
+        """Append records routed by key (all of them must map to one partition), by a
+        partition count asked again once older than `metadata_max_age_s`."""
+        now = time.monotonic()
+        if self._partitions is None or now - self._partitions_at >= self.metadata_max_age_s:
             self._partitions = len((yield from self._any_status())["partitions"])
+            self._partitions_at = now
         parts = {partition_for(str(r["key"]).encode(), self._partitions) for r in records}
         if len(parts) != 1:
             raise ValueError(f"the keys map to partitions {sorted(parts)}; append them apart")

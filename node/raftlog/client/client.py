@@ -53,6 +53,7 @@ class AsyncClient(SessionHolder):
         key_file: str | None = None,
         resolver: aiohttp.abc.AbstractResolver | None = None,
         idempotent: bool = True,
+        metadata_max_age_s: float = 30.0,
     ) -> None:
         """`endpoints` are the nodes appends and reads choose from (the other calls name their
         node). `retries` is short for `retry=RetryPolicy(retries=...)`. `timeout_s` bounds a
@@ -61,7 +62,9 @@ class AsyncClient(SessionHolder):
         costs that long before the next endpoint is tried, not the whole `timeout_s`.
         `idempotent=False` sends plain appends without a producer id (as Kafka's
         `enable.idempotence=false`): a retry after a lost answer may then add records twice.
-        `cert_file`, `key_file` and `resolver`: see `SessionHolder`."""
+        `metadata_max_age_s`: how long `append_keyed` trusts the partition count it routes
+        keys by before asking a node again (partitions added to a running cluster are routed
+        to within that long). `cert_file`, `key_file` and `resolver`: see `SessionHolder`."""
         self._connect_timeout_s = connect_timeout_s
         self._timeout_s = timeout_s
         super().__init__(
@@ -72,7 +75,9 @@ class AsyncClient(SessionHolder):
             timeout=self._timeout_of(timeout_s),
             resolver=resolver,
         )
-        self.calls = Calls(endpoints, retry or RetryPolicy(retries=retries), idempotent)
+        self.calls = Calls(
+            endpoints, retry or RetryPolicy(retries=retries), idempotent, metadata_max_age_s
+        )
 
     def _timeout_of(self, total_s: float) -> aiohttp.ClientTimeout:
         return aiohttp.ClientTimeout(total=total_s, sock_connect=self._connect_timeout_s)
