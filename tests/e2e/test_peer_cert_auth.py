@@ -18,6 +18,7 @@ import trustme
 from tests.e2e.loopback import free_loopback_net, kill_nodes, start_split_nodes
 from tests.steady import STEADY_ENV
 
+from raftlog.cli.main import main
 from raftlog.client import AsyncClient
 
 pytestmark = [pytest.mark.e2e]
@@ -116,3 +117,42 @@ def test_members_replicate_over_mutual_tls_and_refuse_callers_without_a_certific
     with pytest.raises(urllib.error.HTTPError) as refused:
         get(admin, context(ca_file, operator), token="wrong")
     assert refused.value.code == 401
+
+
+def test_raftctl_reaches_a_tls_cluster_with_its_ca_and_the_admin_api_with_a_certificate(
+    mtls_cluster, tmp_path, capsys
+):
+    """raftctl had no TLS options: an https cluster signed by its own CA was unreachable
+    (certificate verify failed), and its admin API (peer port, mutual TLS) too."""
+    hosts, ca, ca_file = mtls_cluster
+    leader = leader_of(hosts, context(ca_file))
+    follower = f"n{(leader + 1) % 3}"
+    token = tmp_path / "token"
+    token.write_text(TOKEN)
+    cert, key, _ = pem_files(ca, tmp_path / "operator", ["raftlog-operator"])
+    endpoints = ",".join(f"https://{h}:{CLIENT}" for h in hosts)
+    common = ["--endpoints", endpoints, "--token-file", str(token)]
+
+    def ctl(*args: str) -> tuple[int, str, str]:
+        code = main([*args, *common])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+
+    code, out, err = ctl("status")
+    assert code == 1 and "unreachable" in out and "CERTIFICATE_VERIFY_FAILED" in err, err
+    code, out, err = ctl("status", "--ca-file", str(ca_file))
+    assert code == 0 and out.count("leader") >= 1, (out, err)
+    code, out, err = ctl("append", "--ca-file", str(ca_file), "over tls")
+    assert code == 0 and "indexes" in out, err
+    # The admin API asks for a certificate of the cluster's CA...
+    code, out, err = ctl("lag", follower, "--ca-file", str(ca_file))
+    assert code == 1 and f"{PEER}: no answer: " in err, (out, err)  # the handshake refused
+    tls = ("--ca-file", str(ca_file), "--cert-file", str(cert), "--key-file", str(key))
+    code, out, err = ctl("lag", follower, *tls, "--json")
+    assert code == 0, err
+    assert json.loads(out)["follower"] == follower, out
+    # ...and a file that is not there is named, before any call.
+    code, out, err = ctl("status", "--ca-file", str(tmp_path / "nope.pem"))
+    assert code == 1 and err.strip() == f"raftctl: --ca-file {tmp_path / 'nope.pem'}: no such file"
+    code, out, err = ctl("lag", follower, "--ca-file", str(ca_file), "--cert-file", str(cert))
+    assert code == 1 and "--cert-file and --key-file go together" in err

@@ -276,8 +276,9 @@ def test_status_shows_each_members_role_and_lag_and_fails_naming_an_unreachable_
     n2 = scripted({"/v1/status": two_partitions("n2", "follower")})
     n3 = scripted({"/v1/status": two_partitions("n3", "follower", "learner")})
     down = "http://127.0.0.1:9"
-    code, out, _ = run_ctl(capsys, "status", "--endpoints", f"{n3.url},{down},{n1.url},{n2.url}")
+    code, out, err = run_ctl(capsys, "status", "--endpoints", f"{n3.url},{down},{n1.url},{n2.url}")
     assert code == 1, "a member that does not answer fails the command"
+    assert err.startswith(f"raftctl: {down}: no answer: "), err  # and why
     assert out.splitlines() == [
         "PARTITION  NODE                ROLE                TERM  LEADER  HWM  APPLIED  FLOOR  LAG",
         "-          http://127.0.0.1:9  unreachable",

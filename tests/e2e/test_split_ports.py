@@ -95,8 +95,17 @@ def test_clients_and_peers_are_served_on_their_own_ports(split_cluster):
     assert info.value.code == 421
     assert json.loads(info.value.read())["leader_url"] == client_urls[leader]
 
-    # The client port has no admin or peer routes, even with the token.
-    assert call(f"http://{follower}:{CLIENT}/v1/admin/peers", token=TOKEN) == 404
+    # The client port has no admin or peer routes, even with the token: an admin call there
+    # is sent on to the member's peer port (421 naming it), after the token's check.
+    assert call(f"http://{follower}:{CLIENT}/v1/admin/peers") == 401
+    req = urllib.request.Request(f"http://{follower}:{CLIENT}/v1/admin/peers")
+    req.add_header("Authorization", f"Bearer {TOKEN}")
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(req, timeout=5)
+    assert info.value.code == 421
+    said = json.loads(info.value.read())
+    assert said["error"] == "admin_on_peer_port"
+    assert said["leader_url"] == f"http://{follower}:{PEER}"
     for port, status in ((CLIENT, 404), (PEER, 101)):  # the frame stream: peer port only
         s, got, _ = open_frame_stream(follower, port, TOKEN)
         s.close()
@@ -167,3 +176,17 @@ def test_a_full_client_listener_refuses_clearly_and_leaves_peers_and_admin_answe
     while call(f"http://{leader}:{CLIENT}/healthz") != 200:
         assert time.monotonic() < deadline, "the client listener stayed full"
         time.sleep(0.1)
+
+
+def test_admin_calls_given_the_client_urls_reach_the_leaders_peer_port(split_cluster):
+    """A client (raftctl) given the client URLs it appends through: the leader's client port
+    answered its admin calls with a 404 `no route`; it names its peer port now."""
+    hosts = split_cluster
+    leader = leader_of(hosts)
+
+    async def lag() -> dict[str, object]:
+        async with AsyncClient([f"http://{h}:{CLIENT}" for h in hosts], token=TOKEN) as c:
+            return await c.follower_lag(0, f"n{(leader + 1) % 3}")
+
+    said = asyncio.run(lag())
+    assert said["follower"] == f"n{(leader + 1) % 3}", said

@@ -1,7 +1,9 @@
 """`raftctl` commands that talk to a running cluster, and `raftctl local` to run one here.
 
 Every command takes `--endpoints` (or `RAFTLOG_ENDPOINTS`), `--token-file` (or
-`RAFTLOG_TOKEN_FILE`) and `--json`; without `--json` the output is meant for people.
+`RAFTLOG_TOKEN_FILE`), for https endpoints `--ca-file` (and, where members ask callers of their
+peer port for a certificate, `--cert-file` and `--key-file`), and `--json`; without `--json` the
+output is meant for people.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -48,6 +51,23 @@ def add_common(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("RAFTLOG_TOKEN_FILE"),
         help="file holding the admin token",
     )
+    p.add_argument(
+        "--ca-file",
+        default=os.environ.get("RAFTLOG_CA_FILE"),
+        help="CA bundle that signed the nodes' certificates, for https endpoints "
+        "(default: $RAFTLOG_CA_FILE, else the system's)",
+    )
+    p.add_argument(
+        "--cert-file",
+        default=os.environ.get("RAFTLOG_CERT_FILE"),
+        help="client certificate (PEM) shown to members that ask for one on their peer port "
+        "(--peer-client-cert-auth); default: $RAFTLOG_CERT_FILE",
+    )
+    p.add_argument(
+        "--key-file",
+        default=os.environ.get("RAFTLOG_KEY_FILE"),
+        help="the client certificate's private key (default: $RAFTLOG_KEY_FILE)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -55,8 +75,37 @@ def _endpoints(args: argparse.Namespace) -> list[str]:
     return [e.strip() for e in args.endpoints.split(",") if e.strip()]
 
 
-def _token(args: argparse.Namespace) -> str | None:
-    return Path(args.token_file).read_text().strip() if args.token_file else None
+@dataclass(frozen=True)
+class Access:
+    """How a command reaches the nodes: the admin token and the TLS files."""
+
+    token: str | None = None
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+
+    def client(self, endpoints: list[str], retries: int) -> AsyncClient:
+        return AsyncClient(
+            endpoints,
+            token=self.token,
+            retries=retries,
+            ca_file=self.ca_file,
+            cert_file=self.cert_file,
+            key_file=self.key_file,
+        )
+
+
+def _access(args: argparse.Namespace) -> Access:
+    """The token read and the TLS files checked up front: a missing file is said by name, not
+    as an SSL error at the first call."""
+    for flag in ("ca_file", "cert_file", "key_file"):
+        path = getattr(args, flag)
+        if path is not None and not Path(path).is_file():
+            raise FileNotFoundError(f"--{flag.replace('_', '-')} {path}: no such file")
+    if (args.cert_file is None) != (args.key_file is None):
+        raise ValueError("--cert-file and --key-file go together: give both, or neither")
+    token = Path(args.token_file).read_text().strip() if args.token_file else None
+    return Access(token, args.ca_file, args.cert_file, args.key_file)
 
 
 # Pauses of about 0.05 s doubling to 3.2 s: 3 to 10 s in all, past an election after a
@@ -65,7 +114,7 @@ RETRIES = 7
 
 
 def _client(args: argparse.Namespace) -> AsyncClient:
-    return AsyncClient(_endpoints(args), token=_token(args), retries=RETRIES)
+    return _access(args).client(_endpoints(args), RETRIES)
 
 
 def _out(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -79,16 +128,16 @@ def _run(coro: Any) -> int:
         unreachable = "cannot reach the cluster: " if e.status == NO_ANSWER else ""
         print(f"raftctl: {unreachable}{e}", file=sys.stderr)
         return 1
-    except OSError as e:  # the token file
+    except (OSError, ValueError) as e:  # the token and TLS files
         print(f"raftctl: {e}", file=sys.stderr)
         return 1
 
 
 # ====================================================================== status
-async def fetch_status(endpoints: list[str], token: str | None = None) -> dict[str, Any]:
+async def fetch_status(endpoints: list[str], access: Access | None = None) -> dict[str, Any]:
     """Each node's `/v1/status` by name (an unreachable one as `{"error": ...}` by URL)."""
     nodes: dict[str, Any] = {}
-    async with AsyncClient(endpoints, token=token, retries=0) as c:
+    async with (access or Access()).client(endpoints, 0) as c:
         for url in endpoints:
             try:
                 st = await c.status(url)
@@ -130,14 +179,17 @@ def format_status(nodes: dict[str, Any]) -> str:
     )
 
 
-def status_table(endpoints: list[str], token: str | None = None) -> str:
-    return format_status(asyncio.run(fetch_status(endpoints, token)))
+def status_table(endpoints: list[str], access: Access | None = None) -> str:
+    return format_status(asyncio.run(fetch_status(endpoints, access)))
 
 
 async def _status(args: argparse.Namespace) -> int:
-    nodes = await fetch_status(_endpoints(args), _token(args))
+    nodes = await fetch_status(_endpoints(args), _access(args))
     _out(args, nodes, format_status(nodes))
-    return 0 if all("error" not in st for st in nodes.values()) else 1
+    failed = [st["error"] for st in nodes.values() if "error" in st]
+    for why in failed:  # the table says "unreachable"; why (refused, a certificate) is here
+        print(f"raftctl: {why}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 # ====================================================================== records

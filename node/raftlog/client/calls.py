@@ -480,7 +480,14 @@ class Calls:
         self, partition: int, endpoint: str | None, request: Request
     ) -> Plan[dict[str, Any]]:
         base = endpoint or (yield from self.leader(partition))
-        return (yield from once(base, request)).json()
+        reply = yield from ask(base, request)
+        if not reply.ok and reply.error().error == "admin_on_peer_port":
+            # Split ports: the leader's client URL names its peer URL, where the admin API is.
+            base = str(reply.error().body.get("leader_url") or base)
+            reply = yield from ask(base, request)
+        if not reply.ok:
+            raise reply.error()
+        return reply.json()
 
     def follower_lag(
         self, partition: int, node: str, *, endpoint: str | None = None

@@ -340,6 +340,26 @@ def add_routes(app: web.Application) -> None:
     add_route(app, "POST", "/v1/admin/peer-addresses", peer_addresses)
 
 
+async def on_the_peer_port(request: web.Request) -> web.Response:
+    node = node_of(request)
+    url = node.settings.peers[node.id]
+    raise ApiError(
+        421,
+        "admin_on_peer_port",
+        f"{node.id} serves the admin API on its peer port: ask {url}",
+        leader_url=url,
+    )
+
+
+def add_peer_port_hints(app: web.Application) -> None:
+    """The admin routes on a client listener of split ports: 421 naming this member's peer
+    URL, which the client follows as it follows a leader's. They were a 404 `no route`, so a
+    client given the client URLs it appends through could reach the admin API only through a
+    follower's hint, never at the leader itself."""
+    for method in ("GET", "POST"):
+        add_route(app, method, "/v1/admin/{tail:.*}", on_the_peer_port)
+
+
 def add_hold_routes(app: web.Application) -> None:
     """Retention holds, on every listener (with the token, as all of /v1/admin): a reader holds
     what it has not read yet through the client port it reads from, which a NetworkPolicy on

@@ -604,6 +604,8 @@ def build_app(node: Node, planes: frozenset[Plane] = ALL_PLANES) -> web.Applicat
         add_route(app, "GET", "/v1/partitions/{partition}/snapshot/table", snapshot_table)
         add_route(app, "GET", "/v1/partitions/{partition}/index-for-time", index_for_time)
         add_route(app, "GET", "/v1/partitions/{partition}/keys/{key}", get_key)
+    if "peer" not in planes:
+        admin.add_peer_port_hints(app)
     if "peer" in planes:
         admin.add_routes(app)
         add_route(app, "GET", "/peer/v1/partitions/{partition}/snapshot", snapshot_progress)
