@@ -254,6 +254,38 @@ def test_follower_learns_the_high_water_mark_but_never_above_its_matching_entrie
     assert r.read_committed(1, 100) == s.entries(1, 3)
 
 
+def test_a_leader_counts_only_its_own_entries_already_written() -> None:
+    """A follower's answer can come before the leader's own write of the entry is done (its
+    driver writes while the network goes on): the leader's vote for the entry is its stable
+    index, not its last one, or one follower and an unwritten entry make a majority of 3."""
+    s = storage_with([], term=1)
+    r = Raft("a", CFG, s)
+    elect(r, s)
+    r.step(AppendResponse("b", "a", r.term, True, 1))
+    drain(r, s)
+    assert r.commit == 1
+    index, _ = r.propose(b"x")
+    r.step(AppendResponse("b", "a", r.term, True, index))
+    assert r.commit == 1, "committed on b alone"
+    drain(r, s)
+    assert r.commit == index
+
+
+def test_a_follower_reads_only_up_to_its_high_water_mark() -> None:
+    s = storage_with([(1, 1), (2, 1), (3, 1)], term=1, commit=1)
+    r = Raft("b", CFG, s)
+    assert [e.index for e in r.read_committed(1, 10)] == [1]
+
+
+def test_a_learner_told_to_campaign_does_not() -> None:
+    s = storage_with([(1, 1)], voters=("a", "b", "c"), term=1)
+    s.save(s.hard_state, [])
+    r = Raft("d", CFG, s)  # not among the voters: a learner
+    r.step(TimeoutNow("a", "d", 1))
+    drain(r, s)
+    assert r.term == 1 and r.role == Role.FOLLOWER
+
+
 def test_leader_commits_only_entries_of_its_own_term_by_counting() -> None:
     s = storage_with([(1, 1), (2, 1)], term=1)
     r = Raft("a", CFG, s)
@@ -606,6 +638,77 @@ class TestMembership:
         drain(r, s)
         r.propose_membership("promote", "d")
         assert r.membership.voters == {"a", "b", "c", "d"}
+
+    def test_a_new_leader_takes_no_change_before_its_no_op_commits(self) -> None:
+        """The single-server change fix: a change proposed before the new term's no-op
+        commits could overlap an uncommitted change of an earlier leader."""
+        s = storage_with([(1, 1)], term=1)
+        r = Raft("a", CFG, s)
+        elect(r, s)
+        with pytest.raises(MembershipError, match="one at a time"):
+            r.propose_membership("add_learner", "d")
+        r.step(AppendResponse("b", "a", r.term, True, 2))
+        drain(r, s)
+        r.propose_membership("add_learner", "d")
+
+    def test_the_last_voter_cannot_be_removed(self) -> None:
+        s = storage_with([], voters=("a",), term=1)
+        r = Raft("a", CFG, s)
+        r.hup()
+        drain(r, s)
+        assert r.role == Role.LEADER and r.commit == 1
+        with pytest.raises(MembershipError, match="last voter"):
+            r.propose_membership("remove", "a")
+
+    def test_a_learner_is_promoted_at_the_lag_allowed_and_not_one_entry_more(self) -> None:
+        r, s = self.leader()
+        index, _ = r.propose_membership("add_learner", "d")
+        r.step(AppendResponse("b", "a", r.term, True, index))
+        drain(r, s)
+        allowed = CFG.learner_promotion_lag
+        r.propose_batch([b"x"] * (allowed + 1))
+        drain(r, s)
+        r.step(AppendResponse("b", "a", r.term, True, r.log.last_index()))
+        drain(r, s)
+        r.step(AppendResponse("d", "a", r.term, True, r.commit - allowed - 1))
+        drain(r, s)
+        with pytest.raises(MembershipError, match=f"lags by {allowed + 1} entries"):
+            r.propose_membership("promote", "d")
+        r.step(AppendResponse("d", "a", r.term, True, r.commit - allowed))
+        drain(r, s)
+        r.propose_membership("promote", "d")
+
+    def test_leadership_is_not_handed_to_a_learner(self) -> None:
+        r, s = self.leader()
+        index, _ = r.propose_membership("add_learner", "d")
+        r.step(AppendResponse("b", "a", r.term, True, index))
+        r.step(AppendResponse("d", "a", r.term, True, index))
+        drain(r, s)
+        with pytest.raises(ProposalRefused, match="not a voter"):
+            r.transfer_leadership("d")
+
+    def test_a_membership_entry_a_later_leader_overwrote_is_undone(self) -> None:
+        """A follower takes a change at index 3 (term 2) that never committed; the leader of
+        term 3 writes another entry at 3: the members are again those before the change."""
+        s = storage_with([(1, 1), (2, 2)], term=2)
+        r = Raft("b", CFG, s)
+        change = Membership.of(["a", "b", "c"], ("d",))
+        r.step(
+            AppendRequest("a", "b", 2, 2, 2, (Entry(3, 2, EntryKind.CONFIG, change.encode()),), 2)
+        )
+        drain(r, s)
+        assert r.membership.learners == {"d"}
+        r.step(AppendRequest("c", "b", 3, 2, 2, (Entry(3, 3, EntryKind.NORMAL, b"x"),), 2))
+        drain(r, s)
+        assert r.membership == Membership.of(["a", "b", "c"])
+
+    def test_an_installed_snapshot_brings_its_members(self) -> None:
+        s = storage_with([(1, 1)], term=1)
+        r = Raft("b", CFG, s)
+        meta = SnapshotMeta(10, 2, Membership.of(["a", "b", "c"], ("d",)))
+        r.step(InstallSnapshot("a", "b", 2, meta))
+        drain(r, s)
+        assert r.membership == meta.membership
 
     def test_removed_leader_steps_down_once_the_removal_commits(self) -> None:
         r, s = self.leader()

@@ -122,3 +122,16 @@ def test_a_leader_that_removed_itself_counts_only_the_voters_acks(voters):
     assert confirmed == [], "one of three voters is no majority"
     r.step(HeartbeatResponse(rest[1], "a", r.term, ctx=4))
     assert reads(r, s) == [ReadState(4, r.commit)]
+
+
+def test_a_learners_answer_does_not_confirm_a_read():
+    r, s = leader_with_commit()
+    index, _ = r.propose_membership("add_learner", "d")
+    r.step(AppendResponse("b", "a", r.term, True, index))
+    drain(r, s)
+    r.read_index(7)
+    drain(r, s)
+    r.step(HeartbeatResponse("d", "a", r.term, ctx=7))
+    assert reads(r, s) == [], "a learner is no part of the quorum"
+    r.step(HeartbeatResponse("c", "a", r.term, ctx=7))
+    assert [q.request_id for q in reads(r, s)] == [7]

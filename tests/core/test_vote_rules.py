@@ -210,3 +210,16 @@ def test_an_answer_claiming_more_than_the_leader_holds_is_refused_and_counts_not
     r.step(AppendResponse("c", "a", 2, True, noop))
     drain(r, s)
     assert r.progress["c"].match == noop and r.commit == noop
+
+
+def test_no_vote_for_another_while_this_terms_leader_is_known() -> None:
+    """A follower that heard term 2's leader and voted for nobody in term 2 (it learned the
+    term from the leader's append) must not vote in term 2: a second leader of the term could
+    be elected with it."""
+    five = ("a", "b", "c", "d", "e")
+    s = storage_with([(1, 1)], voters=five, term=1)
+    b = Raft("b", CFG, s)
+    b.step(AppendRequest("a", "b", 2, 1, 1, (), 1))
+    drain(b, s)
+    assert b.leader == "a" and s.hard_state.vote is None
+    assert not vote_reply(b, s, VoteRequest("c", "b", 2, 5, 2))

@@ -46,8 +46,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "ReadIndex answered without a quorum round",
         RAFT,
-        "if len(self.membership.voters) == 1:",
-        "if len(self.membership.voters) >= 1:",
+        "if voters == {self.id}:",
+        "if self.id in voters:",
         after="def _start_read(self, request_id: int) -> None:",
         real=True,
     ),
@@ -135,6 +135,81 @@ MUTANTS: list[Mutant] = [
         RAFT,
         "can_vote = self.vote == m.src or (self.vote is None and self.leader is None)",
         "can_vote = self.vote in (None, m.src) or self.leader is None",
+    ),
+    # Survivors of a planted-bug review (2026-11-29), each with a test written for it since.
+    Mutant(
+        "a second vote in a term whose leader is known",
+        RAFT,
+        "can_vote = self.vote == m.src or (self.vote is None and self.leader is None)",
+        "can_vote = self.vote == m.src or self.vote is None",
+    ),
+    Mutant(
+        "the leader counts its entries not yet written",
+        RAFT,
+        "(self._self_match() if v == self.id else self.progress[v].match for v in voters),",
+        "(self.log.last_index() if v == self.id else self.progress[v].match for v in voters),",
+    ),
+    Mutant(
+        "a new leader takes a change before its no-op commits",
+        RAFT,
+        "self.pending_conf_index = noop.index",
+        "self.pending_conf_index = 0",
+    ),
+    Mutant(
+        "an overwritten membership entry kept (the check)",
+        RAFT,
+        "if self._config_history[-1][0] < index:",
+        "if self._config_history[-1][0] <= index:",
+    ),
+    Mutant(
+        "an overwritten membership entry kept (the loop)",
+        RAFT,
+        "while len(self._config_history) > 1 and self._config_history[-1][0] >= index:",
+        "while len(self._config_history) > 1 and self._config_history[-1][0] > index:",
+    ),
+    Mutant(
+        "a learner's answer confirms a read",
+        RAFT,
+        "if voter not in self.membership.voters:",
+        "if voter not in self.membership.members:",
+        after="def _confirm_reads(self, voter: str, ctx: int) -> None:",
+    ),
+    Mutant(
+        "an installed snapshot's members not taken",
+        RAFT,
+        "self.membership = meta.membership",
+        "pass",
+    ),
+    Mutant(
+        "the last voter removed",
+        RAFT,
+        "if m.voters == {node}:",
+        "if False:",
+    ),
+    Mutant(
+        "reads one past the high-water mark",
+        RAFT,
+        "return self.log.entries(lo, min(hi, self.log.committed + 1))",
+        "return self.log.entries(lo, min(hi, self.log.committed + 2))",
+    ),
+    Mutant(
+        "a learner promoted one entry past the lag allowed",
+        RAFT,
+        "if lag > self.cfg.learner_promotion_lag:",
+        "if lag > self.cfg.learner_promotion_lag + 1:",
+    ),
+    Mutant(
+        "a learner campaigns when told to",
+        RAFT,
+        "if self.role != Role.LEADER and self._promotable():",
+        "if self.role != Role.LEADER:",
+    ),
+    Mutant(
+        "leadership handed to a learner",
+        RAFT,
+        "if target not in self.membership.voters:",
+        "if target not in self.membership.members:",
+        after="def transfer_leadership(self, target: str) -> None:",
     ),
 ]
 

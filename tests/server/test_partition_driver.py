@@ -154,6 +154,34 @@ def test_an_installed_snapshots_table_is_never_shown_above_the_mark(tmp_path):
     asyncio.run(run())
 
 
+def test_entries_committed_but_not_synced_here_are_never_read(tmp_path):
+    """A follower's core commits what its leader says is committed as soon as it matches the
+    entries; readers' mark moves only after this node's own sync. A read clamped one past the
+    mark survived every test (a planted-bug review)."""
+
+    async def run() -> None:
+        node = Node(
+            NodeSettings(insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path)
+        )
+        await node.start()
+        try:
+            d = node.drivers[0]
+            offer_empty_snapshot(d, 10, 2, set(PEERS))
+            await until(lambda: d.high_water_mark == 10, "the snapshot installed")
+            with HeldSync(node) as hold:
+                new = (Entry(11, 2, data=b"x"), Entry(12, 2, data=b"y"))
+                d.step(AppendRequest("n1", "n2", 2, 10, 2, new, 12))
+                await until(hold.held.is_set, "the pass's sync")
+                assert d.raft.commit == 12 and d.high_water_mark == 10
+                assert d.read_committed(11, 100) == []
+            await until(lambda: d.high_water_mark == 12, "the mark after the sync")
+            assert [e.index for e in d.read_committed(11, 100)] == [11, 12]
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
 def test_appends_coalesced_in_one_turn_keep_their_order_and_their_own_indexes(tmp_path):
     """Proposals that arrive together become one Raft batch (one write, one fsync), and each
     appender is answered with exactly its own contiguous indexes, in arrival order."""
