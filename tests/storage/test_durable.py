@@ -55,6 +55,36 @@ def test_fresh_partition_persists_bootstrap_membership_and_hard_state(tmp_path):
     assert s2.entries(1, 11) == ents(1, 10, 3)
 
 
+def test_a_term_and_vote_are_on_disk_before_save_returns(tmp_path):
+    """The vote is what keeps a member from voting twice in a term: written without its
+    fsyncs, a power loss could forget a vote already sent (a planted bug survived the tests
+    that do not cut power)."""
+
+    class Syncs(FileOps):
+        def __init__(self) -> None:
+            self.events: list[str] = []
+
+        def fsync(self, fd: int) -> None:
+            self.events.append("fsync " + os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+            super().fsync(fd)
+
+        def fsync_dir(self, path: str) -> None:
+            self.events.append("fsync_dir")
+            super().fsync_dir(path)
+
+        def replace(self, src: str, dst: str) -> None:
+            self.events.append("replace " + os.path.basename(dst))
+            super().replace(src, dst)
+
+    disk = Syncs()
+    s = open_storage(tmp_path, bootstrap=ABC, ops=disk)
+    disk.events.clear()
+    s.save(HardState(5, "b", 0), [])
+    hard = [e for e in disk.events if "hardstate" in e or e == "fsync_dir"]
+    assert hard[:3] == ["fsync hardstate.tmp", "replace hardstate", "fsync_dir"], disk.events
+    s.close()
+
+
 def test_hard_state_damage_refuses(tmp_path):
     s = open_storage(tmp_path, bootstrap=ABC)
     s.save(HardState(5, "a", 0), [])
