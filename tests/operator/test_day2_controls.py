@@ -284,6 +284,12 @@ def test_a_switchover_waits_for_a_lagging_target_then_gives_up() -> None:
     ask = parse({SWITCHOVER: "c-2"})
     plan = run(st, w, s, ask)
     assert isinstance(plan.action, Wait) and "catch up" in plan.action.reason
+    # Still waiting a while later, and at the timeout itself (failing at once survived).
+    for later in (1, SWITCHOVER_TIMEOUT_S):
+        plan = run(plan.status, w, s, ask, now=T0 + later)
+        assert isinstance(plan.action, Wait) and "catch up" in plan.action.reason, later
+        assert plan.status.switchover is not None and plan.status.switchover.state == "pending"
+        assert "SwitchoverFailed" not in reasons(plan)
     plan = run(plan.status, w, s, ask, now=T0 + SWITCHOVER_TIMEOUT_S + 1)
     assert plan.status.switchover is not None and plan.status.switchover.state == "failed"
 
@@ -312,6 +318,18 @@ def test_raising_replicas_back_cancels_a_removal_no_partition_has_made() -> None
     assert plan.status.members[2].role == "voter"
     assert "RemovalCancelled" in reasons(plan)
     assert plan.action is None
+
+
+def test_raising_replicas_back_cancels_only_the_removals_it_needs() -> None:
+    """Two members being removed and `replicas` raised by one: one removal is cancelled, the
+    other goes on (cancelling both left the cluster above `replicas`, to remove one again)."""
+    s = spec(replicas=2)
+    st = running_status(MEMBERS)
+    st.members[1].role = st.members[2].role = "removing"
+    plan = run(st, settled(s), s)
+    roles = [m.role for m in plan.status.members]
+    assert roles.count("voter") == 2 and roles.count("removing") == 1, roles
+    assert reasons(plan).count("RemovalCancelled") == 1
 
 
 def test_raising_replicas_back_does_not_cancel_the_removal_of_an_unready_member() -> None:

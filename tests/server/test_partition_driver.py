@@ -26,7 +26,7 @@ from raftlog.node.core.messages import (
     TimeoutNow,
     VoteResponse,
 )
-from raftlog.node.core.raft import Role
+from raftlog.node.core.raft import MAX_APPLY_PER_READY, Role
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.record import Record, encode_record
 from raftlog.node.server.app import build_app
@@ -661,6 +661,32 @@ def test_a_linearizable_read_waiting_on_a_leader_that_steps_down_is_told_not_lea
             d.step(AppendRequest("n3", "n1", term + 1, 0, 0, (), 0))
             with pytest.raises(NotLeader):
                 await asyncio.wait_for(read, 10)
+
+    asyncio.run(run())
+
+
+def test_a_linearizable_read_point_is_answered_once_the_table_applied_it(tmp_path):
+    """A read point is the commit when asked, and the core hands committed entries out at most
+    `MAX_APPLY_PER_READY` a pass: after a large commit the point is confirmed before the table
+    has applied it. Answered then, a key read saw the table from before (a planted bug that
+    dropped the wait survived every test)."""
+
+    async def run() -> None:
+        async with _elected_by_hand(tmp_path) as d:
+            term = d.raft.term
+            d.step(AppendResponse("n2", "n1", term, True, d.raft.log.last_index()))
+            await until(lambda: d.raft.commit == d.raft.log.last_index(), "the no-op committed")
+            many = 12 * MAX_APPLY_PER_READY
+            d.call(lambda: d.raft.propose_batch([b"x"] * many))
+            await until(lambda: d.storage.last_index() >= many + 1, "the entries written", 60)
+            last = d.storage.last_index()
+            d.step(AppendResponse("n2", "n1", term, True, last))  # commits `many` at once
+            read = asyncio.ensure_future(d.linearizable_point())
+            await until(lambda: bool(d._reads), "the read asked")
+            d.step(HeartbeatResponse("n2", "n1", term, ctx=max(d._reads)))
+            point = await asyncio.wait_for(read, 30)
+            assert point == last
+            assert d.table.applied_index >= point, (d.table.applied_index, point)
 
     asyncio.run(run())
 
