@@ -677,7 +677,11 @@ def test_a_linearizable_read_point_is_answered_once_the_table_applied_it(tmp_pat
             d.step(AppendResponse("n2", "n1", term, True, d.raft.log.last_index()))
             await until(lambda: d.raft.commit == d.raft.log.last_index(), "the no-op committed")
             many = 12 * MAX_APPLY_PER_READY
-            d.call(lambda: d.raft.propose_batch([b"x"] * many))
+
+            def propose() -> None:
+                d.raft.propose_batch([b"x"] * many)
+
+            d.call(propose)
             await until(lambda: d.storage.last_index() >= many + 1, "the entries written", 60)
             last = d.storage.last_index()
             d.step(AppendResponse("n2", "n1", term, True, last))  # commits `many` at once
