@@ -127,19 +127,25 @@ async def _elect_by_hand(d: PartitionDriver) -> None:
     await until(lambda: d.raft.role == Role.LEADER, "election")
 
 
+@contextlib.asynccontextmanager
+async def _follower_n2(tmp_path: Path) -> AsyncIterator[PartitionDriver]:
+    """Partition 0's driver on n2 of three, durable, whose peers never answer."""
+    node = Node(NodeSettings(insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path))
+    await node.start()
+    try:
+        yield node.drivers[0]
+    finally:
+        await node.close()
+
+
 def test_an_installed_snapshots_table_is_never_shown_above_the_mark(tmp_path):
     """Found by a review: the table was swapped in when the snapshot was installed, and the
     mark moved only after the pass's fsync, so a local key read between the two showed an
     applied index above the high-water mark."""
 
     async def run() -> None:
-        node = Node(
-            NodeSettings(insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path)
-        )
-        await node.start()
-        try:
-            d = node.drivers[0]
-            with HeldSync(node) as hold:
+        async with _follower_n2(tmp_path) as d:
+            with HeldSync(d.node) as hold:
                 offer_empty_snapshot(d, 10, 2, set(PEERS))
                 new = (Entry(11, 2, data=b"x"), Entry(12, 2, data=b"y"))
                 d.step(AppendRequest("n1", "n2", 2, 10, 2, new, 10))
@@ -148,8 +154,6 @@ def test_an_installed_snapshots_table_is_never_shown_above_the_mark(tmp_path):
                 assert d.table.applied_index <= d.high_water_mark == 10
             await until(lambda: d.storage.last_index() >= 12, "the entries written")
             assert d.failed is None
-        finally:
-            await node.close()
 
     asyncio.run(run())
 
@@ -160,15 +164,10 @@ def test_entries_committed_but_not_synced_here_are_never_read(tmp_path):
     mark survived every test (a planted-bug review)."""
 
     async def run() -> None:
-        node = Node(
-            NodeSettings(insecure_no_auth=True, node_id="n2", peers=PEERS, data_dir=tmp_path)
-        )
-        await node.start()
-        try:
-            d = node.drivers[0]
+        async with _follower_n2(tmp_path) as d:
             offer_empty_snapshot(d, 10, 2, set(PEERS))
             await until(lambda: d.high_water_mark == 10, "the snapshot installed")
-            with HeldSync(node) as hold:
+            with HeldSync(d.node) as hold:
                 new = (Entry(11, 2, data=b"x"), Entry(12, 2, data=b"y"))
                 d.step(AppendRequest("n1", "n2", 2, 10, 2, new, 12))
                 await until(hold.held.is_set, "the pass's sync")
@@ -176,8 +175,6 @@ def test_entries_committed_but_not_synced_here_are_never_read(tmp_path):
                 assert d.read_committed(11, 100) == []
             await until(lambda: d.high_water_mark == 12, "the mark after the sync")
             assert [e.index for e in d.read_committed(11, 100)] == [11, 12]
-        finally:
-            await node.close()
 
     asyncio.run(run())
 
