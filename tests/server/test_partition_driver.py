@@ -704,8 +704,8 @@ def test_a_leader_whose_storage_fails_hands_over_to_a_follower(tmp_path):
                 raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
 
             d.node.journal.sync = full  # type: ignore[method-assign]
-            with pytest.raises(StorageFailed):
-                await d.propose([b"lost"])
+            with pytest.raises(StorageFailed):  # answered, not left waiting
+                await asyncio.wait_for(d.propose([b"lost"]), 10)
             assert [type(m).__name__ for m in sent if isinstance(m, TimeoutNow)] == ["TimeoutNow"]
 
     asyncio.run(run())
@@ -944,8 +944,8 @@ def test_a_leader_whose_storage_fails_steps_down_and_is_not_ready(tmp_path):
                 raise StorageFailed(str(tmp_path / "journal"), "write", OSError(28, "No space"))
 
             node.journal.sync = full  # type: ignore[method-assign]
-            with pytest.raises(StorageFailed, match="ENOSPC"):
-                await d.propose([b"lost"])
+            with pytest.raises(StorageFailed, match="ENOSPC"):  # answered, not left waiting
+                await asyncio.wait_for(d.propose([b"lost"]), 10)
             assert d.raft.role == Role.FOLLOWER and d.raft.leader is None
             reason = node.not_ready()
             assert reason is not None and "[0] stopped writing" in reason and "ENOSPC" in reason
