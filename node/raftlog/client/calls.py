@@ -481,12 +481,12 @@ class Calls:
     ) -> Plan[dict[str, Any]]:
         base = endpoint or (yield from self.leader(partition))
         reply = yield from ask(base, request)
-        if not reply.ok and reply.error().error == "admin_on_peer_port":
-            # Split ports: the leader's client URL names its peer URL, where the admin API is.
-            base = str(reply.error().body.get("leader_url") or base)
-            reply = yield from ask(base, request)
         if not reply.ok:
-            raise reply.error()
+            error = reply.error()
+            if error.error != "admin_on_peer_port":
+                raise error
+            # Split ports: the leader's client URL names its peer URL, where the admin API is.
+            reply = yield from once(str(error.body.get("leader_url") or base), request)
         return reply.json()
 
     def follower_lag(
