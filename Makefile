@@ -13,10 +13,19 @@ PYTEST_WORKERS ?= 2
 install: $(STAMP) jvm native
 
 # Reinstalled only when the dependency list changes, so a second `make install` is instant.
+# The dependencies' wheels are kept outside the checkout, keyed by this list and the Python:
+# built once by pip (whose cache keeps pyspark's wheel, built from its sdist), then installed
+# by uv without the network: 9 s on a fresh clone against 40 s for `pip install` (uv alone
+# rebuilds pyspark from its sdist every time here, 18 s).
+WHEELS := $(HOME)/.cache/raftlog-wheels/$(shell { $(PYTHON) -V; cat pyproject.toml; } | sha256sum | cut -c1-12)
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet --upgrade pip uv
+	@test -f $(WHEELS)/.complete || { tmp=$(WHEELS).$$$$; rm -rf $$tmp && \
+		$(PY) -m pip wheel --quiet -w $$tmp '.[dev]' hatchling editables && \
+		rm -f $$tmp/raftlog-*.whl && touch $$tmp/.complete && rm -rf $(WHEELS) && mv $$tmp $(WHEELS); }
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --offline --no-index --find-links $(WHEELS) \
+		-e '.[dev]'
 	@touch $(STAMP)
 
 # The JVM reader of the Spark source (format `raftlog-jvm`), compiled against pyspark's own jars

@@ -328,7 +328,9 @@ def _venv_image(spec: _VenvImage) -> Image:
     python = layout.ROOT / ".venv" / "bin" / "python"
     # The versions the dev venv was tested with pin the image's dependencies (and key it).
     pip: list[str | Path] = [python, "-m", "pip", "--disable-pip-version-check"]
-    pins = _run(*pip, "list", "--format=freeze", "--exclude-editable", capture=True)
+    listed = _run(*pip, "list", "--format=freeze", "--exclude-editable", capture=True)
+    # uv installs the dev venv (Makefile) and is no dependency: its version must not key images.
+    pins = "".join(line for line in listed.splitlines(True) if not line.startswith("uv=="))
     # Not the paths: the same image from any checkout is the same cache entry.
     shape = [
         spec.packages,

@@ -16,7 +16,7 @@ from prometheus_client import REGISTRY
 
 from raftlog.operator import handlers
 from raftlog.operator.actions import ChangeMembership, InstallSnapshot
-from raftlog.operator.main import default_priority
+from raftlog.operator.main import default_priority, parse_args
 from raftlog.operator.models import RaftClusterStatus
 from raftlog.operator.nodeapi import MemberTls
 
@@ -25,6 +25,31 @@ def test_replicas_never_tie_on_the_default_priority() -> None:
     # kopf pauses every operator of a tied priority, for good; its own default is 0 for all.
     drawn = {default_priority() for _ in range(50)}
     assert len(drawn) > 45 and all(1 <= p < 2**31 for p in drawn)
+
+
+def test_an_operator_run_by_hand_is_standalone_and_peers_only_when_named() -> None:
+    """Found by a review: `--peering` defaulted to a name, and kopf pauses a peering operator
+    until that KopfPeering object exists, so `raftlog-operator -n NS` reconciled nothing."""
+    args = parse_args(["-n", "ns"])
+    assert args.peering is None and args.namespace == ["ns"]
+    assert parse_args(["-n", "ns", "--standalone"]).peering is None
+    assert parse_args(["-A", "--peering", "ops", "--priority", "7"]).peering == "ops"
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["-n", "ns", "--standalone", "--peering", "ops"], "not allowed with argument"),
+        (["-n", "ns", "--priority", "3"], "--priority is a peering priority"),
+        ([], "give --namespace NS"),
+    ],
+)
+def test_operator_flags_that_cannot_work_are_refused_with_the_reason(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(argv)
+    assert exited.value.code == 2 and said in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------- the handlers

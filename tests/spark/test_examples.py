@@ -57,3 +57,30 @@ def test_the_spark_submit_script_is_valid_bash_with_valid_job_arguments():
     job = words[words.index("local:///opt/raftlog/archive_main.py") + 1 :]
     assert job[-1] == "$@"  # the caller's own job arguments come last
     archive.parse_args(job[:-1])
+
+
+def test_the_archive_job_takes_the_exports_raftctl_local_up_prints(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by a review: the README runs the job with `$RAFTLOG_ENDPOINTS` and a retention
+    hold but no token, and holds are admin calls, so the hold was refused on any cluster with a
+    token while raftctl, in the same shell, read `$RAFTLOG_TOKEN_FILE` by itself."""
+    for name in ("RAFTLOG_ENDPOINTS", "RAFTLOG_TOKEN_FILE", "RAFTLOG_CA_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit):
+        archive.parse_args(["--output", "/o", "--checkpoint", "/c"])
+    assert "--endpoints" in capsys.readouterr().err
+    monkeypatch.setenv("RAFTLOG_ENDPOINTS", "http://127.0.0.1:7001")
+    monkeypatch.setenv("RAFTLOG_TOKEN_FILE", "/run/token")
+    monkeypatch.setenv("RAFTLOG_CA_FILE", "/run/ca.pem")
+    args = archive.parse_args(["--output", "/o", "--checkpoint", "/c", "--retention-hold", "a"])
+    assert archive.source_options(args) == {
+        "endpoints": "http://127.0.0.1:7001",
+        "startingOffsets": "earliest",
+        "retentionHold": "a",
+        "tokenFile": "/run/token",
+        "caFile": "/run/ca.pem",
+    }
+    given = archive.parse_args(["--endpoints", "http://x:1", "--output", "/o", "--checkpoint",
+                                "/c", "--token-file", "/t"])  # fmt: skip
+    assert (given.endpoints, given.token_file) == ("http://x:1", "/t")

@@ -32,7 +32,8 @@ def _store_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--s3-credentials-file",
         default=os.environ.get("RAFTLOG_ARCHIVE_CREDENTIALS_FILE"),
-        help="access key id and secret (two lines, or JSON); unset: AWS_ACCESS_KEY_ID and "
+        help="access key id and secret (two lines, or JSON); default: "
+        "$RAFTLOG_ARCHIVE_CREDENTIALS_FILE (a node's own setting), else AWS_ACCESS_KEY_ID and "
         "AWS_SECRET_ACCESS_KEY",
     )
 

@@ -267,7 +267,11 @@ async def _tail(args: argparse.Namespace) -> int:
                 return 0
             start = at
         while True:
-            page = await c.read(args.partition, start, 1000, wait_ms=10_000 if args.follow else 0)
+            # `--min-index` on every page: a later one may come from another replica.
+            wait_ms = 10_000 if args.follow else 0
+            page = await c.read(
+                args.partition, start, 1000, wait_ms=wait_ms, min_index=args.min_index
+            )
             for r in page["records"]:
                 print(json.dumps(r) if args.json else _line(r), flush=True)
             start = page["next"]
@@ -432,7 +436,12 @@ def add_parsers(sub: Any) -> None:
         p = _command(msub, op, helptext, _members)
         p.add_argument("node")
         if op == "add-learner":
-            p.add_argument("--url", required=True, help="the new member's base URL")
+            p.add_argument(
+                "--url",
+                default=None,
+                help="the new member's base URL (needed unless the leader knows its address: "
+                "it is refused naming the field otherwise)",
+            )
 
     leader = sub.add_parser("leader", help="leadership")
     lsub = leader.add_subparsers(dest="leader_command", required=True, metavar="COMMAND")

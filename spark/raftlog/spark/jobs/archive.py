@@ -40,7 +40,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         prog="python -m raftlog.spark.jobs.archive",
         description="Stream a raftlog cluster's committed records into Parquet, exactly once.",
     )
-    p.add_argument("--endpoints", required=True, help="comma-separated node URLs")
+    # The same environment as raftctl's (`raftctl local up` prints these exports).
+    endpoints = os.environ.get("RAFTLOG_ENDPOINTS")
+    p.add_argument("--endpoints", default=endpoints, required=endpoints is None,
+                   help="comma-separated node URLs (default: $RAFTLOG_ENDPOINTS)")  # fmt: skip
     p.add_argument("--output", required=True, help="the Parquet directory (any Hadoop path)")
     p.add_argument("--checkpoint", required=True, help="the query's checkpoint directory")
     p.add_argument("--master", default=None, help="Spark master (default local[*], unless "
@@ -55,8 +58,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="archive what is committed now, then stop (AvailableNow)")  # fmt: skip
     p.add_argument("--retention-hold", default=None, metavar="NAME",
                    help="hold compaction at what is not archived yet (holder name)")  # fmt: skip
-    p.add_argument("--token-file", default=None, help="bearer token for the admin API (holds)")
-    p.add_argument("--ca-file", default=None, help="CA bundle for https endpoints")
+    p.add_argument("--token-file", default=os.environ.get("RAFTLOG_TOKEN_FILE"),
+                   help="file holding the admin token, which holds need on a cluster that has "
+                   "one (default: $RAFTLOG_TOKEN_FILE)")  # fmt: skip
+    p.add_argument("--ca-file", default=os.environ.get("RAFTLOG_CA_FILE"),
+                   help="CA bundle for https endpoints (default: $RAFTLOG_CA_FILE)")  # fmt: skip
     p.add_argument("--timeout-seconds", type=float, default=None,
                    help="stop after this long (default: run until stopped)")  # fmt: skip
     args = p.parse_args(argv)
