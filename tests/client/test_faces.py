@@ -5,6 +5,7 @@ the same errors."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import socket
@@ -200,6 +201,19 @@ def test_both_faces_append_keyed_records_to_their_partition_and_refuse_a_mix(ser
     with pytest.raises(ValueError, match=refused):
         asyncio.run(on_async())
     assert len([s for s in server.seen if s.method == "POST"]) == 2, "nothing sent for a mix"
+    # The key's bytes as the node takes them: `key_b64` routes as the same bytes as `key`.
+    b64 = [{"key_b64": base64.b64encode(key.encode()).decode(), "value": "3"}]
+    with Client([server.url]) as c:
+        assert c.append_keyed(b64).partition == p
+        # Found by a review: a record without a key was a bare KeyError: 'key'.
+        bads: list[tuple[dict[str, Any], str]] = [
+            ({"value": "v"}, r"records\[1\]\.key: is required to route a record by key"),
+            ({"key": 5}, r"records\[1\]\.key: must be a string"),
+            ({"key_b64": "#"}, r"records\[1\]\.key_b64: must be a base64 string"),
+        ]
+        for bad, said in bads:
+            with pytest.raises(ValueError, match=said):
+                c.append_keyed([same[0], bad])
 
 
 def test_both_faces_route_keys_by_a_partition_count_asked_again_once_old(serve):
@@ -277,6 +291,8 @@ def test_a_call_without_an_answer_in_its_timeout_is_no_answer(serve):
     per_client = with_both(server.url, lambda c: c.status(server.url), timeout_s=0.3)
     for e in per_call + per_client:
         assert isinstance(e, ClientError) and e.status == NO_ANSWER and e.retryable
+        # Found by a review: a timeout's own message is empty ("no answer: TimeoutError: ").
+        assert "timed out after 0.3 s (" in e.reason, e.reason
 
 
 def test_a_call_given_its_own_timeout_waits_that_long_whatever_the_clients(serve):

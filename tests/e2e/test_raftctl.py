@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -68,6 +69,12 @@ def test_idempotent_append_and_refusals(cluster, capsys):
     assert ctl(cluster, capsys, *args)[0] == 0
     code, out, _ = ctl(cluster, capsys, *args)
     assert code == 0 and "already appended" in out
+    # Found by a review: an empty producer id, or a sequence without one, appended without
+    # idempotence (a retry appended twice) instead of being refused.
+    code, _, err = ctl(cluster, capsys, "append", "--producer-id", "", "--sequence", "0", "y")
+    assert code == 1 and "400" in err and "producer_id" in err, err
+    code, _, err = ctl(cluster, capsys, "append", "--sequence", "3", "y")
+    assert code == 2 and "--sequence: give --producer-id with it" in err, err
     code, _, err = ctl(cluster, capsys, "members", "promote", "n9")
     assert code == 1 and "409" in err and "not a learner" in err
     code, _, err = ctl(cluster, capsys, "read", "-p", "5")
@@ -457,6 +464,47 @@ def test_admin_commands_send_what_was_asked_and_print_the_outcome(scripted, caps
     assert code == 0 and json.loads(node.seen[-1].body) == {"op": "add_learner", "node": "n4"}
 
 
+def test_admin_commands_say_why_no_leader_was_found(scripted, capsys):
+    """Found by a review: every admin command said `503 no_leader` for a partition that does
+    not exist and for a cluster that did not answer, hiding the real reason."""
+    node = scripted({"/v1/status": two_partitions("n1", "follower")})
+    at = ("--endpoints", node.url)
+    code, _, err = run_ctl(capsys, "lag", *at, "-p", "7", "n2")
+    assert code == 1 and "404 unknown_partition: partition 7 does not exist (0..1)" in err, err
+    code, _, err = run_ctl(capsys, "leader", "transfer", *at, "-p", "1", "n2")
+    assert code == 1 and "503 no_leader: no leader found for partition 1" in err, err
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{closed.getsockname()[1]}"
+        code, _, err = run_ctl(capsys, "lag", "--endpoints", dead, "n2")
+    assert code == 1 and err.startswith(f"raftctl: cannot reach the cluster: {dead}"), err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["tail", "-n", "-3"], "argument -n/--lines: must be 0 or more, got -3"),
+        (["read", "--limit", "0"], "argument --limit: must be 1 or more, got 0"),
+        (["read", "--from", "0"], "argument --from: must be 1 or more, got 0"),
+        (["read", "-p", "-1"], "argument -p/--partition: must be 0 or more, got -1"),
+        (["read", "--min-index", "x"], "argument --min-index: 'x' is not an integer"),
+        (["append", "--producer-id", "w", "--sequence", "-1", "v"], "must be 0 or more"),
+        (["snapshot", "install", "--target", "n2", "--timeout", "-5"], "positive number"),
+        (["snapshot", "install", "--target", "n2", "--timeout", "0"], "positive number"),
+        (["status", "--endpoints", "http://127.0.0.1:99999"], "Port out of range"),
+    ],
+)
+def test_flag_values_that_cannot_work_are_refused_naming_the_flag(argv, said, capsys):
+    """Found by a review: `tail -n -3` printed nothing and exited 0, a negative timeout was
+    taken, and a port out of range failed the call without naming `--endpoints`."""
+    with pytest.raises(SystemExit) as usage:
+        main(argv if "--endpoints" in argv else [*argv, "--endpoints", "http://127.0.0.1:1"])
+    err = capsys.readouterr().err
+    assert usage.value.code == 2 and said in err, err
+    if "--endpoints" in argv:
+        assert "argument --endpoints" in err
+
+
 def test_snapshot_install_waits_as_long_as_told_for_the_stream_to_end(scripted, capsys):
     """The answer comes once the whole snapshot is streamed: `--timeout` (600 s unless given)
     bounds the wait, not the client's 15 s for an ordinary call."""
@@ -493,7 +541,8 @@ def test_local_status_and_down_say_when_there_is_no_cluster_or_it_is_stopped(tmp
     code, out, _ = run_ctl(capsys, "local", "status", "--data-dir", str(tmp_path))
     assert (code, out) == (1, "not running (2 nodes stopped)\n")
     code, out, _ = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
-    assert (code, out) == (0, "stopped 2 nodes\n"), "nothing left to kill"
+    # Found by a review: it said "stopped 2 nodes" of nodes that were stopped already.
+    assert (code, out) == (0, "not running (2 nodes stopped already)\n"), "nothing to stop"
 
 
 def test_local_down_leaves_alone_a_process_that_took_a_recorded_pid(tmp_path, capsys):
@@ -510,7 +559,7 @@ def test_local_down_leaves_alone_a_process_that_took_a_recorded_pid(tmp_path, ca
         code, out, _ = run_ctl(capsys, "local", "status", "--data-dir", str(tmp_path))
         assert (code, out) == (1, "not running (1 nodes stopped)\n")
         code, out, _ = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
-        assert (code, out) == (0, "stopped 1 nodes\n")
+        assert (code, out) == (0, "not running (1 nodes stopped already)\n")
         time.sleep(0.2)
         assert other.poll() is None, "a process that only took a node's pid was signalled"
         state["started"] = {str(other.pid): started}

@@ -367,3 +367,41 @@ def test_install_progress_round_trips_through_the_status() -> None:
                                  "startedAt": 1.0}]}  # fmt: skip
     back = RaftClusterStatus.model_validate(old).snapshot_installs[0]
     assert (back.bytes_done, back.bytes_total) == (None, None)  # a status saved before
+
+
+@pytest.mark.parametrize(
+    ("answer", "source"),
+    [
+        (
+            {"status": "installed", "source": "leader", "fell_back_to_leader": "c-1 failed"},
+            "leader",
+        ),
+        ({"status": "installed", "source": "c-1"}, "c-1"),
+        ({"status": "already_installed", "state": "replicate", "lag": 0}, None),
+    ],
+)
+def test_the_install_outcome_carries_the_source_the_leader_answered(
+    answer: dict[str, Any], source: str | None
+) -> None:
+    """The operator's event and status name where the snapshot came from: the leader's answer,
+    not the member the operator asked for, which may have failed and left it to the leader."""
+
+    async def post(request: web.Request) -> web.Response:
+        assert await request.json() == {"target": "c-2", "source": "c-1"}
+        return web.json_response(answer)
+
+    async def run() -> Any:
+        app = web.Application()
+        app.router.add_post("/v1/admin/partitions/1/snapshot-install", post)
+        server = TestServer(app)
+        await server.start_server()
+        api = NodeApi()
+        try:
+            url = str(server.make_url("")).rstrip("/")
+            return await api.perform(InstallSnapshot(1, "c-0", "c-2", "c-1"), {"c-0": url})
+        finally:
+            await api.close()
+            await server.close()
+
+    outcome = asyncio.run(run())
+    assert outcome.ok and outcome.source == source, outcome

@@ -88,3 +88,21 @@ def test_a_manifest_lowering_the_partitions_the_members_hold_is_refused(tmp_path
     (tmp_path / "low.yaml").write_text(lowered)
     assert main(["local", "up", "-f", str(tmp_path / "low.yaml"), "--data-dir", str(tmp_path)]) == 1
     assert "lowering is refused" in capsys.readouterr().err
+
+
+def test_local_up_flags_that_would_be_ignored_are_refused(tmp_path, capsys):
+    """Found by a review: `--replicas`/`--partitions` given for a data dir that already holds
+    a cluster, or beside -f, were dropped without a word and the saved manifest ran."""
+    from raftlog.operator.local import LocalOperator
+
+    LocalOperator.create(tmp_path, EXAMPLE.read_text())  # replicas 3, partitions 2
+    up = ["local", "up", "--data-dir", str(tmp_path)]
+    assert main([*up, "--partitions", "1"]) == 1
+    assert (
+        f"--partitions 1: the cluster in {tmp_path} has partitions 2 (change it with a "
+        "manifest with -f)" in capsys.readouterr().err
+    )
+    assert main([*up, "--replicas", "5"]) == 1
+    assert "has replicas 3 (change it with `raftctl local scale`)" in capsys.readouterr().err
+    assert main([*up, "-f", str(EXAMPLE), "--replicas", "3"]) == 1
+    assert "--replicas: not with -f" in capsys.readouterr().err

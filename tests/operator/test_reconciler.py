@@ -960,6 +960,21 @@ def test_a_successful_install_is_recorded_and_the_member_leaves_the_list_of_pend
     assert plan.action is None and plan.status.phase == "Running"
 
 
+def test_an_install_the_leader_streamed_itself_names_the_leader_as_its_source():
+    """Found by a review: when the named member could not stream it, the event and the status
+    still named that member as the source, and the leader's own word was only in the detail."""
+    plan = step(running_status(MEMBERS), snapshot_world())
+    assert plan.action == InstallSnapshot(1, "c-0", "c-2", "c-1")
+    said = "status=installed, source=leader, fell_back_to_leader=c-1 could not stream it"
+    st, events = record_outcome(plan.status, plan.action, Outcome(True, said, source="leader"), T0)
+    assert st.snapshot_installs[0].source == "leader"
+    assert events[0].message.startswith("partition 1: snapshot installed on c-2 from leader in")
+    plan = step(running_status(MEMBERS), snapshot_world())
+    assert plan.action is not None
+    st, events = record_outcome(plan.status, plan.action, Outcome(True, "", source="c-1"), T0)
+    assert st.snapshot_installs[0].source == "c-1" and " from c-1 in " in events[0].message
+
+
 # ===================================================================== rolling restart
 def test_a_spec_change_restarts_followers_first_then_the_leader_after_a_transfer():
     s = spec(image="raftlog:new")

@@ -85,7 +85,7 @@ def test_corruption_is_reported_and_repaired_only_when_asked(tmp_path, capsys):
     assert s.entries(1, s.last_index() + 1) == ents(1, s.last_index(), 2)
 
 
-def test_console_script_exit_codes(tmp_path):
+def test_console_script_exit_codes(tmp_path, capsys):
     raftctl = [sys.executable, "-m", "raftlog.cli.main"]
     r = subprocess.run([*raftctl, "wal", "check", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "no WAL segments" in r.stderr
@@ -93,6 +93,8 @@ def test_console_script_exit_codes(tmp_path):
         [*raftctl, "wal", "check", str(tmp_path / "x")], capture_output=True, text=True
     )
     assert r.returncode == 2 and "no such directory" in r.stderr
+    assert main(["wal", "check", __file__]) == 2  # a file: it exists, and is no directory
+    assert f"{__file__}: not a directory" in capsys.readouterr().err
     make_node(tmp_path)
     r = subprocess.run([*raftctl, "wal", "check", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 0 and "status      OK" in r.stdout

@@ -36,7 +36,37 @@ def endpoint_list(text: str) -> str:
             raise argparse.ArgumentTypeError(
                 f"{url!r} is not a node URL: give http://host:port or https://host:port"
             )
+        try:
+            parts.port  # noqa: B018  (parsed here: an out-of-range port raises)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"{url!r}: {e}") from None
     return ",".join(urls)
+
+
+def at_least(low: int) -> Callable[[str], int]:
+    """An integer flag of `low` or more: a negative count printed nothing and exited 0."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be {low} or more, got {value}")
+        return value
+
+    parse.__name__ = "integer"  # argparse names the type in its own messages
+    return parse
+
+
+def positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
 
 
 def add_common(p: argparse.ArgumentParser) -> None:
@@ -201,11 +231,16 @@ def _record(args: argparse.Namespace, value: str) -> dict[str, Any]:
 
 
 async def _append(args: argparse.Namespace) -> int:
+    if args.sequence is not None and args.producer_id is None:
+        # Dropped, it would append without idempotence while the caller counted on it.
+        print("raftctl: --sequence: give --producer-id with it", file=sys.stderr)
+        return 2
     async with _client(args) as c:
         records = [_record(args, v) for v in args.values]
-        if args.producer_id:
+        if args.producer_id is not None:  # "" too: the node refuses it, naming the field
+            sequence = 0 if args.sequence is None else args.sequence
             r = await c.append(
-                args.partition, records, producer_id=args.producer_id, sequence=args.sequence
+                args.partition, records, producer_id=args.producer_id, sequence=sequence
             )
         else:
             r = await c.append(args.partition, records)
@@ -342,11 +377,15 @@ def _local_down(args: argparse.Namespace) -> int:
     if state is None:
         return 1
     supervised = recorded_alive(state["supervisor"], state)
+    running = [p for p in state["pids"] if recorded_alive(p, state)]
     store = int((state.get("objectStore") or {}).get("pid") or 0)
     # Without its supervisor (killed), the object store it ran is stopped here too.
     orphans = [*state["pids"], *([store] if str(store) in state.get("started", {}) else [])]
     left = stop_recorded([state["supervisor"]] if supervised else orphans, state)
-    print(f"stopped {len(state['pids'])} nodes" + (f" ({len(left)} killed)" if left else ""))
+    if not running and not supervised:
+        print(f"not running ({len(state['pids'])} nodes stopped already)")
+        return 0
+    print(f"stopped {len(running)} nodes" + (f" ({len(left)} killed)" if left else ""))
     return 0
 
 
@@ -378,7 +417,7 @@ def _command(
     p: argparse.ArgumentParser = sub.add_parser(name, help=help)
     add_common(p)
     if partition:
-        p.add_argument("-p", "--partition", type=int, default=0)
+        p.add_argument("-p", "--partition", type=at_least(0), default=0)
     p.set_defaults(run=lambda a: _run(run(a)))
     return p
 
@@ -391,15 +430,17 @@ def add_parsers(sub: Any) -> None:
     p = _command(sub, "append", "append records (one per VALUE) to a partition", _append)
     p.add_argument("--key")
     p.add_argument("--producer-id", help="make the append idempotent (with --sequence)")
-    p.add_argument("--sequence", type=int, default=0)
+    p.add_argument(
+        "--sequence", type=at_least(0), default=None, help="the first record's sequence (default 0)"
+    )
     p.add_argument("values", nargs="+")
 
     p = _command(sub, "read", "read committed records", _read)
-    p.add_argument("--from", dest="start", type=int, default=1)
-    p.add_argument("--limit", type=int, default=100)
+    p.add_argument("--from", dest="start", type=at_least(1), default=1)
+    p.add_argument("--limit", type=at_least(1), default=100)
     p.add_argument(
         "--min-index",
-        type=int,
+        type=at_least(0),
         default=0,
         help="read your writes: only from a replica that has committed this index (an append's "
         "last index); a follower may trail the leader by a few milliseconds otherwise",
@@ -411,14 +452,20 @@ def add_parsers(sub: Any) -> None:
         "print the last committed records, and with -f each new one as it commits",
         _tail,
     )
-    p.add_argument("-n", "--lines", type=int, default=10, help="how many of the last records")
     p.add_argument(
-        "--from", dest="start", type=int, default=None, help="every record from this index on"
+        "-n", "--lines", type=at_least(0), default=10, help="how many of the last records"
+    )
+    p.add_argument(
+        "--from",
+        dest="start",
+        type=at_least(1),
+        default=None,
+        help="every record from this index on",
     )
     p.add_argument("-f", "--follow", action="store_true", help="then wait for new records")
     p.add_argument(
         "--min-index",
-        type=int,
+        type=at_least(0),
         default=0,
         help="read your writes: only from a replica that has committed this index",
     )
@@ -457,7 +504,7 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--source", default="leader", help='a follower\'s name, or "leader"')
     p.add_argument(
         "--timeout",
-        type=float,
+        type=positive_seconds,
         default=600.0,
         metavar="SECONDS",
         help="how long to wait for the answer, which comes once the whole snapshot is "

@@ -145,7 +145,8 @@ def repair(a: WalAnalysis) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.path):
-        print(f"raftctl wal check: {args.path}: no such directory", file=sys.stderr)
+        why = "not a directory" if os.path.exists(args.path) else "no such directory"
+        print(f"raftctl wal check: {args.path}: {why}", file=sys.stderr)
         return 2
     dirs = find_wal_dirs(args.path)
     # The journal first: a node's only partition directory lost leaves no WAL, but the journal

@@ -18,8 +18,8 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Concatenate, ParamSpec, Self, TypeVar
 
-from raftlog.client.calls import Calls, Pause, Plan, Reply, Send
-from raftlog.client.retry import CONNECT_TIMEOUT_S, NO_ANSWER, RetryPolicy
+from raftlog.client.calls import Calls, Pause, Plan, Reply, Send, no_answer
+from raftlog.client.retry import CONNECT_TIMEOUT_S, RetryPolicy
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -119,6 +119,8 @@ class Client:
         c.timeout = min(self.connect_timeout_s, timeout)
         try:
             c.connect()
+        except TimeoutError:
+            raise TimeoutError(f"no connection within {c.timeout:g} s") from None
         finally:
             c.timeout = timeout
         if c.sock is not None:
@@ -146,7 +148,7 @@ class Client:
                     e, http.client.RemoteDisconnected | ConnectionResetError | BrokenPipeError
                 ):
                     continue
-                return Reply(step.base, NO_ANSWER, reason=f"{type(e).__name__}: {e}")
+                return no_answer(step.base, e, timeout)
             return Reply(step.base, resp.status, resp.getheader("Content-Type", ""), raw)
         raise AssertionError("unreachable: the second attempt returns")
 

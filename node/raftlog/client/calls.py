@@ -13,6 +13,8 @@ twice, so each append carries a producer id and sequence (see `_Lanes`).
 
 from __future__ import annotations
 
+import base64
+import binascii
 import itertools
 import json
 import time
@@ -140,6 +142,31 @@ class Reply:
 
 Step = Send | Pause
 Plan = Generator[Step, Reply | None, T]  # what a call does, carried out by a client
+
+
+def no_answer(base: str, error: BaseException, timeout_s: float) -> Reply:
+    """`base` gave no answer: the error says why, or the time waited when it says nothing (a
+    call's own timeout has no message in asyncio, "timed out" in a socket)."""
+    said, kind = str(error), type(error).__name__
+    if isinstance(error, TimeoutError) and said in ("", "timed out"):
+        return Reply(base, NO_ANSWER, reason=f"timed out after {timeout_s:g} s ({kind})")
+    return Reply(base, NO_ANSWER, reason=f"{kind}: {said}")
+
+
+def _routing_key(i: int, record: dict[str, Any]) -> bytes:
+    """A record's key bytes as the node takes them (`key`, or `key_b64`), or ValueError naming
+    the field as the node's 400 would (a bare KeyError was all a keyless record got)."""
+    key, key_b64 = record.get("key"), record.get("key_b64")
+    if isinstance(key, str):
+        return key.encode()
+    if key is None and isinstance(key_b64, str):
+        try:
+            return base64.b64decode(key_b64, validate=True)
+        except binascii.Error:
+            raise ValueError(f"records[{i}].key_b64: must be a base64 string") from None
+    if key is None and key_b64 is None:
+        raise ValueError(f"records[{i}].key: is required to route a record by key")
+    raise ValueError(f"records[{i}].key: must be a string (or key_b64 a base64 string)")
 
 
 def ask(base: str, request: Request) -> Plan[Reply]:
@@ -363,7 +390,7 @@ class Calls:
         if self._partitions is None or now - self._partitions_at >= self.metadata_max_age_s:
             self._partitions = len((yield from self._any_status())["partitions"])
             self._partitions_at = now
-        parts = {partition_for(str(r["key"]).encode(), self._partitions) for r in records}
+        parts = {partition_for(_routing_key(i, r), self._partitions) for i, r in enumerate(records)}
         if len(parts) != 1:
             raise ValueError(f"the keys map to partitions {sorted(parts)}; append them apart")
         return (
@@ -465,14 +492,26 @@ class Calls:
 
     # ------------------------------------------------------------------ a partition's leader
     def leader(self, partition: int) -> Plan[str]:
-        """The endpoint that leads the partition, as the endpoints' statuses say."""
+        """The endpoint that leads the partition, as the endpoints' statuses say: else why
+        not (the last endpoint's own error when none answered; 404 `unknown_partition` when
+        those that answered host no such partition; 503 `no_leader` otherwise)."""
+        failed: ClientError | None = None
+        hosted: set[int] = set()
         for url in self._targets():
             reply = yield from ask(url, Request("GET", "/v1/status"))
             if not reply.ok:
+                failed = reply.error()
                 continue
             for p in reply.json().get("partitions", []):
+                hosted.add(p.get("partition"))
                 if p.get("partition") == partition and p.get("role") == "leader":
                     return url
+        if not hosted and failed is not None:
+            raise failed
+        if partition not in hosted:
+            known = f"0..{max(hosted)}" if hosted else "none"
+            reason = f"partition {partition} does not exist ({known})"
+            raise ClientError(404, {"error": "unknown_partition", "reason": reason})
         reason = f"no leader found for partition {partition}"
         raise ClientError(503, {"error": "no_leader", "reason": reason})
 

@@ -18,8 +18,17 @@ import aiohttp
 import aiohttp.abc
 import yarl
 
-from raftlog.client.calls import AppendResult, Calls, ClientError, Pause, Plan, Reply, Send
-from raftlog.client.retry import CONNECT_TIMEOUT_S, NO_ANSWER, RetryPolicy
+from raftlog.client.calls import (
+    AppendResult,
+    Calls,
+    ClientError,
+    Pause,
+    Plan,
+    Reply,
+    Send,
+    no_answer,
+)
+from raftlog.client.retry import CONNECT_TIMEOUT_S, RetryPolicy
 from raftlog.client.session import SessionHolder
 
 P = ParamSpec("P")
@@ -106,8 +115,9 @@ class AsyncClient(SessionHolder):
         kw: dict[str, Any] = {}
         if payload is not None:
             kw["data"], kw["headers"] = payload, {"Content-Type": "application/json"}
+        total_s = (r.timeout_s or self._timeout_s) + r.wait_s
         if r.timeout_s is not None or r.wait_s:  # else the session's
-            kw["timeout"] = self._timeout_of((r.timeout_s or self._timeout_s) + r.wait_s)
+            kw["timeout"] = self._timeout_of(total_s)
         try:
             async with self.session.request(
                 r.method, yarl.URL(step.base + r.path, encoded=True), **kw
@@ -115,7 +125,7 @@ class AsyncClient(SessionHolder):
                 raw = await resp.read()
                 return Reply(step.base, resp.status, resp.content_type, raw)
         except (TimeoutError, OSError, aiohttp.ClientError) as e:
-            return Reply(step.base, NO_ANSWER, reason=f"{type(e).__name__}: {e}")
+            return no_answer(step.base, e, total_s)
 
     append = _awaitable(Calls.append)
     append_keyed = _awaitable(Calls.append_keyed)

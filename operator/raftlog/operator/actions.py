@@ -126,6 +126,8 @@ class Outcome:
     ok: bool
     detail: str = ""
     indexes: dict[int, int] | None = None  # a restore plan's or a backup's, per partition
+    # An installed snapshot's streamer as the leader answered ("leader" when it fell back).
+    source: str | None = None
 
 
 @dataclass(frozen=True)

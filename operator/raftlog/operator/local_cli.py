@@ -43,7 +43,7 @@ def _print_event(event: Event) -> None:
 def _manifest_from_flags(args: argparse.Namespace) -> str:
     text = (
         "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nmetadata:\n  name: local\n"
-        f"spec:\n  replicas: {args.replicas}\n  partitions: {args.partitions}\n"
+        f"spec:\n  replicas: {args.replicas or 3}\n  partitions: {args.partitions or 1}\n"
     )
     if args.object_store:
         text += f"  archive:\n    url: s3://{LOCAL_ARCHIVE_BUCKET}/local\n"
@@ -54,13 +54,24 @@ def local_up(args: argparse.Namespace) -> int:
     stop = asyncio.Event()
     base = Path(args.data_dir)
     try:
+        given = {f: v for f in ("replicas", "partitions") if (v := getattr(args, f)) is not None}
         if args.file:
+            if given:
+                raise ManifestError(f"--{next(iter(given))}: not with -f (the manifest's spec)")
             text = Path(args.file).read_text()
         elif (base / MANIFEST).is_file():
             text = (base / MANIFEST).read_text()  # the cluster already set up there
         else:
             text = _manifest_from_flags(args)
         name, spec = load_manifest(text)
+        for field, value in given.items():
+            # Else the flags were ignored without a word for the cluster already there.
+            if getattr(spec, field) != value:
+                how = "`raftctl local scale`" if field == "replicas" else "a manifest with -f"
+                raise ManifestError(
+                    f"--{field} {value}: the cluster in {base} has {field} "
+                    f"{getattr(spec, field)} (change it with {how})"
+                )
         if args.weed is not None and not args.object_store:
             raise ManifestError("--weed: only with --object-store")
         if args.object_store and spec.archive is None:
@@ -248,8 +259,12 @@ def add_commands(local_commands: argparse._SubParsersAction[argparse.ArgumentPar
         "up", help="run a cluster here with the operator's reconciler, until interrupted"
     )
     up.add_argument("-f", "--file", help="a RaftCluster manifest (e.g. examples/raftcluster.yaml)")
-    up.add_argument("--replicas", type=int, default=3, help="without -f: voters")
-    up.add_argument("--partitions", type=int, default=1, help="without -f: partitions")
+    up.add_argument(
+        "--replicas", type=int, default=None, help="without -f, for a new cluster: voters (3)"
+    )
+    up.add_argument(
+        "--partitions", type=int, default=None, help="without -f, for a new cluster: partitions (1)"
+    )
     up.add_argument("--data-dir", required=True)
     up.add_argument(
         "--object-store",

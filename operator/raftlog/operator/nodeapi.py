@@ -215,7 +215,8 @@ class NodeApi:
             return Outcome(False, f"HTTP {e.status}: {e.reason}")
         except KeyError as e:
             return Outcome(False, f"no address known for {e}")
-        return Outcome(True, _summary(body))
+        came_from = body.get("source") if isinstance(action, InstallSnapshot) else None
+        return Outcome(True, _summary(body), source=None if came_from is None else str(came_from))
 
 
 def snapshot_send_progress(

@@ -1283,6 +1283,8 @@ def record_outcome(
                         outcome.detail,
                     )
                     install.last_error = None
+                    # Where it came from: the leader streams it itself when `source` could not.
+                    install.source = source = outcome.source or source
                     if install.bytes_total is not None:  # its stream's last report was earlier
                         install.bytes_done = install.bytes_total
                     events.append(

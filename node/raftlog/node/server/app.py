@@ -575,7 +575,11 @@ async def send_snapshot_for_leader(request: web.Request) -> web.Response:
     except (TimeoutError, aiohttp.ClientError, OSError, RuntimeError) as e:
         # The target is down, unreachable or refused a chunk: say which, not a 500.
         raise ApiError(
-            502, "target_failed", f"streaming to {target} failed: {e}", "target", target=target
+            502,
+            "target_failed",
+            f"streaming to {target} failed: {str(e) or type(e).__name__}",
+            "target",
+            target=target,
         ) from None
     return web.json_response({"sent_bytes": sent})
 
