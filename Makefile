@@ -13,18 +13,26 @@ PYTEST_WORKERS ?= 2
 install: $(STAMP) jvm native
 
 # Reinstalled only when the dependency list changes, so a second `make install` is instant.
-# The dependencies' wheels are kept outside the checkout, keyed by this list and the Python:
-# built once by pip (whose cache keeps pyspark's wheel, built from its sdist), then installed
-# by uv without the network: 9 s on a fresh clone against 40 s for `pip install` (uv alone
-# rebuilds pyspark from its sdist every time here, 18 s).
-WHEELS := $(HOME)/.cache/raftlog-wheels/$(shell { $(PYTHON) -V; cat pyproject.toml; } | sha256sum | cut -c1-12)
+# The dependencies' wheels are kept outside the checkout, keyed by the venv's Python and the
+# declared dependencies: built once by pip (whose cache keeps pyspark's wheel, built from its
+# sdist), then installed by uv from them alone: 9 s on a fresh clone against 40 s for
+# `pip install` (uv from the index rebuilds pyspark from its sdist every time here, 18 s).
+# One run at a time builds, installs from or prunes them (flock); the 3 newest are kept.
+WHEELHOUSE := $(HOME)/.cache/raftlog-wheels
+DEPS_KEY = $(PY) -c 'import sys, tomllib; t = tomllib.load(open("pyproject.toml", "rb")); \
+	print(sys.version, t["build-system"], t["project"]["dependencies"], \
+	t["project"].get("optional-dependencies"))'
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	@test -f $(WHEELS)/.complete || { tmp=$(WHEELS).$$$$; rm -rf $$tmp && \
-		$(PY) -m pip wheel --quiet -w $$tmp '.[dev]' hatchling editables && \
-		rm -f $$tmp/raftlog-*.whl && touch $$tmp/.complete && rm -rf $(WHEELS) && mv $$tmp $(WHEELS); }
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --offline --no-index --find-links $(WHEELS) \
+	@mkdir -p $(WHEELHOUSE) && exec 9>$(WHEELHOUSE)/.lock && flock 9 && \
+	wheels=$(WHEELHOUSE)/$$($(DEPS_KEY) | sha256sum | cut -c1-12) && \
+	if [ ! -f $$wheels/.complete ]; then \
+		rm -rf $$wheels && $(PY) -m pip wheel --quiet -w $$wheels '.[dev]' hatchling editables && \
+		rm -f $$wheels/raftlog-*.whl && touch $$wheels/.complete && \
+		{ ls -dt $(WHEELHOUSE)/*/ | tail -n +4 | xargs -r rm -rf; }; \
+	fi && echo "uv pip install -e '.[dev]' from $$wheels" && \
+	$(VENV)/bin/uv pip install --quiet --python $(PY) --offline --no-index --find-links $$wheels \
 		-e '.[dev]'
 	@touch $(STAMP)
 

@@ -210,6 +210,8 @@ def test_both_faces_append_keyed_records_to_their_partition_and_refuse_a_mix(ser
             ({"value": "v"}, r"records\[1\]\.key: is required to route a record by key"),
             ({"key": 5}, r"records\[1\]\.key: must be a string"),
             ({"key_b64": "#"}, r"records\[1\]\.key_b64: must be a base64 string"),
+            ({"key_b64": "é"}, r"records\[1\]\.key_b64: must be a base64 string"),
+            ({"key": "\ud800"}, r"records\[1\]\.key: must be valid unicode"),
         ]
         for bad, said in bads:
             with pytest.raises(ValueError, match=said):
@@ -448,6 +450,29 @@ def test_the_connect_timeout_bounds_opening_a_connection_not_the_answer(serve):
     server = serve(script)
     got = with_both(server.url, lambda c: c.status(server.url), connect_timeout_s=0.2, retries=0)
     assert got == [{"node": "n1"}] * 2
+
+
+def test_both_faces_say_a_connection_was_not_made_in_time():
+    """A listener whose backlog is full drops new connections' SYNs: the connect timeout ends
+    the try, and the error says that it was the connection, not the answer, that was late."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(0)
+        fillers = [socket.socket() for _ in range(3)]
+        for f in fillers:
+            f.setblocking(False)
+            with contextlib.suppress(BlockingIOError):
+                f.connect(listener.getsockname())
+        try:
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+            got = with_both(url, lambda c: c.status(url), connect_timeout_s=0.3, retries=0)
+        finally:
+            for f in fillers:
+                f.close()
+    for e in got:
+        assert isinstance(e, ClientError) and e.status == NO_ANSWER, e
+    assert "Connection timeout" in got[0].reason, got[0].reason  # aiohttp's own words
+    assert "connecting (TCP, and TLS for https) took over 0.3 s" in got[1].reason, got[1].reason
 
 
 class Hosts(aiohttp.abc.AbstractResolver):

@@ -90,6 +90,7 @@ def test_a_manifest_lowering_the_partitions_the_members_hold_is_refused(tmp_path
     assert "lowering is refused" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(120)  # a flag ignored again would start the saved cluster and block
 def test_local_up_flags_that_would_be_ignored_are_refused(tmp_path, capsys):
     """Found by a review: `--replicas`/`--partitions` given for a data dir that already holds
     a cluster, or beside -f, were dropped without a word and the saved manifest ran."""
@@ -106,3 +107,7 @@ def test_local_up_flags_that_would_be_ignored_are_refused(tmp_path, capsys):
     assert "has replicas 3 (change it with `raftctl local scale`)" in capsys.readouterr().err
     assert main([*up, "-f", str(EXAMPLE), "--replicas", "3"]) == 1
     assert "--replicas: not with -f" in capsys.readouterr().err
+    # A new directory: the flags make the manifest, and the model's own bounds refuse 0.
+    new = ["local", "up", "--data-dir", str(tmp_path / "new")]
+    assert main([*new, "--replicas", "0"]) == 1
+    assert "spec.replicas: Input should be greater than or equal to 1" in capsys.readouterr().err

@@ -9,12 +9,14 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import kopf
 import pytest
 from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from prometheus_client import REGISTRY
 
 from raftlog.operator import handlers
+from raftlog.operator import main as main_module
 from raftlog.operator.actions import ChangeMembership, InstallSnapshot
 from raftlog.operator.main import default_priority, parse_args
 from raftlog.operator.models import RaftClusterStatus
@@ -34,6 +36,28 @@ def test_an_operator_run_by_hand_is_standalone_and_peers_only_when_named() -> No
     assert args.peering is None and args.namespace == ["ns"]
     assert parse_args(["-n", "ns", "--standalone"]).peering is None
     assert parse_args(["-A", "--peering", "ops", "--priority", "7"]).peering == "ops"
+
+
+@pytest.mark.parametrize(
+    ("argv", "standalone", "peering"),
+    [
+        (["-n", "ns"], True, None),
+        (["-n", "ns", "--standalone"], True, None),
+        (["-A", "--peering", "ops"], False, "ops"),
+    ],
+)
+def test_kopf_is_told_to_peer_only_when_a_peering_is_named(
+    argv: list[str], standalone: bool, peering: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    told: dict[str, Any] = {}
+
+    async def operator(**kw: Any) -> None:
+        told.update(kw)
+
+    monkeypatch.setattr(kopf, "operator", operator)
+    assert main_module.main([*argv, "--log-level", "WARNING"]) == 0
+    assert (told["standalone"], told["peering_name"]) == (standalone, peering)
+    assert told["clusterwide"] == ("-A" in argv)
 
 
 @pytest.mark.parametrize(

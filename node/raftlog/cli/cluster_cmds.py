@@ -381,9 +381,13 @@ def _local_down(args: argparse.Namespace) -> int:
     store = int((state.get("objectStore") or {}).get("pid") or 0)
     # Without its supervisor (killed), the object store it ran is stopped here too.
     orphans = [*state["pids"], *([store] if str(store) in state.get("started", {}) else [])]
+    store_left = store in orphans and recorded_alive(store, state)
     left = stop_recorded([state["supervisor"]] if supervised else orphans, state)
     if not running and not supervised:
-        print(f"not running ({len(state['pids'])} nodes stopped already)")
+        print(
+            f"not running ({len(state['pids'])} nodes stopped already)"
+            + ("; stopped the object store it left" if store_left else "")
+        )
         return 0
     print(f"stopped {len(running)} nodes" + (f" ({len(left)} killed)" if left else ""))
     return 0

@@ -120,7 +120,9 @@ class Client:
         try:
             c.connect()
         except TimeoutError:
-            raise TimeoutError(f"no connection within {c.timeout:g} s") from None
+            raise TimeoutError(
+                f"connecting (TCP, and TLS for https) took over {c.timeout:g} s"
+            ) from None
         finally:
             c.timeout = timeout
         if c.sock is not None:

@@ -14,7 +14,6 @@ twice, so each append carries a producer id and sequence (see `_Lanes`).
 from __future__ import annotations
 
 import base64
-import binascii
 import itertools
 import json
 import time
@@ -158,11 +157,14 @@ def _routing_key(i: int, record: dict[str, Any]) -> bytes:
     the field as the node's 400 would (a bare KeyError was all a keyless record got)."""
     key, key_b64 = record.get("key"), record.get("key_b64")
     if isinstance(key, str):
-        return key.encode()
+        try:
+            return key.encode()
+        except UnicodeEncodeError:  # a lone surrogate
+            raise ValueError(f"records[{i}].key: must be valid unicode") from None
     if key is None and isinstance(key_b64, str):
         try:
             return base64.b64decode(key_b64, validate=True)
-        except binascii.Error:
+        except ValueError:  # binascii.Error, or text that is not ASCII
             raise ValueError(f"records[{i}].key_b64: must be a base64 string") from None
     if key is None and key_b64 is None:
         raise ValueError(f"records[{i}].key: is required to route a record by key")

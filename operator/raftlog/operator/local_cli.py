@@ -43,7 +43,8 @@ def _print_event(event: Event) -> None:
 def _manifest_from_flags(args: argparse.Namespace) -> str:
     text = (
         "apiVersion: raftlog.dev/v1alpha1\nkind: RaftCluster\nmetadata:\n  name: local\n"
-        f"spec:\n  replicas: {args.replicas or 3}\n  partitions: {args.partitions or 1}\n"
+        f"spec:\n  replicas: {3 if args.replicas is None else args.replicas}\n"
+        f"  partitions: {1 if args.partitions is None else args.partitions}\n"
     )
     if args.object_store:
         text += f"  archive:\n    url: s3://{LOCAL_ARCHIVE_BUCKET}/local\n"
@@ -63,6 +64,7 @@ def local_up(args: argparse.Namespace) -> int:
             text = (base / MANIFEST).read_text()  # the cluster already set up there
         else:
             text = _manifest_from_flags(args)
+            given = {}  # they made this manifest
         name, spec = load_manifest(text)
         for field, value in given.items():
             # Else the flags were ignored without a word for the cluster already there.
