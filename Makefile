@@ -15,8 +15,9 @@ install: $(STAMP) jvm native
 # Reinstalled only when the dependency list changes, so a second `make install` is instant.
 # The dependencies' wheels are kept outside the checkout, keyed by the venv's Python and the
 # declared dependencies: built once by pip (whose cache keeps pyspark's wheel, built from its
-# sdist), then installed by uv from them alone: 9 s on a fresh clone against 40 s for
-# `pip install` (uv from the index rebuilds pyspark from its sdist every time here, 18 s).
+# sdist), then installed by uv from them alone, compiled to bytecode (PYTHONDONTWRITEBYTECODE is
+# set here: without it every node process the tests start compiled aiohttp and pydantic again),
+# in less time than `pip install` took (40 s; uv from the index rebuilds pyspark every time).
 # One run at a time builds, installs from or prunes them (flock); the 3 newest are kept.
 WHEELHOUSE := $(HOME)/.cache/raftlog-wheels
 DEPS_KEY = $(PY) -c 'import sys, tomllib; t = tomllib.load(open("pyproject.toml", "rb")); \
@@ -32,8 +33,8 @@ $(STAMP): pyproject.toml
 		rm -f $$wheels/raftlog-*.whl && touch $$wheels/.complete && \
 		{ ls -dt $(WHEELHOUSE)/*/ | tail -n +4 | xargs -r rm -rf; }; \
 	fi && echo "uv pip install -e '.[dev]' from $$wheels" && \
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --offline --no-index --find-links $$wheels \
-		-e '.[dev]'
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(PY) --offline --no-index \
+		--find-links $$wheels -e '.[dev]'
 	@touch $(STAMP)
 
 # The JVM reader of the Spark source (format `raftlog-jvm`), compiled against pyspark's own jars
