@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from raftlog.cli import archive_cmds, cluster_cmds, wal_check
-
 
 def build_parser() -> argparse.ArgumentParser:
+    # Imported here, inside main's Ctrl-C handling: they take a few tenths of a second, and a
+    # Ctrl-C meanwhile printed a traceback.
+    from raftlog.cli import archive_cmds, cluster_cmds, wal_check
+
     ap = argparse.ArgumentParser(prog="raftctl", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True, metavar="COMMAND")
     wal = sub.add_parser("wal", help="inspect and repair write-ahead logs on disk")
@@ -20,10 +22,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
     try:
+        args = build_parser().parse_args(argv)
         return int(args.run(args))
-    except KeyboardInterrupt:  # Ctrl-C (`tail -f`, say): no traceback
+    except KeyboardInterrupt:  # Ctrl-C (`tail -f`, or while starting): no traceback
         return 130
 
 
