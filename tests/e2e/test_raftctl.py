@@ -489,8 +489,8 @@ def test_admin_commands_say_why_no_leader_was_found(scripted, capsys):
         (["read", "-p", "-1"], "argument -p/--partition: must be 0 or more, got -1"),
         (["read", "--min-index", "x"], "argument --min-index: 'x' is not an integer"),
         (["append", "--producer-id", "w", "--sequence", "-1", "v"], "must be 0 or more"),
-        (["snapshot", "install", "--target", "n2", "--timeout", "-5"], "positive number"),
-        (["snapshot", "install", "--target", "n2", "--timeout", "0"], "positive number"),
+        (["snapshot", "install", "--target", "n2", "--timeout", "-5"], "timeout must be positive"),
+        (["snapshot", "install", "--target", "n2", "--timeout", "nan"], "timeout must be positive"),
         (["status", "--endpoints", "http://127.0.0.1:99999"], "Port out of range"),
     ],
 )

@@ -591,6 +591,8 @@ def test_argument_parsing() -> None:
         (["switchover", "orders", "--to", "m", "-p", "x"], "'x' is not a partition number"),
         (["switchover", "orders", "--to", "m", "-p", "-1"], "partitions are numbered from 0"),
         (["restart", "orders", "--timeout", "0"], "the timeout must be positive"),
+        (["restart", "orders", "--timeout", "inf"], "the timeout must be positive"),
+        (["restart", "orders", "--timeout", "soon"], "'soon' is not a number of seconds"),
         (["status", "-o", "wide"], "invalid choice: 'wide'"),
         (["fence", "orders"], "the following arguments are required: MEMBER"),
         (["remove", "orders"], "the following arguments are required: MEMBER"),

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from raftlog.client import NO_ANSWER, AsyncClient, ClientError
+from raftlog.operator.flag_types import positive_seconds
 from raftlog.operator.local_cli import add_commands as add_local_commands
 from raftlog.operator.local_cli import recorded_alive, stop_recorded
 
@@ -57,16 +58,6 @@ def at_least(low: int) -> Callable[[str], int]:
 
     parse.__name__ = "integer"  # argparse names the type in its own messages
     return parse
-
-
-def positive_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
 
 
 def add_common(p: argparse.ArgumentParser) -> None:

@@ -31,6 +31,7 @@ from pydantic import ValidationError
 
 from raftlog.node.server.restore_target import check_backup_name, parse_target
 from raftlog.operator import controls, raftview
+from raftlog.operator.flag_types import positive_seconds
 from raftlog.operator.models import GROUP, KIND, PLURAL, VERSION, RaftClusterSpec
 
 PROG = "kubectl raft"
@@ -659,16 +660,6 @@ def _partition(text: str) -> int:
     return value
 
 
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: the timeout must be positive")
-    return value
-
-
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -719,7 +710,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="a partition to move (repeatable; default: every partition)",
     )
     p.add_argument("--wait", action="store_true", help="wait until done or failed (exit 1)")
-    p.add_argument("--timeout", type=_seconds, default=300.0, help="of --wait, in s (300)")
+    p.add_argument("--timeout", type=positive_seconds, default=300.0, help="of --wait, in s (300)")
 
     p = command(
         "restart",
@@ -728,7 +719,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("name", metavar="NAME")
     p.add_argument("--wait", action="store_true", help="wait until every member restarted")
-    p.add_argument("--timeout", type=_seconds, default=900.0, help="of --wait, in s (900)")
+    p.add_argument("--timeout", type=positive_seconds, default=900.0, help="of --wait, in s (900)")
 
     for name, run, text in [
         ("pause", cmd_pause, "stop reconciling (annotation raftlog.dev/pause-reconciliation)"),
@@ -754,7 +745,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("name", metavar="CLUSTER")
     p.add_argument("backup", metavar="NAME", help="the backup's name (a-z, 0-9, -, ., _)")
     p.add_argument("--wait", action="store_true", help="wait until done, or failed (exit 1)")
-    p.add_argument("--timeout", type=_seconds, default=300.0, help="of --wait, in s (300)")
+    p.add_argument("--timeout", type=positive_seconds, default=300.0, help="of --wait, in s (300)")
 
     p = command(
         "restore",
