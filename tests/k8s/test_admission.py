@@ -15,7 +15,15 @@ from typing import Any
 
 import pytest
 
-from raftlog.operator.models import GROUP, KIND, PLURAL, VERSION, RaftClusterSpec, RaftSettings
+from raftlog.operator.models import (
+    GROUP,
+    KIND,
+    NAME_MAX,
+    PLURAL,
+    VERSION,
+    RaftClusterSpec,
+    RaftSettings,
+)
 from tests.k8s import kube
 
 
@@ -133,6 +141,18 @@ def test_an_invalid_spec_is_refused_naming_the_field(
     assert f'The {KIND} "bad" is invalid' in err, err
     assert f"{field}: " in err and reason in err, err
     assert absent(namespace, "bad")
+
+
+@pytest.mark.parametrize("name", ["a" * (NAME_MAX + 1), "orders.v2", "9lives"])
+def test_a_name_its_services_cannot_take_is_refused_naming_the_rule(
+    namespace: str, name: str
+) -> None:
+    """Found by a review: taken, the name failed every pass with the API server's 422 for the
+    peers Service, and the RaftCluster showed no status at all."""
+    err = refused(namespace, name, {})
+    assert f"at most {NAME_MAX} characters" in err and "<name>-peers" in err, err
+    assert absent(namespace, name)
+    apply(namespace, "a" * NAME_MAX, {})  # the longest that fits
 
 
 # ------------------------------------------------------------------------ the server defaults

@@ -241,6 +241,11 @@ def test_status_text_of_a_new_cluster_without_status() -> None:
     assert text.splitlines()[0] == (
         "RaftCluster raftlog-system/orders: Pending, 0/0 members ready (spec: 3), 2 partitions"
     )
+    # Found by a review: a cluster in a namespace no operator watches looked merely Pending.
+    assert text.splitlines()[1] == (
+        "  no operator has reconciled it yet: is one running, and watching namespace "
+        "raftlog-system? (the chart's watch.namespaces, or raftlog-operator -n/-A)"
+    )
     assert "No members yet." in text
     # The partitions the spec asks for, with no leader yet.
     assert "0           none" in text and "1           none" in text

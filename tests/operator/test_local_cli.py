@@ -111,3 +111,14 @@ def test_local_up_flags_that_would_be_ignored_are_refused(tmp_path, capsys):
     new = ["local", "up", "--data-dir", str(tmp_path / "new")]
     assert main([*new, "--replicas", "0"]) == 1
     assert "spec.replicas: Input should be greater than or equal to 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["a" * 58, "orders.v2", "Orders", "9lives", "orders-"])
+def test_a_name_its_services_could_not_take_is_refused_as_on_kubernetes(name: str) -> None:
+    """The CRD's rule on metadata.name (crds/), for a manifest no API server checks."""
+    from raftlog.operator.local import ManifestError, load_manifest
+
+    text = EXAMPLE.read_text().replace("name: orders", f"name: {name}", 1)
+    with pytest.raises(ManifestError, match=r"metadata\.name: at most 57 characters"):
+        load_manifest(text)
+    assert load_manifest(text.replace(f"name: {name}", "name: " + "a" * 57, 1))[0] == "a" * 57

@@ -20,6 +20,8 @@ import yaml
 from raftlog.operator.models import (
     GROUP,
     KIND,
+    NAME_MESSAGE,
+    NAME_RULE,
     PLURAL,
     SHORT_NAMES,
     VERSION,
@@ -121,6 +123,7 @@ def build_crd() -> dict[str, Any]:
                     "status": status,
                 },
                 "required": ["spec"],
+                "x-kubernetes-validations": [{"rule": NAME_RULE, "message": NAME_MESSAGE}],
             }
         },
         "subresources": {

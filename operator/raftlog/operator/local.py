@@ -47,6 +47,7 @@ from raftlog.operator.models import (
     SECRET_ACCESS_KEY_KEY,
     RaftClusterSpec,
     RaftClusterStatus,
+    name_problem,
 )
 from raftlog.operator.node_launch import node_args, node_env, restore_env
 from raftlog.operator.nodeapi import NodeApi
@@ -81,6 +82,8 @@ def load_manifest(text: str, source: str = "manifest") -> tuple[str, RaftCluster
     name = (doc.get("metadata") or {}).get("name")
     if not isinstance(name, str) or not name:
         raise ManifestError(f"{source}: metadata.name is required")
+    if (problem := name_problem(name)) is not None:
+        raise ManifestError(f"{source}: {problem}, got {name!r}")
     try:
         spec = RaftClusterSpec.model_validate(doc.get("spec") or {})
     except ValidationError as e:

@@ -29,6 +29,27 @@ KIND = "RaftCluster"
 PLURAL = "raftclusters"
 SHORT_NAMES = ["raft"]
 
+# A cluster's name is part of its Services' names (`<name>`, `<name>-peers`), which must be DNS
+# labels (RFC 1035) of at most 63 characters: a longer name, or one with a dot, was taken and
+# then failed every pass with the API server's 422.
+NAME_MAX = 63 - len("-peers")
+NAME_PATTERN = "^[a-z]([-a-z0-9]*[a-z0-9])?$"
+NAME_RULE = (
+    f"self.metadata.name.size() <= {NAME_MAX} && self.metadata.name.matches('{NAME_PATTERN}')"
+)
+NAME_MESSAGE = (
+    f"metadata.name: at most {NAME_MAX} characters of a-z, 0-9 and '-', starting with a letter "
+    "and ending with a letter or digit (its Services are <name> and <name>-peers, DNS labels)"
+)
+
+
+def name_problem(name: str) -> str | None:
+    """NAME_RULE's verdict, for a manifest no API server checks (`raftctl local up`)."""
+    if len(name) <= NAME_MAX and re.fullmatch(NAME_PATTERN, name):
+        return None
+    return NAME_MESSAGE
+
+
 # Kubernetes quantities ("500m", "1Gi", "2"): checked by the schema, interpreted by Kubernetes.
 QUANTITY = r"^[0-9]+(\.[0-9]+)?(m|k|Ki|M|Mi|G|Gi|T|Ti|P|Pi|E|Ei)?$"
 # RFC 1123 names of objects the operator creates or refers to.

@@ -311,6 +311,11 @@ def render(v: Mapping[str, Any]) -> str:
         f"RaftCluster {v['namespace']}/{v['name']}: {v['phase']}, {replicas}, "
         f"{len(v['partitions'])} partitions"
     ]
+    if v["observedGeneration"] is None:  # no operator has written a status yet
+        lines.append(
+            f"  no operator has reconciled it yet: is one running, and watching namespace "
+            f"{v['namespace']}? (the chart's watch.namespaces, or raftlog-operator -n/-A)"
+        )
     shown = [c for c in v["conditions"] if c["type"] in v["notable"]]
     for c in shown:
         text = f"  {c['type']}={c['status']} {c['reason']}"
