@@ -176,6 +176,12 @@ def test_a_restart_request_rolls_every_member_once_leader_last() -> None:
     w.leader = {0: "c-1", 1: "c-1"}
     assert run(st, w, s, restart).action == RestartMember("c-0")
     w.hashes["c-0"] = new
+    # Found by a review: done (and `kubectl raft restart --wait` returned) while the last
+    # member restarted was still starting.
+    w.pods["c-0"] = "pending"
+    plan = run(st, w, s, restart)
+    assert plan.status.restarted_at is None and "Restarted" not in reasons(plan)
+    w.pods["c-0"] = "running"
     plan = run(st, w, s, restart)
     assert plan.action is None
     assert plan.status.restarted_at == "2026-11-25T15:00:00Z"

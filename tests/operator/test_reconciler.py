@@ -1340,7 +1340,7 @@ def test_of_two_members_that_say_they_lead_the_higher_term_is_the_leader(
 @pytest.mark.parametrize(
     ("action", "line"),
     [
-        (CreateMembers(("c-3",), join=True), "create c-3 (joining as learners)"),
+        (CreateMembers(("c-3",), join=True), "create c-3 (joining the running cluster)"),
         (CreateMembers(("c-0", "c-1"), join=False), "create c-0, c-1"),
         (DeleteMember("c-3", delete_volume=True), "delete c-3 and its volume"),
         (DeleteMember("c-3", delete_volume=False), "delete c-3"),

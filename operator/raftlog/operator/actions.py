@@ -145,7 +145,7 @@ def describe(action: Action | None) -> str:
         case None:
             return "steady"
         case CreateMembers(names, join):
-            return f"create {', '.join(names)}" + (" (joining as learners)" if join else "")
+            return f"create {', '.join(names)}" + (" (joining the running cluster)" if join else "")
         case DeleteMember(name, delete_volume):
             return f"delete {name}" + (" and its volume" if delete_volume else "")
         case RestartMember(name):

@@ -880,12 +880,15 @@ def _expand_volumes(cluster: _ClusterPass) -> Action | None:
 
 def _restart_done(cluster: _ClusterPass) -> None:
     """A restart request is done once nothing is left to roll: every member runs a pod launched
-    with it (the roll itself is `_rolling_restart`)."""
+    with it, and is ready again (the roll itself is `_rolling_restart`). Without the second,
+    `kubectl raft restart --wait` returned while the last member restarted was still starting."""
     asked = cluster.controls.restart
     if asked is None or asked == cluster.status.restarted_at:
         return
     up = [seen for seen in cluster.observed.members.values() if seen.config_hash is not None]
-    if up and all(seen.config_hash == cluster.wanted_hash for seen in up):
+    if up and all(
+        seen.config_hash == cluster.wanted_hash and cluster.ready(seen.name) for seen in up
+    ):
         cluster.status.restarted_at = asked
         cluster.event("Restarted", f"every member restarted for raftlog.dev/restartedAt {asked}")
 
