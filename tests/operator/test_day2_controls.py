@@ -512,3 +512,19 @@ def test_a_refusal_names_the_member_and_is_no_problem_once_another_size_is_asked
     plan = run(status, sized(w, "1Gi", "1Gi"), spec(storage={"size": "3Gi"}), now=T0 + 1)
     assert plan.action == ExpandVolume("c-0", "3Gi")
     assert plan.status.problems == []
+
+
+def test_a_lowered_size_is_a_problem_naming_the_larger_volumes() -> None:
+    """Found by a review: lowering spec.storage.size was taken without a word, and a member
+    made later got a volume smaller than its peers'."""
+    s = spec(storage={"size": "200Mi"})
+    w = settled(s)
+    plan = run(running_status(MEMBERS), sized(w, "1Gi", "1Gi"), s)
+    assert plan.action is None  # nothing shrinks
+    assert plan.status.problems == [
+        "spec.storage.size 200Mi: below c-0's 1Gi, c-1's 1Gi, c-2's 1Gi; volumes never shrink, "
+        "and a member made now would get 200Mi: set it back"
+    ]
+    assert condition(plan.status, "Degraded") == "True"
+    plan = run(plan.status, sized(w, "1Gi", "1Gi"), spec(storage={"size": "1024Mi"}))
+    assert plan.status.problems == []  # the same size, written otherwise

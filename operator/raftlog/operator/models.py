@@ -188,7 +188,8 @@ class Storage(_Model):
         pattern=QUANTITY,
         description="Size of each member's volume (a quantity). Raising it expands every "
         "member's claim, without a restart, where the StorageClass allows volume expansion "
-        "(status.problems says so where it does not); a volume never shrinks.",
+        "(status.problems says so where it does not); a volume never shrinks (a size below "
+        "a member's volume is listed in status.problems: a member made then would get it).",
     )
     storage_class_name: str | None = Field(
         None,

@@ -914,6 +914,18 @@ def _problems(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
         and expansion.size == cluster.spec.storage.size
     ):
         found.append(f"spec.storage.size {expansion.size}: {expansion.message}")
+    wanted = cluster.spec.storage.size
+    larger = sorted(
+        f"{name}'s {seen.volume_size}"
+        for name, seen in cluster.observed.members.items()
+        if seen.volume_size is not None and _quantity(seen.volume_size) > _quantity(wanted)
+    )
+    if larger:
+        # Taken without a word, it gave a member made later a volume smaller than its peers'.
+        found.append(
+            f"spec.storage.size {wanted}: below {', '.join(larger)}; volumes never shrink, and "
+            f"a member made now would get {wanted}: set it back"
+        )
     cluster.status.problems = found
 
 
