@@ -147,6 +147,9 @@ def test_a_paused_cluster_gets_no_step_and_says_so() -> None:
     assert plan.action == CreateMembers(("c-1",), join=True)
     assert condition(plan.status, "Paused") == "False"
     assert "ReconciliationResumed" in reasons(plan)
+    # `kubectl describe` showed `Paused False Reconciling` with an empty message.
+    [unpaused] = [c for c in plan.status.conditions if c.type == "Paused"]
+    assert unpaused.message == "the operator reconciles this cluster"
 
 
 def test_a_paused_cluster_is_not_rolled_scaled_or_switched_over() -> None:

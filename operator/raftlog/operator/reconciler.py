@@ -1147,7 +1147,7 @@ def _summarize(cluster: _ClusterPass, action: Action | None, previous: RaftClust
         "ReconciliationPaused" if paused else "Reconciling",
         "raftlog.dev/pause-reconciliation is set: the operator changes nothing in this cluster"
         if paused
-        else "",
+        else "the operator reconciles this cluster",
     ):
         cluster.event(
             "ReconciliationPaused" if paused else "ReconciliationResumed",
