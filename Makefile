@@ -4,8 +4,11 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-# Two workers: the machine has two cores; the simulation suites dominate the run time.
-PYTEST_WORKERS ?= 2
+# Three workers on two cores: with two, the machine stayed 15 % idle over `make test` (tests
+# waiting on processes they started); with three, 4 %, and the run took 15 min 56 s against
+# 17 min 7 s (fresh clones, one run each, 2026-11-29; a trial the day before gained nothing).
+# Four made both suites slower and failed two timing tests.
+PYTEST_WORKERS ?= 3
 
 .PHONY: install jvm native demo demo-sim test test-fast lint typecheck bench clean cluster cluster-down mutate \
 	s3server
@@ -85,8 +88,8 @@ typecheck: install
 # node, `raftctl` and operator process the tests start compiled them again (0.1 s of CPU
 # each). pytest's exit code 5 (nothing collected) fails the run like any other non-zero
 # code. The tests outside `k8s` run on
-# two workers with `--dist worksteal`: a worker that runs out takes half of the other's queue
-# (with `--dist load`, one worked alone for the last two minutes). The `k8s` suite runs on the real
+# PYTEST_WORKERS workers with `--dist worksteal`: a worker that runs out takes half of another's
+# queue (with `--dist load`, one worked alone for the last two minutes). The `k8s` suite runs on the real
 # cluster beside the rest (it mostly waits on the cluster), two tests at a time, each in its own
 # namespace; a test whose operator watches every namespace (`cluster_wide`) runs alone after them.
 # Each run collects only its own folder: collecting means pytest rewriting every test module's
