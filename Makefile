@@ -5,8 +5,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 # Three workers on two cores: with two, the machine stayed 15 % idle over `make test` (tests
-# waiting on processes they started); with three, 4 %, and the run took 15 min 56 s against
-# 17 min 7 s (fresh clones, one run each, 2026-11-29; a trial the day before gained nothing).
+# waiting on processes they started); with three, 4 %, and runs took 15 min 56 s and 16 min 38 s
+# against 16 min 47 s and 17 min 7 s (fresh clones, 2026-11-29; a trial the day before gained
+# nothing).
 # Four made both suites slower and failed two timing tests.
 PYTEST_WORKERS ?= 3
 
