@@ -193,6 +193,7 @@ class NodeApi:
         """Carry out an action that is a call to a node; the reply's reason on refusal."""
         c = self.client
         body: dict[str, Any]
+        came_from: str | None = None  # the streamer an install's answer names
         try:
             match action:
                 case SyncPeers(name, peers):
@@ -207,6 +208,8 @@ class NodeApi:
                     body = await c.install_snapshot(
                         p, target, source, endpoint=urls[leader], timeout_s=self.install_timeout_s
                     )
+                    if body.get("source") is not None:
+                        came_from = str(body["source"])
                 case _:
                     raise TypeError(f"not a node call: {action}")
         except ClientError as e:
@@ -215,8 +218,7 @@ class NodeApi:
             return Outcome(False, f"HTTP {e.status}: {e.reason}")
         except KeyError as e:
             return Outcome(False, f"no address known for {e}")
-        came_from = body.get("source") if isinstance(action, InstallSnapshot) else None
-        return Outcome(True, _summary(body), source=None if came_from is None else str(came_from))
+        return Outcome(True, _summary(body), source=came_from)
 
 
 def snapshot_send_progress(
