@@ -209,9 +209,11 @@ def test_both_faces_append_keyed_records_to_their_partition_and_refuse_a_mix(ser
         bads: list[tuple[dict[str, Any], str]] = [
             ({"value": "v"}, r"records\[1\]\.key: is required to route a record by key"),
             ({"key": 5}, r"records\[1\]\.key: must be a string"),
-            ({"key_b64": "#"}, r"records\[1\]\.key_b64: must be a base64 string"),
-            ({"key_b64": "é"}, r"records\[1\]\.key_b64: must be a base64 string"),
-            ({"key": "\ud800"}, r"records\[1\]\.key: must be valid unicode"),
+            ({"key_b64": "#"}, r"records\[1\]\.key_b64: is not valid base64"),
+            ({"key_b64": "é"}, r"records\[1\]\.key_b64: is not valid base64"),
+            ({"key_b64": 5}, r"records\[1\]\.key_b64: must be a base64 string"),
+            ({"key": "\ud800"}, r"records\[1\]\.key: is not valid Unicode text"),
+            ({"key": "k", "key_b64": "aw=="}, r"records\[1\]\.key: give key or key_b64, not both"),
         ]
         for bad, said in bads:
             with pytest.raises(ValueError, match=said):

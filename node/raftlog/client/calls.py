@@ -13,7 +13,6 @@ twice, so each append carries a producer id and sequence (see `_Lanes`).
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 import time
@@ -26,7 +25,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from raftlog.client.retry import NO_ANSWER, RetryPolicy, retried
-from raftlog.node.routing import partition_for
+from raftlog.node.routing import FieldError, field_bytes, partition_for
 
 T = TypeVar("T")
 
@@ -155,20 +154,10 @@ def no_answer(base: str, error: BaseException, timeout_s: float) -> Reply:
 def _routing_key(i: int, record: dict[str, Any]) -> bytes:
     """A record's key bytes as the node takes them (`key`, or `key_b64`), or ValueError naming
     the field as the node's 400 would (a bare KeyError was all a keyless record got)."""
-    key, key_b64 = record.get("key"), record.get("key_b64")
-    if isinstance(key, str):
-        try:
-            return key.encode()
-        except UnicodeEncodeError:  # a lone surrogate
-            raise ValueError(f"records[{i}].key: must be valid unicode") from None
-    if key is None and isinstance(key_b64, str):
-        try:
-            return base64.b64decode(key_b64, validate=True)
-        except ValueError:  # binascii.Error, or text that is not ASCII
-            raise ValueError(f"records[{i}].key_b64: must be a base64 string") from None
-    if key is None and key_b64 is None:
-        raise ValueError(f"records[{i}].key: is required to route a record by key")
-    raise ValueError(f"records[{i}].key: must be a string (or key_b64 a base64 string)")
+    key = field_bytes(record.get("key"), record.get("key_b64"), f"records[{i}].key")
+    if key is None:
+        raise FieldError(f"records[{i}].key", "is required to route a record by key")
+    return key
 
 
 def ask(base: str, request: Request) -> Plan[Reply]:

@@ -12,8 +12,6 @@ the reason, as every error of the API does.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
 import re
 from typing import Annotated, Any
@@ -22,6 +20,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from raftlog.node.record import Record, encode_record
+from raftlog.node.routing import FieldError, field_bytes
 from raftlog.node.server.api_common import ApiError, bad
 
 MAX_PRODUCER_ID_CHARS = 200
@@ -188,20 +187,10 @@ def _headers_size(headers: dict[str, str] | list[tuple[str, bytes]]) -> int:
 
 def _bytes(text: str | None, b64: str | None, field: str) -> bytes | None:
     """`text` as UTF-8, or `b64` decoded; None when both are absent."""
-    if b64 is not None:
-        if text is not None:
-            name = field.rpartition(".")[2]
-            raise bad(field, f"give {name} or {name}_b64, not both")
-        try:
-            return base64.b64decode(b64, validate=True)
-        except (binascii.Error, ValueError):
-            raise bad(f"{field}_b64", "is not valid base64") from None
-    if text is None:
-        return None
     try:
-        return text.encode()
-    except UnicodeEncodeError:
-        raise bad(field, "is not valid Unicode text") from None
+        return field_bytes(text, b64, field)
+    except FieldError as e:
+        raise bad(e.field, e.reason) from None
 
 
 def _pairs(
