@@ -592,6 +592,20 @@ def test_send_snapshot_to_a_member_that_is_down_names_it(tmp_path):
         )  # fmt: skip
         assert code == 502 and answer["target"] == target, answer
         assert target in answer["reason"], answer
+        # A target that takes the connection and never answers: a TimeoutError, whose message
+        # is empty, is named by its type rather than left as "failed: ".
+        c.start(target)
+        c.wait_ready()
+        c.pause(target)
+        try:
+            code, answer = c.request(
+                source, "POST", "/peer/v1/partitions/0/send-snapshot", body.encode(),
+                {"Content-Type": "application/json", **AUTH}, timeout=30,
+            )  # fmt: skip
+        finally:
+            c.resume(target)
+        assert code == 502 and answer["target"] == target, answer
+        assert answer["reason"] == f"streaming to {target} failed: TimeoutError", answer
         body = json.dumps({"target": "nobody", "leader": leader, "term": term, "required": 0})
         code, answer = c.request(
             source, "POST", "/peer/v1/partitions/0/send-snapshot", body.encode(),
