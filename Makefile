@@ -24,12 +24,16 @@ install: $(STAMP) jvm native
 # in less time than `pip install` took (40 s; uv from the index rebuilds pyspark every time).
 # One run at a time builds, installs from or prunes them (flock); the 3 newest are kept.
 WHEELHOUSE := $(HOME)/.cache/raftlog-wheels
+# Pinned: pip's version keys the cluster's images (cluster/images.py), and an installed pin is
+# not asked of the index again.
+PIP_VERSION := 26.3
+UV_VERSION := 0.13.9
 DEPS_KEY = $(PY) -c 'import sys, tomllib; t = tomllib.load(open("pyproject.toml", "rb")); \
 	print(sys.version, t["build-system"], t["project"]["dependencies"], \
 	t["project"].get("optional-dependencies"))'
 $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip uv
+	$(PY) -m pip install --quiet --disable-pip-version-check pip==$(PIP_VERSION) uv==$(UV_VERSION)
 	@mkdir -p $(WHEELHOUSE) && exec 9>$(WHEELHOUSE)/.lock && flock 9 && \
 	wheels=$(WHEELHOUSE)/$$($(DEPS_KEY) | sha256sum | cut -c1-12) && \
 	if [ ! -f $$wheels/.complete ]; then \
