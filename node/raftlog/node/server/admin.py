@@ -88,6 +88,17 @@ def _refusal(node: Node, driver: PartitionDriver, e: Exception) -> ApiError:
     return ApiError(409, "refused", str(e))
 
 
+def _unknown(driver: PartitionDriver, name: str, field: str) -> ApiError:
+    """404 `unknown_member` naming the field: the same answer from every admin call that
+    names a member its partition's leader does not know."""
+    return ApiError(404, "unknown_member", f"{name} is not a member of partition {driver.p}", field)
+
+
+def _known(driver: PartitionDriver, name: str, field: str) -> None:
+    if name not in driver.raft.membership.members:
+        raise _unknown(driver, name, field)
+
+
 async def members(request: web.Request) -> web.Response:
     node, driver = node_of(request), driver_of(request)
     body = await _json(request)
@@ -146,6 +157,9 @@ async def members(request: web.Request) -> web.Response:
 async def transfer(request: web.Request) -> web.Response:
     node, driver = node_of(request), driver_of(request)
     target = _str(await _json(request), "target")
+    if driver.raft.role != Role.LEADER:  # the leader's membership is the one to check against
+        raise not_leader(node, driver, admin=True)
+    _known(driver, target, "target")
     try:
         await driver.run_on_core(lambda: driver.raft.transfer_leadership(target))
     except (NotLeader, ProposalRefused) as e:
@@ -171,8 +185,9 @@ async def snapshot_install(request: web.Request) -> web.Response:
     if target == node.id:
         raise ApiError(409, "is_leader", f"{target} is the leader of partition {driver.p}",
                        "target")  # fmt: skip
-    if source not in ("leader", node.id) and source not in driver.raft.membership.members:
-        raise bad("source", f"{source} is not a member of partition {driver.p}")
+    if source != "leader":
+        _known(driver, source, "source")
+    _known(driver, target, "target")
     try:
         result = await driver.install_on(target, source)
     except (NotLeader, ProposalRefused) as e:
@@ -233,7 +248,7 @@ async def lag(request: web.Request) -> web.Response:
             409, "is_leader", f"{follower} is the leader of partition {driver.p}: it has no lag"
         )
     if st is None:
-        raise ApiError(404, "unknown_member", f"{follower} is not a member of partition {driver.p}")
+        raise _unknown(driver, follower, "follower")
     return web.json_response(
         {
             "partition": driver.p,
