@@ -46,6 +46,11 @@ def appended_last(out: str) -> str:
     return out.split("indexes ")[1].split("..")[1].split(",")[0]
 
 
+def keys_and_values(out: str) -> list[list[str | None]]:
+    """The key and value columns of `read` and `tail`'s lines, JSON strings as printed."""
+    return [[json.loads(c) for c in line.split("\t")[2:]] for line in out.splitlines()]
+
+
 def test_append_read_status_and_json(cluster, capsys):
     code, out, _ = ctl(cluster, capsys, "append", "--key", "user", "one", "two")
     assert code == 0 and "indexes" in out
@@ -53,7 +58,7 @@ def test_append_read_status_and_json(cluster, capsys):
     # Read-your-writes: without it the read may land on a follower that has not heard of the
     # commit yet (CI saw "(no records)" there).
     code, out, _ = ctl(cluster, capsys, "read", "--min-index", last)
-    assert code == 0 and "user\tone" in out and "user\ttwo" in out
+    assert code == 0 and '"user"\t"one"' in out and '"user"\t"two"' in out
     code, out, _ = ctl(cluster, capsys, "status")
     assert code == 0
     assert out.splitlines()[0].split() == [
@@ -112,7 +117,7 @@ def test_append_and_read_ride_out_a_leaders_crash(tmp_path, capsys):
         last = appended_last(out.out)
         code = main(["read", "--min-index", last, "--endpoints", ",".join(urls)])
         out = capsys.readouterr()
-        assert code == 0 and "k\tafter-crash" in out.out, out
+        assert code == 0 and '"k"\t"after-crash"' in out.out, out
         assert c.leader(0) not in (None, dead)
 
 
@@ -123,11 +128,9 @@ def test_tail_prints_the_last_records_like_tail(cluster, capsys):
     last = appended_last(out)
     # Read-your-writes, as for `read`: the first endpoint may be a follower a commit behind.
     code, out, _ = ctl(cluster, capsys, "tail", "-p", "0", "--min-index", last)
-    assert code == 0 and [line.split("\t")[2:] for line in out.splitlines()] == [
-        ["tail", v] for v in values[-10:]
-    ], out
+    assert code == 0 and keys_and_values(out) == [["tail", v] for v in values[-10:]], out
     code, out, _ = ctl(cluster, capsys, "tail", "-p", "0", "-n", "3", "--min-index", last)
-    assert code == 0 and [line.split("\t")[3] for line in out.splitlines()] == values[-3:], out
+    assert code == 0 and [v for _, v in keys_and_values(out)] == values[-3:], out
     code, out, _ = ctl(cluster, capsys, "tail", "-p", "0", "-n", "0")
     assert code == 0 and out == ""
 
@@ -139,7 +142,7 @@ def test_tail_from_an_index_keeps_to_min_index(cluster, capsys):
     assert code == 0
     last = appended_last(out)
     code, out, _ = ctl(cluster, capsys, "tail", "-p", "0", "--from", last, "--min-index", last)
-    assert code == 0 and out.splitlines()[-1].split("\t")[2:] == ["from", "f0"], out
+    assert code == 0 and keys_and_values(out)[-1] == ["from", "f0"], out
     code, out, err = ctl(cluster, capsys, "tail", "-p", "0", "--from", "1", "--min-index",
                          str(10**9))  # fmt: skip
     assert code != 0 and out == "" and "behind" in err, (out, err)
@@ -163,7 +166,7 @@ def test_tail_of_a_compacted_partition_prints_its_last_records(tmp_path, capsys)
                 client.append(0, [{"key": "k", "value": f"new{i}"}])
         code, out, err = ctl(c, capsys, "tail", "-n", "3")
     assert code == 0, err
-    assert [line.split("\t")[3] for line in out.splitlines()] == ["new0", "new1", "new2"], out
+    assert [v for _, v in keys_and_values(out)] == ["new0", "new1", "new2"], out
 
 
 def test_local_up_status_and_down(tmp_path, capsys):
@@ -341,6 +344,8 @@ def test_append_sends_the_producer_and_sequence_and_read_prints_every_kind_of_re
             {"index": 6, "term": 2, "key": None, "value": "no key"},
             {"index": 7, "term": 2, "key": "k", "value_b64": "/w=="},
             {"index": 8, "term": 3, "raw_b64": "AAE="},
+            {"index": 9, "term": 3, "key": "-", "value": None},
+            {"index": 10, "term": 3, "key_b64": "/w==", "value": "None\tof\nthem"},
         ],
     }  # fmt: skip
     empty = {"partition": 3, "high_water_mark": 9, "next": 1, "records": []}
@@ -362,12 +367,15 @@ def test_append_sends_the_producer_and_sequence_and_read_prints_every_kind_of_re
          {"records": [{"key": "", "value": "c"}], "producer_id": "w1", "sequence": 0}),
     ]  # fmt: skip
     code, out, _ = run_ctl(
-        capsys, "read", *at, "-p", "2", "--from", "5", "--limit", "4", "--min-index", "8"
+        capsys, "read", *at, "-p", "2", "--from", "5", "--limit", "6", "--min-index", "8"
     )
+    # Found by a review: a tombstone printed None, as the text "None" did, and a record
+    # without a key "-", as the key "-" did. Text is a JSON string now.
     assert code == 0 and out.splitlines() == [
-        "5\t2\t\tempty key", "6\t2\t-\tno key", "7\t2\tk\t/w==", "8\t3\t-\tAAE=",
+        '5\t2\t""\t"empty key"', '6\t2\tnull\t"no key"', '7\t2\t"k"\tbase64:/w==',
+        "8\t3\tnull\traw:AAE=", '9\t3\t"-"\tnull', '10\t3\tbase64:/w==\t"None\\tof\\nthem"',
     ], out  # fmt: skip
-    assert node.seen[-1].path == "/v1/partitions/2/records?from=5&limit=4&min_index=8&wait_ms=0"
+    assert node.seen[-1].path == "/v1/partitions/2/records?from=5&limit=6&min_index=8&wait_ms=0"
     code, out, _ = run_ctl(capsys, "read", *at, "-p", "3")
     assert code == 0 and out == "(no records)\n"
     assert node.seen[-1].path == "/v1/partitions/3/records?from=1&limit=100&min_index=0&wait_ms=0"
@@ -402,7 +410,7 @@ def test_tail_reads_past_compaction_and_entries_that_are_not_records(scripted, c
     at = ("--endpoints", node.url)
 
     def values(out: str) -> list[str]:
-        return [line.split("\t")[3] for line in out.splitlines()]
+        return [v for _, v in keys_and_values(out)]
 
     code, out, _ = run_ctl(capsys, "tail", *at, "-n", "3")
     assert code == 0 and values(out) == ["v8", "v10", "v12"], out

@@ -245,9 +245,18 @@ async def _append(args: argparse.Namespace) -> int:
 
 
 def _line(rec: dict[str, Any]) -> str:
-    key = rec.get("key", rec.get("key_b64"))
-    value = rec.get("value", rec.get("value_b64", rec.get("raw_b64")))
-    return f"{rec['index']}\t{rec['term']}\t{key if key is not None else '-'}\t{value}"
+    """index, term, key and value, tab-separated. Text is a JSON string, so no key or value
+    reads as another (a tombstone is `null`, not the text "None"; a tab stays `\\t`); bytes
+    are `base64:...`, and an entry that is not a record `raw:...` (its base64)."""
+    if "raw_b64" in rec:
+        return f"{rec['index']}\t{rec['term']}\tnull\traw:{rec['raw_b64']}"
+    return f"{rec['index']}\t{rec['term']}\t{_shown(rec, 'key')}\t{_shown(rec, 'value')}"
+
+
+def _shown(rec: dict[str, Any], name: str) -> str:
+    if rec.get(f"{name}_b64") is not None:
+        return f"base64:{rec[f'{name}_b64']}"
+    return json.dumps(rec.get(name), ensure_ascii=False)
 
 
 async def _read(args: argparse.Namespace) -> int:
@@ -430,7 +439,9 @@ def add_parsers(sub: Any) -> None:
     )
     p.add_argument("values", nargs="+")
 
-    p = _command(sub, "read", "read committed records", _read)
+    p = _command(
+        sub, "read", "read committed records: index, term, key, value (JSON strings) a line", _read
+    )
     p.add_argument("--from", dest="start", type=at_least(1), default=1)
     p.add_argument("--limit", type=at_least(1), default=100)
     p.add_argument(
