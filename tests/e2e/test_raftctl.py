@@ -409,7 +409,7 @@ def test_tail_reads_past_compaction_and_entries_that_are_not_records(scripted, c
     node = scripted({"/v1/partitions/0/records": log_pages(log, floor=3, page=3)})
     at = ("--endpoints", node.url)
 
-    def values(out: str) -> list[str]:
+    def values(out: str) -> list[str | None]:
         return [v for _, v in keys_and_values(out)]
 
     code, out, _ = run_ctl(capsys, "tail", *at, "-n", "3")
