@@ -226,6 +226,41 @@ def test_a_crashed_member_with_its_volume_comes_back_joining():
     assert {c.type: c.status for c in plan.status.conditions}["Degraded"] == "True"
 
 
+def test_a_pod_deleted_from_outside_is_said_once_and_one_the_operator_deleted_is_not():
+    """Found by a review: `kubectl delete pod` (or an eviction) left no trace on the cluster:
+    the pod was made again without a word. A pod the operator deleted itself says nothing."""
+    w = World(MEMBERS)
+    st = step(running_status(MEMBERS), w).status
+    assert all(m.ready for m in st.members)
+    w.pods["c-2"] = "terminating"
+    plan = step(st, w)
+    gone = [e for e in plan.events if e.reason == "PodGone"]
+    assert len(gone) == 1 and gone[0].type == "Warning" and "c-2's pod" in gone[0].message
+    w.pods["c-2"] = "missing"
+    plan = step(plan.status, w)
+    assert plan.action == CreateMembers(("c-2",), join=True)
+    assert "PodGone" not in [e.reason for e in plan.events], "said once"
+    st, _ = record_outcome(plan.status, plan.action, Outcome(True), T0)
+    w.pods["c-2"] = "running"
+    st = step(st, w).status
+    # Deleted by the operator (a restart; hibernation and fencing stop pods the same way):
+    # its ready member's pod goes, and nothing is said, until it is made again.
+    st, _ = record_outcome(st, RestartMember("c-2"), Outcome(True), T0)
+    assert st.member("c-2").pod_deleted  # type: ignore[union-attr]
+    w.pods["c-2"] = "terminating"
+    plan = step(st, w)
+    assert "PodGone" not in [e.reason for e in plan.events]
+    w.pods["c-2"] = "missing"
+    plan = step(plan.status, w)
+    assert plan.action == CreateMembers(("c-2",), join=True)
+    st, _ = record_outcome(plan.status, plan.action, Outcome(True), T0)
+    assert not st.member("c-2").pod_deleted  # type: ignore[union-attr]
+    w.pods["c-2"] = "running"
+    st = step(st, w).status
+    w.pods["c-2"] = "missing"  # then gone from outside again: said again
+    assert "PodGone" in [e.reason for e in step(st, w).events]
+
+
 def test_a_member_that_lost_pod_and_volume_is_removed_then_replaced():
     w = World(MEMBERS)
     w.pods["c-2"] = "missing"

@@ -608,6 +608,11 @@ class MemberStatus(_Status):
     partitions: list[MemberPartition] = Field(default_factory=list)
     promotion: Promotion | None = None
     fenced: bool = Field(False, description="Listed in spec.fencedMembers and stopped.")
+    pod_deleted: bool = Field(
+        False,
+        description="The operator deleted its pod (a restart, fencing or hibernation) and has "
+        "not made it again yet.",
+    )
 
 
 class SnapshotInstall(_Status):

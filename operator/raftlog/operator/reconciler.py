@@ -1083,6 +1083,15 @@ def _finish(cluster: _ClusterPass, install: SnapshotInstall, state: str) -> None
 def _refresh_members(cluster: _ClusterPass) -> None:
     status = cluster.status
     for m in status.members:
+        gone = _pod(cluster, m.name) in ("missing", "terminating")
+        if gone and m.ready and not m.pod_deleted and not cluster.stopped_on_purpose(m):
+            # Said once, as it goes: the pod the member ran in is made again without a word.
+            cluster.event(
+                "PodGone",
+                f"{m.name}'s pod is gone and the operator did not delete it (kubectl delete "
+                "pod, an eviction, or its node lost); it comes back on its volume",
+                warning=True,
+            )
         m.ready = cluster.ready(m.name)
         m.partitions = [
             _member_partition(p, leader_view, m.name)
@@ -1340,6 +1349,12 @@ def record_outcome(
         case DeleteMember(name, _) if outcome.ok:
             new_status.members = [m for m in new_status.members if m.name != name]
             events.append(Event("Normal", "MemberRemoved", f"{name} left the cluster"))
+        case RestartMember(name) | StopMember(name) if outcome.ok:
+            if (m := new_status.member(name)) is not None:
+                m.pod_deleted = True
+        case CreateMembers(names) if outcome.ok:
+            for m in new_status.members:
+                m.pod_deleted = m.pod_deleted and m.name not in names
         case _:
             pass
     return new_status, events
