@@ -176,6 +176,7 @@ def test_create_scale_heal_snapshot_scale_down_under_load_and_delete(operator: s
                lambda: kube.get("pod", victim, ns)["metadata"]["uid"] != old_uid
                and settled(status(ns, "c"), 5), 180)  # fmt: skip
     kube.say(f"deleted pod {victim} back and ready: {time.monotonic() - gone:.1f} s")
+    assert reasons(ns, "c").count("PodGone") == 1  # the kubelet's restart of a process is not
     # A pod left in phase Failed, as an eviction for node pressure or a node's graceful
     # shutdown leaves it (its object stays, so creating the member's pod was a 409): the
     # operator deletes it, keeping the volume, and creates the member again.
@@ -255,6 +256,7 @@ def test_create_scale_heal_snapshot_scale_down_under_load_and_delete(operator: s
     kube.say(f"rolling restart of 3 members: {time.monotonic() - rolled:.1f} s, order {order}")
     assert order[-1] == leader, (order, leader)  # the leader goes last
     assert reasons(ns, "c").count("RollingRestart") >= 3
+    assert reasons(ns, "c").count("PodGone") == 1  # nor a Failed pod's, nor a restart's
 
     # ------------------------------------------------------------- a member's data lost
     victim = next(n for n in sorted(pods(ns, "c")) if n != status(ns, "c")["leaders"]["0"])
@@ -267,6 +269,7 @@ def test_create_scale_heal_snapshot_scale_down_under_load_and_delete(operator: s
     kube.say(f"member {victim} with its PVC deleted replaced by "
              f"{sorted(set(pods(ns, 'c')) - {'c-0', 'c-1', 'c-2'})}: "
              f"{time.monotonic() - lost:.1f} s")  # fmt: skip
+    assert reasons(ns, "c").count("PodGone") == 2 and "MemberLost" in reasons(ns, "c")
 
     # ------------------------------------------------------------- every ack on every member
     async def read_back() -> None:
