@@ -196,6 +196,30 @@ def test_a_sync_runs_in_the_loop_only_after_a_window_of_fast_ones_and_one_slow_o
     asyncio.run(run())
 
 
+def test_a_write_without_its_sync_runs_where_a_sync_would():
+    """Found by a fault helper: a commit index alone was written to the journal in the event
+    loop even with `fsync_in_loop_below_ms` 0, and a frozen file system held the whole node in
+    that write(2). It runs where a sync would run now: the thread unless syncs are fast."""
+    from raftlog.node.storage.group_commit import SYNC_WINDOW
+
+    def on_loop() -> bool:
+        return threading.current_thread() is threading.main_thread()
+
+    async def run() -> None:
+        never, fast = GroupCommit(lambda: None, inline_below=0), GroupCommit(lambda: None, 5.0)
+        try:
+            for gc in (never, fast):
+                for _ in range(SYNC_WINDOW):
+                    await gc.durable(gc.wrote())
+            assert await never.write(on_loop) is False, "0: never in the loop"
+            assert await fast.write(on_loop) is True, "in the loop while syncs are fast there"
+        finally:
+            never.close()
+            fast.close()
+
+    asyncio.run(run())
+
+
 class GatedSync:
     """A sync that waits for `gate` when it is shut, and fails while `fail` is set; counts the
     syncs that started."""

@@ -188,7 +188,8 @@ class NodeSettings(BaseSettings):
         le=100,
         description="run a partition's fsync in the event loop itself (no thread handoff) "
         "while each of its last 64 fsyncs took less than this and no other partition's fsync "
-        "is under way in its thread; 0: always in a thread. Lower latency on a local disk; the "
+        "is under way in its thread (a commit index written alone goes where a sync would); 0: "
+        "always in a thread. Lower latency on a local disk; the "
         "node's loop waits for such an fsync (one slower than this sends the next 64 to the "
         "thread), and a disk that stalls without warning holds the whole node for that fsync",
     )

@@ -293,7 +293,7 @@ class Node:
             # A commit index alone (and no sync to carry it): in the file before readers see
             # it, so a restarted node's high-water mark never steps back (`write_out`).
             try:
-                if not self.journal.write_out():
+                if not await self.group.write(self.journal.write_out):
                     await self._durable()
             except Exception as e:
                 for d, rd in begun:

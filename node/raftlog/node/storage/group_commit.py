@@ -68,6 +68,16 @@ class GroupCommit:
             not self._in_thread and len(recent) == SYNC_WINDOW and max(recent) < self.inline_below
         )
 
+    async def write(self, write: Callable[[], bool]) -> bool:
+        """`write`, a write(2) to the log's file without its sync, where a sync would run now:
+        in the event loop while syncs run there (`inline_now`), else in the sync thread. A file
+        system that hangs (frozen, a stalled device) blocks write(2) as it blocks fsync, and
+        with `inline_below` 0 nothing of the log's may hold the loop."""
+        if self.inline_now():
+            return write()
+        with self._thread_sync():
+            return await asyncio.get_running_loop().run_in_executor(self._thread, write)
+
     def close(self) -> None:
         self._thread.shutdown(wait=True)
 
