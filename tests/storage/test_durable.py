@@ -376,22 +376,34 @@ def test_a_hard_state_file_lost_beside_entries_refuses_the_open(tmp_path):
 
 
 def test_no_hard_state_yet_beside_no_entries_opens(tmp_path):
-    """A new member (bootstrapped, or given only a snapshot) has no hard state file yet."""
+    """A new member (bootstrapped, or waiting to join) has no hard state file yet."""
     open_storage(tmp_path, bootstrap=ABC).close()
     again = open_storage(tmp_path)
     assert (again.initial_state()[0].term, again.last_index()) == (0, 0)
     again.close()
+
+
+def test_a_hard_state_file_lost_beside_a_snapshot_alone_refuses_the_open(tmp_path):
+    """Found by a fault helper: a partition compacted whole (a snapshot, no entry past it) whose
+    hard state file was deleted opened as term 0, its vote forgotten. A member has a snapshot
+    past its initial members only after a term of its own: it took it from entries, or it was
+    installed after the leader's first append, whose term was saved before any answer."""
     src, _ = leader_with_snapshot(tmp_path / "src")
     dst = open_storage(tmp_path / "dst", bootstrap=ABC)
+    dst.save(HardState(2, "a", 0), [])
     rx = dst.snapshots.receiver(300, 2)
     assert all(rx.write(c) for c in src.snapshots.chunks(chunk_bytes=1000))
     meta, data = rx.verify()
     dst.install_snapshot(meta, data)
     dst.close()
-    assert not (tmp_path / "dst" / "hardstate").exists()
     installed = open_storage(tmp_path / "dst")
-    assert installed.snapshot_meta().index == meta.index > 0
+    assert installed.snapshot_meta().index == meta.index == installed.last_index() > 0
+    assert (installed.initial_state()[0].term, installed.initial_state()[0].vote) == (2, "a")
     installed.close()
+    (tmp_path / "dst" / "hardstate").unlink()
+    with pytest.raises(CorruptFile) as info:
+        open_storage(tmp_path / "dst")
+    assert info.value.path == str(tmp_path / "dst" / "hardstate")
 
 
 def test_a_retransmitted_last_chunk_is_not_taken_twice(tmp_path):

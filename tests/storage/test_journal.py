@@ -25,6 +25,7 @@ from raftlog.node.storage.journal import (
     Journal,
     Reset,
     _segment_path,
+    commit_past_log,
     list_journal,
     read_journal,
     replay_into,
@@ -400,6 +401,62 @@ def test_wal_check_reads_the_journal(tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"journal {tmp_path / 'journal'}" in out
     assert "to replay   1 records of 1 partitions" in out
+
+
+def test_a_commit_past_every_entry_a_replay_leaves_is_a_loss_and_nothing_else_is():
+    ok: list[tuple[int, list[Any]]] = [
+        (10, [frames(ents(8, 11, 2), commit=11)]),  # a truncation above the commit, then on
+        (10, [frames(ents(3, 4, 3)), frames([], commit=9)]),  # a stale record: below the end
+        (10, [frames(ents(20, 21, 2)), frames([], commit=10)]),  # cut (uncommitted) tail
+        (10, [frames(ents(20, 21, 2)), Reset(30, 2), frames([], commit=30)]),  # an install
+        (0, [frames(ents(1, 3, 1), commit=2), frames(ents(4, 5, 1), commit=5)]),
+    ]
+    for last, ops in ok:
+        assert commit_past_log(last, ops) is None, ops
+    assert commit_past_log(10, [frames([], commit=11)]) == (11, 10)
+    assert commit_past_log(10, [frames(ents(12, 14, 1), commit=13)]) == (13, 10)  # a gap
+    assert commit_past_log(10, [frames(ents(11, 12, 1)), frames([], commit=13)]) == (13, 12)
+
+
+def test_committed_entries_gone_from_a_wal_under_its_checkpoint_refuse_to_open(tmp_path, capsys):
+    """Found by a fault helper: with a WAL's newest segment deleted (the journal's checkpoint
+    had made it durable), the node replayed the journal's later records as "cut by a later
+    truncation", took their commit records down to the WAL's end and started without entries
+    it had acknowledged: as a leader it then overwrote them. A commit the journal records past
+    every entry a replay leaves refuses to open, and `wal check` says so."""
+    j, storages = open_node(tmp_path, n=1, storage={"segment_bytes": 4096}, checkpoint_bytes=32768)
+    s = storages[0]
+
+    async def checkpoint() -> int:
+        index = fill_until_due(j, storages)
+        j.sync()
+
+        async def durable() -> None:
+            j.sync()
+
+        await j.checkpoint(lambda: {0: s.wal}, durable)
+        return index
+
+    index = asyncio.run(checkpoint())
+    s.write(HardState(1, None, index + 5), ents(index, index + 9, 1, size=200))
+    j.sync()
+    close_node(j, storages)
+    wal = tmp_path / "p0" / "wal"
+    trusted = read_journal(str(tmp_path / "journal")).trusted[0]
+    assert trusted == index - 1
+    while (left := analyze_wal(str(wal)).segments[-1].last_index) >= trusted:
+        max(wal.iterdir()).unlink()  # the newest segments, down below the checkpoint
+    with pytest.raises(WalCorruption) as e:
+        open_node(tmp_path, n=1, storage={"segment_bytes": 4096})
+    assert e.value.reason == (
+        f"the journal records commit index {index + 5}, but the WAL and the journal hold "
+        f"entries only up to {left}: committed entries {left + 1}..{index + 5} are missing (a "
+        "WAL segment deleted or cut)"
+    )
+    assert e.value.path == str(wal)
+    assert main(["wal", "check", str(tmp_path / "p0")]) == 1
+    out = capsys.readouterr().out
+    assert f"status      CORRUPTED: {e.value.reason}" in out, out
 
 
 def test_a_torn_frames_record_is_a_torn_tail_even_with_a_whole_wal_record_inside(tmp_path):

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from tests.storage.helpers import ents, records_end
 
 from raftlog.cli.main import main
@@ -121,11 +123,16 @@ def test_what_the_node_refuses_to_start_on_check_reports_corrupted(tmp_path, cap
         (p / "hardstate").unlink()
         (p / "hardstate").mkdir()
 
+    def wal_a_file(p: Path) -> None:  # found by a fault helper: `wal check` said OK
+        shutil.rmtree(p / "wal")
+        (p / "wal").write_bytes(b"not a WAL")
+
     cases: dict[str, Callable[[Path], None]] = {
         "hard state flipped": lambda p: flip(p / "hardstate", 10),
         "first segment gone": first_segment_gone,
         "hard state a directory": hard_state_a_directory,
         "hard state deleted": lambda p: (p / "hardstate").unlink(),
+        "WAL a file": wal_a_file,
     }
     for i, (name, damage) in enumerate(cases.items()):
         root = tmp_path / str(i)
@@ -141,6 +148,17 @@ def test_what_the_node_refuses_to_start_on_check_reports_corrupted(tmp_path, cap
             assert "term and vote are lost" in refused and refused.startswith(
                 str(root / "p0" / "hardstate") + " is missing"
             )
+        if name == "WAL a file":
+            assert "is a file where a WAL's directory belongs" in refused, refused
+            assert "CORRUPTED: a file where a WAL's directory belongs" in out, out
+    # The node's journal a file: the node said `[Errno 17] File exists`, `wal check` OK.
+    node = tmp_path / "journal-a-file"
+    make_node(node)
+    (node / "journal").write_bytes(b"not a journal")
+    with pytest.raises(CorruptFile, match="is a file where the journal's directory belongs"):
+        Journal(str(node / "journal"))
+    assert main(["wal", "check", str(node)]) == 1
+    assert "CORRUPTED: a file where the journal's directory belongs" in capsys.readouterr().out
     seg = tmp_path / "seg"
     wal = make_node(seg)
     last = wal / list_segments(str(wal))[-1][1]

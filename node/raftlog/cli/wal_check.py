@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from raftlog.node.storage.errors import WalCorruption
-from raftlog.node.storage.journal import Found, list_journal, lost_partitions, read_journal
+from raftlog.node.storage.journal import Found, Op, list_journal, lost_partitions, read_journal
 from raftlog.node.storage.recovery import WalAnalysis, analyze_wal, list_segments
 from raftlog.node.storage.wal import Wal
 from raftlog.node.storage.wal_report import check_partition
@@ -40,6 +40,18 @@ def find_wal_dirs(path: str) -> list[str]:
         dirs.sort()
         if list_segments(root):
             found.append(root)
+    return found
+
+
+def _files_for_directories(path: str) -> list[tuple[str, str]]:
+    """Files named as a node's journal or a partition's WAL directory, which `find_wal_dirs`
+    and `find_journals` pass over: (path, what it stands for)."""
+    found = []
+    for root, dirs, files in os.walk(path):
+        dirs.sort()
+        for name, what in (("journal", "the journal's"), ("wal", "a WAL's")):
+            if name in files:
+                found.append((os.path.join(root, name), what))
     return found
 
 
@@ -93,14 +105,26 @@ def check_journals(path: str) -> tuple[dict[str, Found], int]:
     return found, status
 
 
-def _trusted(d: str, journals: dict[str, Found]) -> int | None:
-    """The journal checkpoint's last index of the partition whose WAL is `d`, if any."""
+def _journal_of(d: str, journals: dict[str, Found]) -> tuple[Found, int] | None:
+    """The journal of the partition whose WAL is `d`, and the partition, if any."""
     partition = os.path.dirname(os.path.normpath(d))
     j = journals.get(os.path.dirname(partition))
     name = os.path.basename(partition)
     if j is None or not name[1:].isdigit():
         return None
-    return j.trusted.get(int(name[1:]))
+    return j, int(name[1:])
+
+
+def _trusted(d: str, journals: dict[str, Found]) -> int | None:
+    """The journal checkpoint's last index of the partition whose WAL is `d`, if any."""
+    found = _journal_of(d, journals)
+    return None if found is None else found[0].trusted.get(found[1])
+
+
+def _journal_ops(d: str, journals: dict[str, Found]) -> list[Op]:
+    """The journal's records since its checkpoint for the partition whose WAL is `d`."""
+    found = _journal_of(d, journals)
+    return [] if found is None else found[0].ops.get(found[1], [])
 
 
 def repair_plan(a: WalAnalysis) -> list[str]:
@@ -152,6 +176,10 @@ def run(args: argparse.Namespace) -> int:
     # The journal first: a node's only partition directory lost leaves no WAL, but the journal
     # says what it held (LOST, exit 1), which "nothing found" (exit 2) would hide.
     journals, status = check_journals(args.path)
+    for path, what in _files_for_directories(args.path):
+        print(f"{path}\n  status      CORRUPTED: a file where {what} directory belongs")
+        print("              the node refuses to start on it")
+        status = 1
     if not dirs:
         if journals or status:
             return status
@@ -164,7 +192,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"WAL {d}\n  status      CORRUPTED: unreadable ({e})")
             status = 1
             continue
-        report = check_partition(a)
+        report = check_partition(a, _journal_ops(d, journals))
         print("\n".join(report.lines))
         if a.corruption is None:
             if not report.healthy:

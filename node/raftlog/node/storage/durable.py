@@ -26,7 +26,7 @@ from raftlog.node.storage.errors import LostFile, StorageFailed, WalCorruption
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.hardstate import HardStateFile
 from raftlog.node.storage.holds import Hold, RetentionHolds, check_hold
-from raftlog.node.storage.journal import PartitionJournal, replay_into
+from raftlog.node.storage.journal import PartitionJournal, commit_past_log, replay_into
 from raftlog.node.storage.segment import RawRange
 from raftlog.node.storage.snapshots import SnapshotReceiver, SnapshotStore
 from raftlog.node.storage.wal import DEFAULT_SEGMENT_BYTES, Wal
@@ -133,6 +133,9 @@ class DurableStorage:
         ops = journal.pending
         if not ops:
             return
+        lost = commit_past_log(self.wal.last_index(), ops)
+        if lost is not None:
+            raise WalCorruption(self.wal.path, 0, lost.last + 1, lost.reason)
         before = self.wal.last_index(), self.wal.commit
         notes = replay_into(self.wal, ops)
         after = self.wal.last_index(), self.wal.commit

@@ -39,6 +39,14 @@ class CorruptFile(Exception):
         super().__init__(f"{self.what} {path} is invalid: {reason}")
 
 
+def make_directory(path: str, what: str) -> None:
+    """`path` made a directory if it is none yet; a file in its place is damage (CorruptFile,
+    the node refuses to start) rather than `[Errno 17] File exists`."""
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise CorruptFile(path, f"is a file where {what} directory belongs")
+    os.makedirs(path, exist_ok=True)
+
+
 class LostFile(CorruptFile):
     """A file or directory the node's other state says must exist (its vote, a log) is gone."""
 

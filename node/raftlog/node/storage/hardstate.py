@@ -48,6 +48,8 @@ class HardStateFile:
 
     def lost_beside(self, last_index: int, snapshot_index: int) -> bool:
         """Whether the file was lost: it is written before the first entry and only ever
-        replaced, so its absence beside entries past the snapshot means votes this member may
-        have cast are gone (the node refuses to start; `raftctl wal check` says CORRUPTED)."""
-        return not self.on_disk and last_index > snapshot_index
+        replaced, so its absence beside any entry, or a snapshot past the initial members'
+        (taken from entries, or installed after the leader's first append), means votes this
+        member may have cast are gone (the node refuses to start; `raftctl wal check` says
+        CORRUPTED). A partition compacted whole has a snapshot and no entry past it."""
+        return not self.on_disk and max(last_index, snapshot_index) > 0

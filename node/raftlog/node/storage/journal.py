@@ -43,7 +43,7 @@ from crc32c import crc32c
 
 from raftlog.node.core.types import Entry
 from raftlog.node.storage import segment as fmt
-from raftlog.node.storage.errors import StorageFailed, WalCorruption
+from raftlog.node.storage.errors import StorageFailed, WalCorruption, make_directory
 from raftlog.node.storage.fileio import FileOps
 
 log = logging.getLogger("raftlog.storage.journal")
@@ -257,6 +257,45 @@ def replay_into(wal: ReplayTarget, ops: Iterable[Op]) -> list[str]:
     return notes
 
 
+class CommitLoss(NamedTuple):
+    commit: int  # the highest commit index the journal records
+    last: int  # the last entry a replay leaves
+
+    @property
+    def reason(self) -> str:
+        return (
+            f"the journal records commit index {self.commit}, but the WAL and the journal hold "
+            f"entries only up to {self.last}: committed entries {self.last + 1}..{self.commit} "
+            "are missing (a WAL segment deleted or cut)"
+        )
+
+
+def commit_past_log(last: int, ops: Iterable[Op]) -> CommitLoss | None:
+    """A `CommitLoss` when the journal records a commit index past the last entry a replay of
+    `ops` over a WAL ending at `last` leaves, else None. Committed entries are never cut, and a
+    commit record is journaled after the entries it covers (`fsync` makes both durable), so such
+    a commit means entries this member held committed are gone: a WAL segment deleted, or cut
+    below what the journal's checkpoint made durable. Index arithmetic as `replay_into` places
+    entries: a batch that starts past `last + 1` is cut (dropped); a later one only raises
+    `last`, since what it replaces is never committed; an install resets it."""
+    commit = 0
+    for op in ops:
+        if isinstance(op, Reset):
+            last = op.index
+            continue
+        lo = hi = 0
+        for body in fmt.iter_bodies(op):
+            if body[0] == fmt.T_COMMIT:
+                commit = max(commit, fmt.COMMIT_BODY.unpack_from(body)[1])
+                last = hi if lo and lo <= last + 1 and hi > last else last
+                lo = hi = 0
+                continue
+            index = fmt.ENTRY_HEAD.unpack_from(body)[1]
+            lo, hi = lo or index, index
+        last = hi if lo and lo <= last + 1 and hi > last else last
+    return CommitLoss(commit, last) if commit > last else None
+
+
 def _holds(wal: ReplayTarget, index: int, term: int) -> bool:
     return wal.first_index() <= index <= wal.last_index() and wal.term(index) == term
 
@@ -336,7 +375,7 @@ class Journal:
         self.durable = durable
         self.ops = ops or FileOps()
         self.checkpoint_bytes = checkpoint_bytes
-        os.makedirs(path, exist_ok=True)
+        make_directory(path, "the journal's")
         self.found = read_journal(path)
         for msg in self.found.repairs:
             log.warning("%s: %s", path, msg)

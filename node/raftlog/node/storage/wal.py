@@ -30,7 +30,7 @@ from crc32c import crc32c
 from raftlog.node.core.errors import Compacted, SafetyViolation, Unavailable
 from raftlog.node.core.types import Entry, EntryKind
 from raftlog.node.storage import segment as fmt
-from raftlog.node.storage.errors import StorageFailed
+from raftlog.node.storage.errors import StorageFailed, make_directory
 from raftlog.node.storage.fileio import FileOps
 from raftlog.node.storage.prealloc import Spare, install, prepare
 from raftlog.node.storage.recovery import analyze_wal
@@ -140,7 +140,7 @@ class Wal:
         journal replays (written since, never synced here), not corruption.
         """
         ops = ops or FileOps()
-        os.makedirs(path, exist_ok=True)
+        make_directory(path, "a WAL's")
         found = analyze_wal(path, trusted_last)
         if found.corruption is not None:
             raise found.corruption

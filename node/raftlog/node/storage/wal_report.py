@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from raftlog.node.core.types import EntryKind
 from raftlog.node.storage.errors import CorruptFile
 from raftlog.node.storage.hardstate import HardStateFile
+from raftlog.node.storage.journal import Op, commit_past_log
 from raftlog.node.storage.recovery import WalAnalysis
 from raftlog.node.storage.segment import T_ENTRY
 from raftlog.node.storage.snapshots import SnapshotStore
@@ -34,9 +36,10 @@ def wal_report(a: WalAnalysis) -> list[str]:
     return check_partition(a).lines
 
 
-def check_partition(a: WalAnalysis) -> Report:
+def check_partition(a: WalAnalysis, journal: Sequence[Op] = ()) -> Report:
     """`wal_report`'s lines, and whether the node would start on them: the WAL, and beside it
-    the hard state and the snapshot, judged as the node judges them when it opens."""
+    the hard state and the snapshot, judged as the node judges them when it opens (with the
+    node's `journal` records of this partition since its checkpoint, if any)."""
     out: list[str] = []
     out.append(f"WAL {a.path}")
     segs = a.segments
@@ -63,6 +66,9 @@ def check_partition(a: WalAnalysis) -> Report:
     if os.path.basename(a.path.rstrip("/")) == "wal":
         span = (segs[0].first_index, segs[-1].last_index) if segs else None
         problems = _partition_report(partition, out, span)
+    lost = commit_past_log(segs[-1].last_index, journal) if segs and journal else None
+    if lost is not None:  # as `DurableStorage._replay` refuses it
+        problems.append(lost.reason)
     for repair in a.repairs():
         out.append(f"  on start    will {repair}")
     if a.corruption is not None:
