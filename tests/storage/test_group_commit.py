@@ -206,7 +206,10 @@ def test_a_write_without_its_sync_runs_where_a_sync_would():
         return threading.current_thread() is threading.main_thread()
 
     async def run() -> None:
-        never, fast = GroupCommit(lambda: None, inline_below=0), GroupCommit(lambda: None, 5.0)
+        never, fast = (
+            GroupCommit(lambda: None, inline_below=0),
+            GroupCommit(lambda: None, inline_below=5.0),
+        )
         try:
             for gc in (never, fast):
                 for _ in range(SYNC_WINDOW):
