@@ -338,6 +338,28 @@ def test_no_leader_found_is_a_503_no_leader():
     assert (e.value.status, e.value.error) == (503, "no_leader")
 
 
+def test_no_leader_found_with_one_endpoint_down_is_still_a_503_no_leader():
+    """Found by a planted bug: with one endpoint down and the others answering without a
+    leader, the down one's error was as good as `no_leader` to every test."""
+    follower = {"partitions": [{"partition": 0, "role": "follower"}]}
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B).follower_lag(0, "n2"), lambda s: None if s.base == A else (200, follower))
+    assert (e.value.status, e.value.error) == (503, "no_leader")
+    with pytest.raises(ClientError) as e:
+        run(calls(A, B).follower_lag(3, "n2"), lambda s: None if s.base == A else (200, follower))
+    assert (e.value.status, e.value.error) == (404, "unknown_partition")
+    with pytest.raises(ClientError) as e:  # none answered: the last one's own error
+        run(calls(A, B).follower_lag(0, "n2"), lambda s: None)
+    assert e.value.status == NO_ANSWER
+
+
+def test_a_long_polls_wait_is_given_in_seconds():
+    """Found by a planted bug: a `wait_ms` taken for seconds held a stalled node's answer for
+    hours before the next replica was asked."""
+    _, steps = run(calls(A).read(0, 1, 10, wait_ms=2500), lambda s: (200, {"records": []}))
+    assert [s.request.wait_s for s in sends(steps)] == [2.5]
+
+
 def test_names_in_paths_are_percent_encoded():
     got: list[str] = []
 

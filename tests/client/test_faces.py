@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import inspect
 import json
 import socket
 import ssl
@@ -15,6 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import aiohttp.abc
@@ -30,6 +32,7 @@ from raftlog.client import (
     IdempotentProducer,
     RetryPolicy,
 )
+from raftlog.client.retry import CONNECT_TIMEOUT_S
 from raftlog.node.routing import partition_for
 
 
@@ -555,6 +558,21 @@ def test_both_faces_verify_a_node_against_the_ca_file_and_refuse_what_they_canno
         assert "CERTIFICATE_VERIFY_FAILED" in str(e), str(e)
 
 
+def test_both_clients_take_the_defaults_the_readme_gives():
+    """Found by planted bugs: `AsyncClient` with 3 retries (it gave up within an election
+    while `Client` rode it out) or a 30 s connect bound (above the 15 s call timeout: an address
+    where nothing answers cost a whole call) passed every test."""
+    blocking = inspect.signature(Client.__init__).parameters
+    asynchronous = inspect.signature(AsyncClient.__init__).parameters
+    for name in set(blocking) & set(asynchronous) - {"self", "endpoints"}:
+        assert blocking[name].default == asynchronous[name].default, name
+    assert asynchronous["retries"].default == RetryPolicy().retries == 8
+    readme = " ".join((Path(__file__).parents[2] / "README.md").read_text().split())
+    for name, value in (("timeout_s", 15), ("connect_timeout_s", 3)):
+        assert asynchronous[name].default == value and f"`{name}` ({value} s)" in readme, name
+    assert CONNECT_TIMEOUT_S == 3
+
+
 def test_an_idempotent_producer_numbers_its_records_and_retries_a_failed_append_as_it_was(
     serve,
 ):
@@ -564,6 +582,8 @@ def test_an_idempotent_producer_numbers_its_records_and_retries_a_failed_append_
             return answer(503, {"error": "timeout", "reason": "not committed in time"})
         if n == 3:  # a refusal: not appended, and nothing to retry (found by a review)
             return answer(400, {"error": "bad_request", "reason": "no", "field": "records"})
+        if [r["value"] for r in body["records"]] == ["y", "z"]:  # in the log, indexes forgotten
+            return answer(409, {"error": "already_appended", "reason": "in the log already"})
         count = len(body["records"])
         return answer(200, {"partition": 0, "first_index": 1, "last_index": count, "term": 1})
 
@@ -581,6 +601,11 @@ def test_an_idempotent_producer_numbers_its_records_and_retries_a_failed_append_
             with pytest.raises(ClientError, match=r"\(field records\)"):
                 await producer.append(0, [{"value": "e"}])
             await producer.append(0, [{"value": "x"}])  # other records, the same sequence
+            # Its sequences are used (found by a planted bug: a producer that stayed on them
+            # was refused for good).
+            with pytest.raises(ClientError, match="already_appended"):
+                await producer.append(0, [{"value": "y"}, {"value": "z"}])
+            await producer.append(0, [{"value": "w"}])
             await producer.append(1, [{"value": "f"}])
             # Concurrent appends go one at a time, in the order they were called.
             await asyncio.gather(*(producer.append(2, [{"value": f"g{i}"}]) for i in range(4)))
@@ -594,6 +619,8 @@ def test_an_idempotent_producer_numbers_its_records_and_retries_a_failed_append_
         ("0", 2, ["c"]),  # the retry: the sequence the failed try had
         ("0", 3, ["e"]),
         ("0", 3, ["x"]),
+        ("0", 4, ["y", "z"]),
+        ("0", 6, ["w"]),
         ("1", 0, ["f"]),
         *(("2", i, [f"g{i}"]) for i in range(4)),
     ]
