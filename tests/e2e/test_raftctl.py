@@ -332,6 +332,19 @@ def test_endpoints_and_token_file_come_from_the_environment(
     monkeypatch.setenv("RAFTLOG_TOKEN_FILE", str(tmp_path / "missing"))
     code, _, err = run_ctl(capsys, "read")
     assert code == 1 and err.startswith("raftctl: ") and "No such file" in err, err
+    # The TLS files too (found by planted bugs: $RAFTLOG_CA_FILE unread, and a key without its
+    # certificate taken and left unused, passed every test).
+    monkeypatch.setenv("RAFTLOG_TOKEN_FILE", str(token))
+    monkeypatch.setenv("RAFTLOG_CA_FILE", str(tmp_path / "ca.pem"))
+    code, _, err = run_ctl(capsys, "status")
+    assert (code, err) == (1, f"raftctl: --ca-file {tmp_path / 'ca.pem'}: no such file\n")
+    monkeypatch.delenv("RAFTLOG_CA_FILE")
+    monkeypatch.setenv("RAFTLOG_KEY_FILE", str(token))  # any file: the pair is checked first
+    code, _, err = run_ctl(capsys, "status")
+    assert code == 1 and "--cert-file and --key-file go together" in err, err
+    monkeypatch.delenv("RAFTLOG_KEY_FILE")
+    code, _, err = run_ctl(capsys, "status", "--cert-file", str(token))
+    assert code == 1 and "--cert-file and --key-file go together" in err, err
 
 
 def test_append_sends_the_producer_and_sequence_and_read_prints_every_kind_of_record(

@@ -7,6 +7,7 @@ tests/k8s/test_kubectl_raft.py.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import io
 import json
@@ -570,6 +571,14 @@ def test_remove_patch_keeps_removals_under_way_and_drops_those_cancelled() -> No
     # cancelled, however many there are.
     obj = resource(replicas=4, removeMembers=["orders-2", "orders-1"])
     assert remove_patch(obj, ["orders-0"])["spec"] == {"removeMembers": ["orders-0"], "replicas": 3}
+    # One under way beside one cancelled: the member leaving is not counted among those that
+    # stay (found by a planted bug, which kept the cancelled orders-2 listed, next to go).
+    obj = resource(replicas=3, removeMembers=["orders-3", "orders-2"])
+    obj["status"]["members"].append({"name": "orders-3", "ordinal": 3, "role": "removing"})
+    assert remove_patch(obj, ["orders-1"])["spec"] == {
+        "removeMembers": ["orders-3", "orders-1"],
+        "replicas": 2,
+    }
 
 
 # ----------------------------------------------------------------------------- command line
@@ -803,6 +812,41 @@ def test_status_through_the_api() -> None:
     code, out, _ = run(api, "status", "-A")
     assert code == 0 and out.splitlines()[1].startswith(f"{NS}   orders   Degraded")
     assert api.patches == []
+    code, out, _ = run(FakeCustomObjects(), "status", "-A")  # not "in namespace default"
+    assert (code, out) == (0, "No RaftClusters found.\n")
+
+
+def test_every_default_a_flags_help_gives_is_its_default() -> None:
+    """Found by a planted bug: switchover's --timeout default at 30 s, its help saying 300."""
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    said = 0
+    for name, parser in sub.choices.items():
+        for action in parser._actions:
+            if m := re.search(r"\((\d+)\)$", action.help or ""):
+                assert action.default == float(m.group(1)), (name, action.dest)
+                said += 1
+    assert said == 3
+
+
+@pytest.mark.parametrize(
+    "status, reason, said",
+    [
+        (403, "Forbidden", "error: forbidden: raftclusters.raftlog.dev is forbidden: User "
+                           '"dev" cannot get resource "raftclusters"\n'),
+        (401, "Unauthorized", "error: unauthorized: the kubeconfig's credentials were refused "
+                              f"(raftcluster {NS}/orders)\n"),
+    ],
+)  # fmt: skip
+def test_a_refusal_by_the_api_server_is_said_in_words(status: int, reason: str, said: str) -> None:
+    """Found by planted bugs: no test reached a 401 or a 403."""
+    api = FakeCustomObjects(resource())
+
+    def refuse(obj: dict[str, Any]) -> None:
+        raise _error(status, reason, "raftclusters.raftlog.dev is forbidden: User \"dev\" "
+                                     'cannot get resource "raftclusters"')  # fmt: skip
+
+    api.on_get = refuse
+    assert run(api, "status", "orders") == (1, "", said)
 
 
 def test_unknown_cluster_is_named(capsys: pytest.CaptureFixture[str]) -> None:
@@ -951,6 +995,8 @@ def test_switchover_waits_for_its_outcome(outcome: str, code: int) -> None:
         "switchover to orders-1: pending",
         f"switchover to orders-1: {outcome}: leader of 1: orders-1",
     ]
+    # It ends at the outcome (found by a planted bug: a failed one polled on to --timeout).
+    assert gets == 4
 
 
 def test_switchover_wait_times_out() -> None:
