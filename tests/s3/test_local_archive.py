@@ -264,6 +264,7 @@ def test_local_down_after_local_up_was_killed_stops_its_object_store_too(tmp_pat
     assert not running(store) and not any(running(p) for p in nodes)
 
 
+@pytest.mark.timeout(120)  # a refusal missed starts a real `local up`, which blocks until stopped
 def test_local_up_object_store_refusals(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     plain = tmp_path / "plain.yaml"
     plain.write_text(
