@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 from raftlog.cli.main import main
+from raftlog.operator import local_cli
+from raftlog.operator.local_cli import recorded_alive, started_at, stop_recorded
 
 pytestmark = [pytest.mark.operator, pytest.mark.slow]
 
@@ -122,3 +125,30 @@ def test_a_name_its_services_could_not_take_is_refused_as_on_kubernetes(name: st
     with pytest.raises(ManifestError, match=r"metadata\.name: at most 57 characters"):
         load_manifest(text)
     assert load_manifest(text.replace(f"name: {name}", "name: " + "a" * 57, 1))[0] == "a" * 57
+
+
+def test_local_down_wakes_a_paused_member_to_stop_it_gracefully() -> None:
+    """Found by a planted bug: without its SIGCONT, a SIGSTOPped member never saw the SIGTERM
+    and was SIGKILLed once the wait ran out."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        started = started_at(proc.pid)
+        assert started is not None
+        proc.send_signal(signal.SIGSTOP)
+        state = {"pids": [proc.pid], "started": {str(proc.pid): started}}
+        assert stop_recorded([proc.pid], state, wait_s=10) == []  # none had to be killed
+        assert proc.wait(5) == -signal.SIGTERM
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_pid_of_another_user_is_not_a_recorded_member(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `cluster.json` from before start times were recorded names pids alone; one that now
+    belongs to another user's process (EPERM) is not this cluster's (found by a planted bug)."""
+
+    def not_ours(pid: int, sig: int) -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(local_cli.os, "kill", not_ours)
+    assert recorded_alive(12345, {"pids": [12345]}) is False
