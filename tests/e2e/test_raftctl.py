@@ -578,15 +578,15 @@ def test_local_down_leaves_alone_a_process_that_took_a_recorded_pid(tmp_path, ca
                  "started": {str(other.pid): started - 1}}  # fmt: skip
         (tmp_path / "cluster.json").write_text(json.dumps(state))
         code, out, _ = run_ctl(capsys, "local", "status", "--data-dir", str(tmp_path))
-        assert (code, out) == (1, "not running (1 nodes stopped)\n")
+        assert (code, out) == (1, "not running (1 node stopped)\n")
         code, out, _ = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
-        assert (code, out) == (0, "not running (1 nodes stopped already)\n")
+        assert (code, out) == (0, "not running (1 node stopped already)\n")
         time.sleep(0.2)
         assert other.poll() is None, "a process that only took a node's pid was signalled"
         state["started"] = {str(other.pid): started}
         (tmp_path / "cluster.json").write_text(json.dumps(state))
         code, out, _ = run_ctl(capsys, "local", "down", "--data-dir", str(tmp_path))
-        assert (code, out) == (0, "stopped 1 nodes\n")
+        assert (code, out) == (0, "stopped 1 node\n")
         assert other.wait(timeout=10) == -signal.SIGTERM
     finally:
         other.kill()

@@ -242,7 +242,9 @@ def test_local_up_object_store_runs_a_server_for_as_long_as_the_cluster(tmp_path
     assert (base / "object-store" / "data").is_dir()
 
 
-def test_local_down_after_local_up_was_killed_stops_its_object_store_too(tmp_path: Path) -> None:
+def test_local_down_after_local_up_was_killed_stops_its_object_store_too(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """Found by a review: the object store runs in a session of its own, as the members do,
     and outlived a `local up` killed with SIGKILL; `local down` stopped the members only."""
     base = tmp_path / "state"
@@ -260,8 +262,10 @@ def test_local_down_after_local_up_was_killed_stops_its_object_store_too(tmp_pat
         return started_at(pid) is not None
 
     assert running(store) and all(running(p) for p in nodes)  # outlived it
+    capsys.readouterr()
     assert main(["local", "down", "--data-dir", str(base)]) == 0
     assert not running(store) and not any(running(p) for p in nodes)
+    assert capsys.readouterr().out == "stopped 1 node\n"  # not "not running" (a planted bug)
 
 
 @pytest.mark.timeout(120)  # a refusal missed starts a real `local up`, which blocks until stopped

@@ -372,6 +372,10 @@ def _local_state(args: argparse.Namespace) -> dict[str, Any] | None:
         return None
 
 
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
 def _local_down(args: argparse.Namespace) -> int:
     state = _local_state(args)
     if state is None:
@@ -385,11 +389,11 @@ def _local_down(args: argparse.Namespace) -> int:
     left = stop_recorded([state["supervisor"]] if supervised else orphans, state)
     if not running and not supervised:
         print(
-            f"not running ({len(state['pids'])} nodes stopped already)"
+            f"not running ({_nodes(len(state['pids']))} stopped already)"
             + ("; stopped the object store it left" if store_left else "")
         )
         return 0
-    print(f"stopped {len(running)} nodes" + (f" ({len(left)} killed)" if left else ""))
+    print(f"stopped {_nodes(len(running))}" + (f" ({len(left)} killed)" if left else ""))
     return 0
 
 
@@ -399,7 +403,7 @@ def _local_status(args: argparse.Namespace) -> int:
         return 1
     running = [p for p in state["pids"] if recorded_alive(p, state)]
     if not running:
-        print(f"not running ({len(state['pids'])} nodes stopped)")
+        print(f"not running ({_nodes(len(state['pids']))} stopped)")
         return 1
     nodes = asyncio.run(fetch_status(state["endpoints"]))
     _out(args, nodes, f"{len(running)} of {len(state['pids'])} nodes running\n"
