@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from raftlog.cli.main import main
-from raftlog.operator import local_cli
 from raftlog.operator.local_cli import recorded_alive, started_at, stop_recorded
 
 pytestmark = [pytest.mark.operator, pytest.mark.slow]
@@ -150,5 +149,5 @@ def test_a_pid_of_another_user_is_not_a_recorded_member(monkeypatch: pytest.Monk
     def not_ours(pid: int, sig: int) -> None:
         raise PermissionError(1, "Operation not permitted")
 
-    monkeypatch.setattr(local_cli.os, "kill", not_ours)
+    monkeypatch.setattr(os, "kill", not_ours)
     assert recorded_alive(12345, {"pids": [12345]}) is False
