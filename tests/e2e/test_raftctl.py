@@ -177,9 +177,20 @@ def test_local_up_status_and_down(tmp_path, capsys):
     assert main(["local", "status", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "3 of 3 nodes running" in out and "leader" in out
+    # Two more passes (each writes cluster.json): the exports are said once, not each pass
+    # (found by a planted bug).
+    for _ in range(2):
+        seen = (tmp_path / "cluster.json").stat().st_mtime_ns
+        deadline = time.monotonic() + 15
+        while (tmp_path / "cluster.json").stat().st_mtime_ns == seen:
+            assert time.monotonic() < deadline, "no reconcile pass in 15 s"
+            time.sleep(0.05)
     assert main(["local", "down", "--data-dir", str(tmp_path)]) == 0
     assert "stopped 3 nodes" in capsys.readouterr().out
     assert proc.wait(timeout=30) == 0
+    assert proc.stdout is not None
+    told = [line for line in [*lines, *proc.stdout] if line.startswith("export ")]
+    assert len(told) == 2, told  # RAFTLOG_ENDPOINTS and RAFTLOG_TOKEN_FILE
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
