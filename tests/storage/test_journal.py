@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
+import random
 import shutil
 import struct
 from pathlib import Path
@@ -16,7 +17,8 @@ from tests.storage.helpers import ents
 from tests.storage.test_durable import FailingDisk
 
 from raftlog.cli.main import main
-from raftlog.node.core.types import Entry, HardState, Membership, SnapshotMeta
+from raftlog.node.core.types import Entry, EntryKind, HardState, Membership, SnapshotMeta
+from raftlog.node.storage import journal as jr
 from raftlog.node.storage import segment as fmt
 from raftlog.node.storage.durable import DurableStorage
 from raftlog.node.storage.errors import StorageFailed, WalCorruption
@@ -290,6 +292,19 @@ def journal_with_a_torn_tail(root: Path) -> Path:
     return seg
 
 
+def test_a_whole_record_after_damage_is_found_whatever_its_header_holds():
+    """Found on the way (a new record type widened the shape searched for): the search for a
+    whole record after damage took only matches that do not overlap, so a header whose CRC
+    bytes looked like a body's start hid the record just after it, and damage before the last
+    whole records was cut as a torn tail. The WAL's own search had the same flaw."""
+    rng = random.Random(7)
+    for i in range(3000):
+        body = jr._PART.pack(jr.J_FRAMES, 0) + rng.randbytes(rng.randrange(1, 40))
+        assert jr._valid_record_follows(b"\xff" * 9 + jr._frame(body), 0), i
+        entry = fmt.encode_entry(Entry(rng.randrange(1, 10**6), 3, EntryKind.NORMAL, body))
+        assert fmt._valid_record_follows(b"\xff" * 9 + entry, 0), i
+
+
 def test_a_torn_journal_tail_is_cut(tmp_path):
     journal_with_a_torn_tail(tmp_path)
     found = read_journal(str(tmp_path / "journal"))
@@ -330,7 +345,6 @@ def test_a_torn_tail_left_behind_a_newer_checkpoint_is_superseded_not_damage(tmp
 def test_a_torn_tail_before_records_of_the_same_checkpoint_is_damage(tmp_path):
     """The tail of the segment replay starts in cannot be torn when a later segment, whose
     checkpoint never completed, holds records written after it."""
-    from raftlog.node.storage import journal as jr
 
     seg = journal_with_a_torn_tail(tmp_path)
     journal, seq = seg.parent, list_journal(str(seg.parent))[-1]
@@ -370,6 +384,23 @@ def test_a_snapshot_install_is_journaled_before_the_reset(tmp_path):
     s = storages[0]
     assert s.first_index() == 51 and s.last_index() == 54
     assert [e.term for e in s.entries(51, 55)] == [2, 2, 2, 2]
+    close_node(j, storages)
+
+
+def test_a_replayed_install_leaves_no_commit_above_its_log(tmp_path):
+    """Found by a review: entries after an install and their commit record reached the WAL's
+    file (write-behind flushed) but not the journal's disk before a kill; the next open read
+    commit 58 from the file, the replayed RESET dropped the entries and kept it, and the
+    partition stopped at the leader's next append (a committed entry overwritten)."""
+    j, storages = open_node(tmp_path, n=1)
+    s = storages[0]
+    s.install_snapshot(SnapshotMeta(50, 2, ABC), b"")
+    s.write(HardState(2, None, 58), ents(51, 60, 2))
+    s.wal.flush()  # in the WAL's file; the journal never synced them
+    close_node(j, storages)
+    j, storages = open_node(tmp_path, n=1)
+    s = storages[0]
+    assert (s.last_index(), s.commit_index()) == (50, 50)
     close_node(j, storages)
 
 
@@ -459,11 +490,34 @@ def test_committed_entries_gone_from_a_wal_under_its_checkpoint_refuse_to_open(t
     assert f"status      CORRUPTED: {e.value.reason}" in out, out
 
 
+def test_committed_entries_gone_with_nothing_journaled_since_the_checkpoint_refuse_too(
+    tmp_path, capsys
+):
+    """Found by a review: the check above read the commit records journaled since the last
+    checkpoint only, and every start checkpoints: after a restart (or on a quiet partition)
+    there was nothing to compare with, and the same loss opened. The checkpoint records each
+    partition's commit index now (a COMMITS record after the CHECKPOINT)."""
+    kw: dict[str, Any] = {"n": 1, "storage": {"segment_bytes": 4096}}
+    j, storages = open_node(tmp_path, **kw)
+    storages[0].write(HardState(1, None, 200), ents(1, 200, 1, size=100))
+    j.sync()
+    close_node(j, storages)
+    close_node(*open_node(tmp_path, **kw))  # a start: its checkpoint, nothing journaled since
+    found = read_journal(str(tmp_path / "journal"))
+    assert (found.ops, found.trusted, found.committed) == ({}, {0: 200}, {0: 200})
+    wal = tmp_path / "p0" / "wal"
+    while (left := analyze_wal(str(wal)).segments[-1].last_index) >= 200:
+        max(wal.iterdir()).unlink()
+    with pytest.raises(WalCorruption, match=f"records commit index 200, .* up to {left}:"):
+        open_node(tmp_path, **kw)
+    assert main(["wal", "check", str(tmp_path)]) == 1
+    assert f"committed entries {left + 1}..200 are missing" in capsys.readouterr().out
+
+
 def test_a_torn_frames_record_is_a_torn_tail_even_with_a_whole_wal_record_inside(tmp_path):
     """A FRAMES record carries WAL records framed as the journal's own; torn after a whole one
     of them, what is left must read as a torn tail (cut), not as damage followed by a journal
     record (which refused to start the node after a crash)."""
-    from raftlog.node.storage import journal as jr
 
     def wal_record(index: int) -> bytes:
         return jr._frame(b"\x01" + struct.pack("<QQ", index, 2) + b"x" * 20)

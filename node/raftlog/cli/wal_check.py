@@ -121,10 +121,13 @@ def _trusted(d: str, journals: dict[str, Found]) -> int | None:
     return None if found is None else found[0].trusted.get(found[1])
 
 
-def _journal_ops(d: str, journals: dict[str, Found]) -> list[Op]:
-    """The journal's records since its checkpoint for the partition whose WAL is `d`."""
+def _journal_ops(d: str, journals: dict[str, Found]) -> tuple[list[Op], int]:
+    """The journal's records since its checkpoint for the partition whose WAL is `d`, and the
+    partition's commit index at that checkpoint."""
     found = _journal_of(d, journals)
-    return [] if found is None else found[0].ops.get(found[1], [])
+    if found is None:
+        return [], 0
+    return found[0].ops.get(found[1], []), found[0].committed.get(found[1], 0)
 
 
 def repair_plan(a: WalAnalysis) -> list[str]:
@@ -192,7 +195,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"WAL {d}\n  status      CORRUPTED: unreadable ({e})")
             status = 1
             continue
-        report = check_partition(a, _journal_ops(d, journals))
+        report = check_partition(a, *_journal_ops(d, journals))
         print("\n".join(report.lines))
         if a.corruption is None:
             if not report.healthy:

@@ -131,11 +131,11 @@ class DurableStorage:
 
     def _replay(self, journal: PartitionJournal) -> None:
         ops = journal.pending
-        if not ops:
-            return
-        lost = commit_past_log(self.wal.last_index(), ops)
+        lost = commit_past_log(self.wal.last_index(), ops, journal.checkpoint_commit)
         if lost is not None:
             raise WalCorruption(self.wal.path, 0, lost.last + 1, lost.reason)
+        if not ops:
+            return
         before = self.wal.last_index(), self.wal.commit
         notes = replay_into(self.wal, ops)
         after = self.wal.last_index(), self.wal.commit

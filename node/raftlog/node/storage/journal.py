@@ -12,6 +12,7 @@ Layout: `journal/<seq:016x>.jrn`, one segment per checkpoint. Records are framed
 (`length u32 | crc32c u32 | body`; a zero length never is one, so preallocated space ends them):
 
     CHECKPOINT = 0x13 u8 | count u32 | count x (partition u32 | last index u64)   first record
+    COMMITS    = 0x15 u8 | count u32 | count x (partition u32 | commit index u64) second record
     FRAMES     = 0x11 u8 | partition u32 | WAL records (entries, commit records), as in the WAL
     RESET      = 0x12 u8 | partition u32 | index u64 | term u64                 a snapshot install
     DONE       = 0x14 u8 | seq u64        every WAL is durable up to segment `seq`'s CHECKPOINT
@@ -51,7 +52,7 @@ log = logging.getLogger("raftlog.storage.journal")
 # Types of their own, never a WAL record's (T_ENTRY 1, T_COMMIT 2): a FRAMES record carries WAL
 # records framed as the journal's are, so after a torn FRAMES record a whole WAL record inside it
 # must not pass for a journal record that follows (which would make a torn tail look like damage).
-J_FRAMES, J_RESET, J_CHECKPOINT, J_DONE = 0x11, 0x12, 0x13, 0x14
+J_FRAMES, J_RESET, J_CHECKPOINT, J_DONE, J_COMMITS = 0x11, 0x12, 0x13, 0x14, 0x15
 _PART = struct.Struct("<BI")  # type, partition
 _RESET = struct.Struct("<BIQQ")
 _COUNT = struct.Struct("<BI")
@@ -60,8 +61,9 @@ _DONE = struct.Struct("<BQ")
 NAME = re.compile(r"^([0-9a-f]{16})\.jrn$")
 DEFAULT_CHECKPOINT_BYTES = 64 * 1024 * 1024
 # The body of a well-formed record, for telling damage from a torn tail: a known type, then a
-# partition below 2**16 (or a DONE's sequence).
-_SHAPE = re.compile(rb"[\x11-\x13][\s\S]{2}\x00\x00|\x14")
+# partition below 2**16 (or a DONE's sequence). A lookahead: matches may overlap, and a record
+# header's CRC bytes that look like a body's start must not hide the real one just after.
+_SHAPE = re.compile(rb"(?=[\x11-\x13\x15][\s\S]{2}\x00\x00|\x14)")
 
 
 @dataclass
@@ -79,6 +81,7 @@ class Found:
 
     ops: dict[int, list[Op]] = field(default_factory=dict)
     trusted: dict[int, int] = field(default_factory=dict)  # last index durable at the checkpoint
+    committed: dict[int, int] = field(default_factory=dict)  # commit index at the checkpoint
     segments: list[int] = field(default_factory=list)  # sequences on disk, oldest first
     start: int | None = None  # the segment replay starts at
     repairs: list[str] = field(default_factory=list)
@@ -88,11 +91,17 @@ def _frame(body: bytes) -> bytes:
     return fmt.REC_HEAD.pack(len(body), crc32c(body)) + body
 
 
-def encode_checkpoint(positions: dict[int, int]) -> bytes:
-    body = _COUNT.pack(J_CHECKPOINT, len(positions)) + b"".join(
-        _POS.pack(p, last) for p, last in sorted(positions.items())
-    )
-    return _frame(body)
+def encode_checkpoint(positions: dict[int, int], commits: dict[int, int] | None = None) -> bytes:
+    """The CHECKPOINT record, and the COMMITS record after it (a journal written before it
+    existed has none: its commits are taken as 0)."""
+    out = b""
+    for kind, values in ((J_CHECKPOINT, positions), (J_COMMITS, commits)):
+        if values is not None:
+            out += _frame(
+                _COUNT.pack(kind, len(values))
+                + b"".join(_POS.pack(p, v) for p, v in sorted(values.items()))
+            )
+    return out
 
 
 def _segment_path(path: str, seq: int) -> str:
@@ -177,6 +186,12 @@ def read_journal(path: str) -> Found:
     for k in range(count):
         p, last = _POS.unpack_from(head, 5 + k * _POS.size)
         found.trusted[p] = last
+    for b in bodies[found.start][1:2]:
+        if b[0] == J_COMMITS:
+            (count,) = struct.unpack_from("<I", b, 1)
+            for k in range(count):
+                p, commit = _POS.unpack_from(b, 5 + k * _POS.size)
+                found.committed[p] = commit
     for seq in found.segments:
         if seq < found.start:
             continue
@@ -188,7 +203,7 @@ def read_journal(path: str) -> Found:
             elif kind == J_RESET:
                 _, p, index, term = _RESET.unpack_from(b)
                 found.ops.setdefault(p, []).append(Reset(index, term))
-            elif kind not in (J_CHECKPOINT, J_DONE):
+            elif kind not in (J_CHECKPOINT, J_DONE, J_COMMITS):
                 raise WalCorruption(_segment_path(path, seq), 0, None, f"journal type {kind}")
     return found
 
@@ -270,15 +285,16 @@ class CommitLoss(NamedTuple):
         )
 
 
-def commit_past_log(last: int, ops: Iterable[Op]) -> CommitLoss | None:
+def commit_past_log(last: int, ops: Iterable[Op], commit: int = 0) -> CommitLoss | None:
     """A `CommitLoss` when the journal records a commit index past the last entry a replay of
     `ops` over a WAL ending at `last` leaves, else None. Committed entries are never cut, and a
     commit record is journaled after the entries it covers (`fsync` makes both durable), so such
     a commit means entries this member held committed are gone: a WAL segment deleted, or cut
     below what the journal's checkpoint made durable. Index arithmetic as `replay_into` places
     entries: a batch that starts past `last + 1` is cut (dropped); a later one only raises
-    `last`, since what it replaces is never committed; an install resets it."""
-    commit = 0
+    `last`, since what it replaces is never committed; an install resets it. `commit`: the
+    partition's commit index at the checkpoint, the evidence when nothing was journaled since
+    (a WAL is durable up to its checkpoint position, which is never below that commit)."""
     for op in ops:
         if isinstance(op, Reset):
             last = op.index
@@ -342,6 +358,10 @@ class PartitionJournal:
     @property
     def trusted_last(self) -> int | None:
         return self.journal.found.trusted.get(self.partition)
+
+    @property
+    def checkpoint_commit(self) -> int:
+        return self.journal.found.committed.get(self.partition, 0)
 
     def add_frames(self, frames: bytes | bytearray) -> None:
         """Journal WAL records just written to this partition's WAL (durable at the next sync)."""
@@ -457,9 +477,11 @@ class Journal:
         if self.durable:
             self.ops.fdatasync(fd)
 
-    def _open_segment(self, positions: dict[int, int]) -> None:
-        """Start segment `seq + 1` with a CHECKPOINT of `positions`; what was journaled before
-        goes to the previous one at the next sync."""
+    def _open_segment(
+        self, positions: dict[int, int], commits: dict[int, int] | None = None
+    ) -> None:
+        """Start segment `seq + 1` with a CHECKPOINT of `positions` and the COMMITS of
+        `commits`; what was journaled before goes to the previous one at the next sync."""
         full = _segment_path(self.path, self._seq + 1)
         fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._seq += 1  # once it exists: a checkpoint that could not create it is tried again
@@ -470,7 +492,7 @@ class Journal:
             if self._fd >= 0:
                 self._sealed.append((self._fd, self.buf))
             self._fd = fd
-            self.buf = bytearray(encode_checkpoint(positions))
+            self.buf = bytearray(encode_checkpoint(positions, commits))
         self.written = 0
 
     def _done(self) -> None:
@@ -490,7 +512,9 @@ class Journal:
             # Every one, replayed into or not: what a crashed process wrote is in the page
             # cache and read back as the WAL's, but not durable until synced.
             w.sync_active()
-        self._open_segment({p: w.last_index() for p, w in wals.items()})
+        self._open_segment(
+            {p: w.last_index() for p, w in wals.items()}, {p: w.commit for p, w in wals.items()}
+        )
         self._done()
         self.sync()
         self._drop_before(self._seq)
@@ -514,7 +538,10 @@ class Journal:
         targets = wals()
         fds = {p: w.checkpoint_fd() for p, w in targets.items()}
         try:
-            self._open_segment({p: w.last_index() for p, w in targets.items()})
+            self._open_segment(
+                {p: w.last_index() for p, w in targets.items()},
+                {p: w.commit for p, w in targets.items()},
+            )
             await durable()  # the old segment's tail, and the new one's CHECKPOINT
 
             def sync_wals() -> None:

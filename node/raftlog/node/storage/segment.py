@@ -243,8 +243,10 @@ def check_record(view: memoryview, pos: int, size: int) -> str | None:
 
 # What the body of a well-formed record looks like, for finding one after damage: an entry
 # (type 1, an index and a term below 2**40, kind 0..2) or a commit record (type 2, length 9).
-_ENTRY_SHAPE = re.compile(rb"\x01[\s\S]{5}\x00\x00\x00[\s\S]{5}\x00\x00\x00[\x00-\x02]")
-_COMMIT_SHAPE = re.compile(rb"\x09\x00\x00\x00[\s\S]{4}\x02")
+# Lookaheads: matches may overlap, so bytes that only look like a start (in the header before a
+# record, say) never hide a real one that begins inside them.
+_ENTRY_SHAPE = re.compile(rb"(?=\x01[\s\S]{5}\x00\x00\x00[\s\S]{5}\x00\x00\x00[\x00-\x02])")
+_COMMIT_SHAPE = re.compile(rb"(?=\x09\x00\x00\x00[\s\S]{4}\x02)")
 
 
 def _valid_record_follows(raw: bytes, start: int) -> bool:

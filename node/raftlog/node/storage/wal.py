@@ -624,5 +624,7 @@ class Wal:
                 os.close(seg.fd)
         if self.durable:
             self._io("fsync", self.path, lambda: self.ops.fsync_dir(self.path))
-        self.commit = max(self.commit, index)
+        # A snapshot is installed only past the commit index, so it is the commit now; one read
+        # from a record of the log it replaces (a replayed install) must not stay above it.
+        self.commit = index
         self._synced_gen = self._written_gen  # the new segment was synced when created

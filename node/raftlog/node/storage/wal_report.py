@@ -36,10 +36,11 @@ def wal_report(a: WalAnalysis) -> list[str]:
     return check_partition(a).lines
 
 
-def check_partition(a: WalAnalysis, journal: Sequence[Op] = ()) -> Report:
+def check_partition(a: WalAnalysis, journal: Sequence[Op] = (), committed: int = 0) -> Report:
     """`wal_report`'s lines, and whether the node would start on them: the WAL, and beside it
     the hard state and the snapshot, judged as the node judges them when it opens (with the
-    node's `journal` records of this partition since its checkpoint, if any)."""
+    node's `journal` records of this partition since its checkpoint and its commit index at
+    that checkpoint, if any)."""
     out: list[str] = []
     out.append(f"WAL {a.path}")
     segs = a.segments
@@ -66,7 +67,7 @@ def check_partition(a: WalAnalysis, journal: Sequence[Op] = ()) -> Report:
     if os.path.basename(a.path.rstrip("/")) == "wal":
         span = (segs[0].first_index, segs[-1].last_index) if segs else None
         problems = _partition_report(partition, out, span)
-    lost = commit_past_log(segs[-1].last_index, journal) if segs and journal else None
+    lost = commit_past_log(segs[-1].last_index, journal, committed) if segs else None
     if lost is not None:  # as `DurableStorage._replay` refuses it
         problems.append(lost.reason)
     for repair in a.repairs():
