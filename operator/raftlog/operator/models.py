@@ -610,8 +610,8 @@ class MemberStatus(_Status):
     fenced: bool = Field(False, description="Listed in spec.fencedMembers and stopped.")
     pod_deleted: bool = Field(
         False,
-        description="The operator deleted its pod (a restart, fencing or hibernation) and has "
-        "not made it again yet.",
+        description="The operator deleted its pod (a restart, fencing, hibernation, a removal) "
+        "or is about to, and has not made it again yet.",
     )
 
 

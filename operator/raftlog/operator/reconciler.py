@@ -224,6 +224,11 @@ def decide(
             _restart_done(cluster)
     if isinstance(action, CreateMembers):
         action = CreateMembers(action.names, action.join, cluster.wanted_hash)
+    deleting = action if isinstance(action, RestartMember | StopMember | DeleteMember) else None
+    if deleting is not None and (m := status.member(deleting.name)) is not None:
+        # Saved with the plan, before the pod is deleted: a pass cut short after the delete
+        # (a kill, a status conflict) must not take the pod's absence for someone else's doing.
+        m.pod_deleted = True
     _summarize(cluster, action, previous)
     return Plan(action, status, cluster.events)
 
@@ -1349,9 +1354,6 @@ def record_outcome(
         case DeleteMember(name, _) if outcome.ok:
             new_status.members = [m for m in new_status.members if m.name != name]
             events.append(Event("Normal", "MemberRemoved", f"{name} left the cluster"))
-        case RestartMember(name) | StopMember(name) if outcome.ok:
-            if (m := new_status.member(name)) is not None:
-                m.pod_deleted = True
         case CreateMembers(names) if outcome.ok:
             for m in new_status.members:
                 m.pod_deleted = m.pod_deleted and m.name not in names
