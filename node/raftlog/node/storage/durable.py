@@ -132,8 +132,12 @@ class DurableStorage:
     def _replay(self, journal: PartitionJournal) -> None:
         ops = journal.pending
         lost = commit_past_log(self.wal.last_index(), ops, journal.checkpoint_commit)
-        if lost is not None:
-            raise WalCorruption(self.wal.path, 0, lost.last + 1, lost.reason)
+        if lost is not None:  # nothing `wal check --repair` could mend: the entries are gone
+            raise LostFile(
+                self.wal.path,
+                f"is short: {lost.reason}. Restore the segments, or remove this member and add "
+                "it back with an empty data directory and --join",
+            )
         if not ops:
             return
         before = self.wal.last_index(), self.wal.commit

@@ -12,7 +12,7 @@ Layout: `journal/<seq:016x>.jrn`, one segment per checkpoint. Records are framed
 (`length u32 | crc32c u32 | body`; a zero length never is one, so preallocated space ends them):
 
     CHECKPOINT = 0x13 u8 | count u32 | count x (partition u32 | last index u64)   first record
-    COMMITS    = 0x15 u8 | count u32 | count x (partition u32 | commit index u64) second record
+                 [| count x (partition u32 | commit index u64)]   (older journals lack these)
     FRAMES     = 0x11 u8 | partition u32 | WAL records (entries, commit records), as in the WAL
     RESET      = 0x12 u8 | partition u32 | index u64 | term u64                 a snapshot install
     DONE       = 0x14 u8 | seq u64        every WAL is durable up to segment `seq`'s CHECKPOINT
@@ -52,7 +52,7 @@ log = logging.getLogger("raftlog.storage.journal")
 # Types of their own, never a WAL record's (T_ENTRY 1, T_COMMIT 2): a FRAMES record carries WAL
 # records framed as the journal's are, so after a torn FRAMES record a whole WAL record inside it
 # must not pass for a journal record that follows (which would make a torn tail look like damage).
-J_FRAMES, J_RESET, J_CHECKPOINT, J_DONE, J_COMMITS = 0x11, 0x12, 0x13, 0x14, 0x15
+J_FRAMES, J_RESET, J_CHECKPOINT, J_DONE = 0x11, 0x12, 0x13, 0x14
 _PART = struct.Struct("<BI")  # type, partition
 _RESET = struct.Struct("<BIQQ")
 _COUNT = struct.Struct("<BI")
@@ -63,7 +63,7 @@ DEFAULT_CHECKPOINT_BYTES = 64 * 1024 * 1024
 # The body of a well-formed record, for telling damage from a torn tail: a known type, then a
 # partition below 2**16 (or a DONE's sequence). A lookahead: matches may overlap, and a record
 # header's CRC bytes that look like a body's start must not hide the real one just after.
-_SHAPE = re.compile(rb"(?=[\x11-\x13\x15][\s\S]{2}\x00\x00|\x14)")
+_SHAPE = re.compile(rb"(?=[\x11-\x13][\s\S]{2}\x00\x00|\x14)")
 
 
 @dataclass
@@ -92,16 +92,16 @@ def _frame(body: bytes) -> bytes:
 
 
 def encode_checkpoint(positions: dict[int, int], commits: dict[int, int] | None = None) -> bytes:
-    """The CHECKPOINT record, and the COMMITS record after it (a journal written before it
-    existed has none: its commits are taken as 0)."""
-    out = b""
-    for kind, values in ((J_CHECKPOINT, positions), (J_COMMITS, commits)):
-        if values is not None:
-            out += _frame(
-                _COUNT.pack(kind, len(values))
-                + b"".join(_POS.pack(p, v) for p, v in sorted(values.items()))
-            )
-    return out
+    """The CHECKPOINT record: each partition's last index, then its commit index. The commits
+    come after what older versions read, so a node rolled back still reads this journal (and
+    one written by them has none: their commits are taken as 0)."""
+    parts = sorted(positions)
+    body = _COUNT.pack(J_CHECKPOINT, len(parts)) + b"".join(
+        _POS.pack(p, positions[p]) for p in parts
+    )
+    if commits is not None:
+        body += b"".join(_POS.pack(p, commits.get(p, 0)) for p in parts)
+    return _frame(body)
 
 
 def _segment_path(path: str, seq: int) -> str:
@@ -186,12 +186,10 @@ def read_journal(path: str) -> Found:
     for k in range(count):
         p, last = _POS.unpack_from(head, 5 + k * _POS.size)
         found.trusted[p] = last
-    for b in bodies[found.start][1:2]:
-        if b[0] == J_COMMITS:
-            (count,) = struct.unpack_from("<I", b, 1)
-            for k in range(count):
-                p, commit = _POS.unpack_from(b, 5 + k * _POS.size)
-                found.committed[p] = commit
+    if len(head) >= 5 + 2 * count * _POS.size:
+        for k in range(count, 2 * count):
+            p, commit = _POS.unpack_from(head, 5 + k * _POS.size)
+            found.committed[p] = commit
     for seq in found.segments:
         if seq < found.start:
             continue
@@ -203,7 +201,7 @@ def read_journal(path: str) -> Found:
             elif kind == J_RESET:
                 _, p, index, term = _RESET.unpack_from(b)
                 found.ops.setdefault(p, []).append(Reset(index, term))
-            elif kind not in (J_CHECKPOINT, J_DONE, J_COMMITS):
+            elif kind not in (J_CHECKPOINT, J_DONE):
                 raise WalCorruption(_segment_path(path, seq), 0, None, f"journal type {kind}")
     return found
 
@@ -293,8 +291,9 @@ def commit_past_log(last: int, ops: Iterable[Op], commit: int = 0) -> CommitLoss
     below what the journal's checkpoint made durable. Index arithmetic as `replay_into` places
     entries: a batch that starts past `last + 1` is cut (dropped); a later one only raises
     `last`, since what it replaces is never committed; an install resets it. `commit`: the
-    partition's commit index at the checkpoint, the evidence when nothing was journaled since
-    (a WAL is durable up to its checkpoint position, which is never below that commit)."""
+    partition's commit index at the checkpoint (in its CHECKPOINT record), the evidence when
+    nothing was journaled since (a WAL is durable up to its checkpoint position, which is never
+    below that commit)."""
     for op in ops:
         if isinstance(op, Reset):
             last = op.index
@@ -480,8 +479,8 @@ class Journal:
     def _open_segment(
         self, positions: dict[int, int], commits: dict[int, int] | None = None
     ) -> None:
-        """Start segment `seq + 1` with a CHECKPOINT of `positions` and the COMMITS of
-        `commits`; what was journaled before goes to the previous one at the next sync."""
+        """Start segment `seq + 1` with a CHECKPOINT of `positions` and `commits`; what was
+        journaled before goes to the previous one at the next sync."""
         full = _segment_path(self.path, self._seq + 1)
         fd = os.open(full, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         self._seq += 1  # once it exists: a checkpoint that could not create it is tried again
