@@ -498,6 +498,8 @@ def test_admin_calls_about_the_leader_itself_say_so(node):
         ("POST", "transfer", {"target": "n7"}, "target"),
         ("POST", "snapshot-install", {"target": "n7"}, "target"),
         ("POST", "snapshot-install", {"target": "n7", "source": "nobody"}, "source"),
+        ("POST", "members", {"op": "promote", "node": "n7"}, "node"),
+        ("POST", "members", {"op": "remove", "node": "n7"}, "node"),
     ],
 )
 def test_every_admin_call_naming_an_unknown_member_is_a_404_naming_the_field(

@@ -93,12 +93,12 @@ def test_a_refused_member_change_leaves_the_peer_addresses_alone(tmp_path):
         # On a follower: 421 (not the leader), and nothing changed there.
         code, reply = admin(follower, {"op": "remove", "node": other, "url": bad})
         assert code == 421, reply
-        # On the leader, refused by the core (a learner that does not exist cannot be promoted;
-        # a brand-new name with an address): 409, and nothing changed either.
+        # On the leader, refused by the core (a voter is no learner to promote): 409; a
+        # brand-new name with an address is no member: 404. Nothing changed either way.
         code, reply = admin(leader, {"op": "promote", "node": other, "url": bad})
         assert code == 409, reply
         code, reply = admin(leader, {"op": "promote", "node": "n9", "url": bad})
-        assert code == 409, reply
+        assert (code, reply["error"]) == (404, "unknown_member"), reply
         assert {n: peers(n) for n in cluster.nodes} == before
         load(cluster, 50)  # and the cluster still commits through every member
 

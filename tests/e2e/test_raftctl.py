@@ -81,7 +81,9 @@ def test_idempotent_append_and_refusals(cluster, capsys):
     code, _, err = ctl(cluster, capsys, "append", "--sequence", "3", "y")
     assert code == 2 and "--sequence: give --producer-id with it" in err, err
     code, _, err = ctl(cluster, capsys, "members", "promote", "n9")
-    assert code == 1 and "409" in err and "not a learner" in err
+    assert code == 1 and "404 unknown_member" in err and "n9 is not a member" in err, err
+    code, _, err = ctl(cluster, capsys, "members", "promote", "n2")
+    assert code == 1 and "409" in err and "already a voter" in err, err
     code, _, err = ctl(cluster, capsys, "read", "-p", "5")
     assert code == 1 and "404" in err
 

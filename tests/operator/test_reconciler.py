@@ -455,6 +455,9 @@ def test_a_promotion_the_leader_refuses_restarts_the_window():
     assert pr is not None and pr.window_started_at is None and pr.restarts == 1
     assert [e.reason for e in events] == ["StepFailed", "PromotionWindowRestarted"]
     assert "the leader refused the promotion (HTTP 409: lags)" in events[1].message
+    gone = Outcome(False, "HTTP 404: c-3 is not a member of partition 0")  # a 404 refuses too
+    _, events = record_outcome(plan.status, plan.action, gone, T0)
+    assert "the leader refused the promotion (HTTP 404" in events[1].message
     # Not answered in time: not a refusal (found by a review: it was reported as one).
     timeout = Outcome(False, "HTTP 503: the change at 9 is not committed yet")
     _, events = record_outcome(plan.status, plan.action, timeout, T0)

@@ -1336,11 +1336,12 @@ def record_outcome(
                 # The leader's own check is the last word: the window starts again.
                 m.promotion.window_started_at, m.promotion.elapsed_seconds = None, 0.0
                 m.promotion.restarts += 1
-                # A 409 is the leader's refusal; anything else (no answer, a 503 timeout) left
-                # the outcome unknown: the change may still commit, as the next pass will see.
+                # A 409 (or 404: no such member there) is the leader's refusal; anything else
+                # (no answer, a 503 timeout) left the outcome unknown: the change may still
+                # commit, as the next pass will see.
                 what = (
                     "the leader refused the promotion"
-                    if outcome.detail.startswith("HTTP 409")
+                    if outcome.detail.startswith(("HTTP 409", "HTTP 404"))
                     else "the promotion was not confirmed, it may still take effect"
                 )
                 events.append(Event(

@@ -111,6 +111,8 @@ async def members(request: web.Request) -> web.Response:
         raise bad("url", f"the address of {member} is unknown here; give its url")
     if driver.raft.role != Role.LEADER:  # before anything changes here, the address included
         raise not_leader(node, driver, admin=True)
+    if op != "add_learner":
+        _known(driver, member, "node")
     previous = node.transport.peers.get(member)
     if url is not None:
         node.transport.add_peer(member, url)  # the leader's appends to a new learner need it
