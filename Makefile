@@ -16,7 +16,8 @@ PYTEST_WORKERS ?= 3
 
 install: $(STAMP) jvm native
 
-# Reinstalled only when the dependency list changes, so a second `make install` is instant.
+# Reinstalled only when the dependency list (or the Makefile, which pins pip and uv) changes, so
+# a second `make install` is instant.
 # The dependencies' wheels are kept outside the checkout, keyed by the venv's Python and the
 # declared dependencies: built once by pip (whose cache keeps pyspark's wheel, built from its
 # sdist), then installed by uv from them alone, compiled to bytecode (PYTHONDONTWRITEBYTECODE is
@@ -31,7 +32,7 @@ UV_VERSION := 0.13.9
 DEPS_KEY = $(PY) -c 'import sys, tomllib; t = tomllib.load(open("pyproject.toml", "rb")); \
 	print(sys.version, t["build-system"], t["project"]["dependencies"], \
 	t["project"].get("optional-dependencies"))'
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check pip==$(PIP_VERSION) uv==$(UV_VERSION)
 	@mkdir -p $(WHEELHOUSE) && exec 9>$(WHEELHOUSE)/.lock && flock 9 && \

@@ -372,6 +372,7 @@ def test_append_sends_the_producer_and_sequence_and_read_prints_every_kind_of_re
             {"index": 8, "term": 3, "raw_b64": "AAE="},
             {"index": 9, "term": 3, "key": "-", "value": None},
             {"index": 10, "term": 3, "key_b64": "/w==", "value": "None\tof\nthem"},
+            {"index": 11, "term": 3, "key": "caf\u00e9", "value": "a\u2028b\u0085c\u009bd"},
         ],
     }  # fmt: skip
     empty = {"partition": 3, "high_water_mark": 9, "next": 1, "records": []}
@@ -393,15 +394,16 @@ def test_append_sends_the_producer_and_sequence_and_read_prints_every_kind_of_re
          {"records": [{"key": "", "value": "c"}], "producer_id": "w1", "sequence": 0}),
     ]  # fmt: skip
     code, out, _ = run_ctl(
-        capsys, "read", *at, "-p", "2", "--from", "5", "--limit", "6", "--min-index", "8"
+        capsys, "read", *at, "-p", "2", "--from", "5", "--limit", "7", "--min-index", "8"
     )
     # Found by a review: a tombstone printed None, as the text "None" did, and a record
     # without a key "-", as the key "-" did. Text is a JSON string now.
     assert code == 0 and out.splitlines() == [
         '5\t2\t""\t"empty key"', '6\t2\tnull\t"no key"', '7\t2\t"k"\tbase64:/w==',
         "8\t3\tnull\traw:AAE=", '9\t3\t"-"\tnull', '10\t3\tbase64:/w==\t"None\\tof\\nthem"',
+        '11\t3\t"caf\u00e9"\t"a\\u2028b\\u0085c\\u009bd"',
     ], out  # fmt: skip
-    assert node.seen[-1].path == "/v1/partitions/2/records?from=5&limit=6&min_index=8&wait_ms=0"
+    assert node.seen[-1].path == "/v1/partitions/2/records?from=5&limit=7&min_index=8&wait_ms=0"
     code, out, _ = run_ctl(capsys, "read", *at, "-p", "3")
     assert code == 0 and out == "(no records)\n"
     assert node.seen[-1].path == "/v1/partitions/3/records?from=1&limit=100&min_index=0&wait_ms=0"

@@ -253,10 +253,15 @@ def _line(rec: dict[str, Any]) -> str:
     return f"{rec['index']}\t{rec['term']}\t{_shown(rec, 'key')}\t{_shown(rec, 'value')}"
 
 
+# What JSON leaves raw but a terminal or a line splitter acts on: C1 controls, NEL and the
+# line and paragraph separators (C0 controls JSON escapes itself).
+_UNSAFE = {c: f"\\u{c:04x}" for c in [*range(0x80, 0xA0), 0x2028, 0x2029]}
+
+
 def _shown(rec: dict[str, Any], name: str) -> str:
     if rec.get(f"{name}_b64") is not None:
         return f"base64:{rec[f'{name}_b64']}"
-    return json.dumps(rec.get(name), ensure_ascii=False)
+    return json.dumps(rec.get(name), ensure_ascii=False).translate(_UNSAFE)
 
 
 async def _read(args: argparse.Namespace) -> int:

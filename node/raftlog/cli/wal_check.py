@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from typing import Any
 
@@ -44,14 +45,16 @@ def find_wal_dirs(path: str) -> list[str]:
 
 
 def _files_for_directories(path: str) -> list[tuple[str, str]]:
-    """Files named as a node's journal or a partition's WAL directory, which `find_wal_dirs`
-    and `find_journals` pass over: (path, what it stands for)."""
+    """Files where a node keeps its journal's directory (beside its `p<N>` partitions) or a
+    partition its WAL's, which `find_wal_dirs` and `find_journals` pass over: (path, what)."""
     found = []
     for root, dirs, files in os.walk(path):
         dirs.sort()
-        for name, what in (("journal", "the journal's"), ("wal", "a WAL's")):
-            if name in files:
-                found.append((os.path.join(root, name), what))
+        partition = re.fullmatch(r"p\d+", os.path.basename(root)) is not None
+        if "wal" in files and partition:
+            found.append((os.path.join(root, "wal"), "a WAL's"))
+        if "journal" in files and any(re.fullmatch(r"p\d+", d) for d in dirs):
+            found.append((os.path.join(root, "journal"), "the journal's"))
     return found
 
 
