@@ -912,6 +912,39 @@ def test_a_commit_index_that_cannot_be_written_out_is_never_shown(tmp_path):
     asyncio.run(run())
 
 
+def test_with_no_fsync_in_the_loop_a_commit_index_alone_is_written_off_it(tmp_path):
+    """Found by a fault helper: with `fsync_in_loop_below_ms` 0 a pass with a commit index
+    alone still wrote it to the journal's file in the event loop, and a frozen file system
+    (`fsfreeze`) held the whole node in that write(2). It goes to the fsync thread."""
+
+    async def run() -> None:
+        node = Node(
+            NodeSettings(
+                insecure_no_auth=True, node_id="n1", peers={"n1": PEERS["n1"]},
+                data_dir=tmp_path, tick_ms=5, fsync_in_loop_below_ms=0,
+            )
+        )  # fmt: skip
+        await node.start()
+        try:
+            d = node.drivers[0]
+            await until(lambda: d.raft.role == Role.LEADER, "election")
+            await until(lambda: d.table.applied_index >= d.raft.log.last_index(), "no-op")
+            on_loop: list[bool] = []
+            write_out = node.journal.write_out
+
+            def watched() -> bool:
+                on_loop.append(threading.current_thread() is threading.main_thread())
+                return write_out()
+
+            node.journal.write_out = watched  # type: ignore[method-assign]
+            await asyncio.wait_for(d.propose([b"its commit written alone"]), 10)
+            assert on_loop and not any(on_loop), on_loop
+        finally:
+            await node.close()
+
+    asyncio.run(run())
+
+
 def test_a_partition_stopped_by_a_bug_never_campaigns_again(tmp_path):
     """Stopped for a failure that is not its disk's (a bug caught by the loop), it steps down
     and the node's passes leave it alone: its ticks must not make it a leader again."""

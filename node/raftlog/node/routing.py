@@ -43,7 +43,7 @@ def field_bytes(text: object, b64: object, field: str) -> bytes | None:
     if text is None:
         return None
     if not isinstance(text, str):
-        raise FieldError(field, f"must be a string (or {name}_b64 a base64 string)")
+        raise FieldError(field, "must be a string or null")  # the node's msgspec reason
     try:
         return text.encode()
     except UnicodeEncodeError:  # a lone surrogate
