@@ -17,7 +17,7 @@ import sys
 from typing import Any
 
 from raftlog.node.storage.errors import WalCorruption
-from raftlog.node.storage.journal import Found, Op, list_journal, lost_partitions, read_journal
+from raftlog.node.storage.journal import Found, list_journal, lost_partitions, read_journal
 from raftlog.node.storage.recovery import WalAnalysis, analyze_wal, list_segments
 from raftlog.node.storage.wal import Wal
 from raftlog.node.storage.wal_report import check_partition
@@ -118,21 +118,6 @@ def _journal_of(d: str, journals: dict[str, Found]) -> tuple[Found, int] | None:
     return j, int(name[1:])
 
 
-def _trusted(d: str, journals: dict[str, Found]) -> int | None:
-    """The journal checkpoint's last index of the partition whose WAL is `d`, if any."""
-    found = _journal_of(d, journals)
-    return None if found is None else found[0].trusted.get(found[1])
-
-
-def _journal_ops(d: str, journals: dict[str, Found]) -> tuple[list[Op], int]:
-    """The journal's records since its checkpoint for the partition whose WAL is `d`, and the
-    partition's commit index at that checkpoint."""
-    found = _journal_of(d, journals)
-    if found is None:
-        return [], 0
-    return found[0].ops.get(found[1], []), found[0].committed.get(found[1], 0)
-
-
 def repair_plan(a: WalAnalysis) -> list[str]:
     """What `--repair` drops, one line per file."""
     c = a.corruption
@@ -193,12 +178,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     for d in dirs:
         try:
-            a = analyze_wal(d, _trusted(d, journals))
+            found = _journal_of(d, journals)
+            j, p = found if found is not None else (Found(), -1)
+            a = analyze_wal(d, j.trusted.get(p))
         except OSError as e:  # a segment replaced by a directory, unreadable, ...
             print(f"WAL {d}\n  status      CORRUPTED: unreadable ({e})")
             status = 1
             continue
-        report = check_partition(a, *_journal_ops(d, journals))
+        report = check_partition(a, j.ops.get(p, []), j.committed.get(p, 0))
         print("\n".join(report.lines))
         if a.corruption is None:
             if not report.healthy:

@@ -294,6 +294,10 @@ def commit_past_log(last: int, ops: Iterable[Op], commit: int = 0) -> CommitLoss
     partition's commit index at the checkpoint (in its CHECKPOINT record), the evidence when
     nothing was journaled since (a WAL is durable up to its checkpoint position, which is never
     below that commit)."""
+
+    def placed(last: int, lo: int, hi: int) -> int:  # a batch of entries lo..hi (0: none)
+        return hi if lo and lo <= last + 1 and hi > last else last
+
     for op in ops:
         if isinstance(op, Reset):
             last = op.index
@@ -302,12 +306,11 @@ def commit_past_log(last: int, ops: Iterable[Op], commit: int = 0) -> CommitLoss
         for body in fmt.iter_bodies(op):
             if body[0] == fmt.T_COMMIT:
                 commit = max(commit, fmt.COMMIT_BODY.unpack_from(body)[1])
-                last = hi if lo and lo <= last + 1 and hi > last else last
-                lo = hi = 0
+                last, lo, hi = placed(last, lo, hi), 0, 0
                 continue
             index = fmt.ENTRY_HEAD.unpack_from(body)[1]
             lo, hi = lo or index, index
-        last = hi if lo and lo <= last + 1 and hi > last else last
+        last = placed(last, lo, hi)
     return CommitLoss(commit, last) if commit > last else None
 
 
