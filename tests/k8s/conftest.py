@@ -7,6 +7,7 @@ before its fixtures tear it down.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 import uuid
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from cluster import layout
 
 from raftlog.operator.crd import CRD_PATH
 from raftlog.operator.models import GROUP, PLURAL
@@ -52,9 +54,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
     report = yield
     ns = getattr(item, "funcargs", {}).get("namespace")
-    if report.when == "call" and report.failed and isinstance(ns, str):
-        # Now, before the fixtures' teardown deletes the RaftClusters and their pods.
+    if report.when in ("setup", "call") and report.failed and isinstance(ns, str):
+        # Now, before the fixtures' teardown deletes the RaftClusters and their pods. A setup
+        # failure is the operator's chart not coming up (`helm install --wait`).
         _dump(ns)
+        _dump_node(ns)
     return report
 
 
@@ -75,6 +79,37 @@ def _dump(ns: str) -> None:
         print(f"{name} /v1/status: {(got.stdout or got.stderr).strip()[:6000]}", file=sys.stderr)
         tail = kube.run(["kubectl", "-n", ns, "logs", name, "--tail=25"])
         print(f"{name} log:\n{(tail.stdout or tail.stderr).rstrip()}", file=sys.stderr)
+
+
+def _dump_node(ns: str) -> None:
+    """Why the namespace's pods are not running, as the node saw it: the pods' own events and
+    states, the node's conditions and free disk, the kubelet's and containerd's last words on
+    the namespace, and any network plugin or runtime call still running (a stuck one holds
+    every pod start after it)."""
+    print(f"\n--- the node, for {ns} ---", file=sys.stderr)
+    for pod in kube.items("pods", ns):
+        if (kube.condition(pod, "Ready") or {}).get("status") != "True":
+            name = pod["metadata"]["name"]
+            got = kube.run(["kubectl", "-n", ns, "describe", "pod", name]).stdout
+            print("\n".join(got.splitlines()[-40:]), file=sys.stderr)
+    for node in kube.items("nodes"):
+        for c in node["status"].get("conditions", []):
+            print(f"node {c['type']}={c['status']} {c.get('message', '')}", file=sys.stderr)
+    print(kube.run(["df", "-h", str(layout.STATE), "/tmp"]).stdout, file=sys.stderr)
+    logs = layout.STATE / "logs"
+    for log, pattern, n in (("kubelet.log", ns, 40), ("containerd.log", "level=error", 15)):
+        lines = [line for line in kube.run(["grep", "-E", pattern, str(logs / log)]).stdout
+               .splitlines() if "code = NotFound" not in line]  # fmt: skip
+        print(f"{log}, its last {min(len(lines), n)} lines matching {pattern!r}:", file=sys.stderr)
+        print("\n".join(line[:400] for line in lines[-n:]), file=sys.stderr)
+    ps = kube.run(["ps", "-eo", "pid,etimes,args"]).stdout.splitlines()
+    stuck = [p for p in ps if re.search(r"/usr/lib/cni/|(^|[\s/])runc\s|iptables", p)]
+    print(
+        "network plugins, runc and iptables running:",
+        *stuck or ["none"],
+        sep="\n  ",
+        file=sys.stderr,
+    )
 
 
 @pytest.fixture(scope="session")
