@@ -232,8 +232,13 @@ def test_the_mark_a_node_answers_with_is_in_its_files_before_a_kill_could_lose_i
             t.start()
         probes = 0
         try:
-            deadline = time.monotonic() + 12
-            while time.monotonic() < deadline and not failures:
+            # 12 s, and at least 30 probes however loaded the machine (29 in 12 s once, with
+            # other work on both cores), within 180 s.
+            started = time.monotonic()
+            while not failures and (
+                time.monotonic() < started + 12
+                or (probes < 30 and time.monotonic() < started + 180)
+            ):
                 name = names[probes % len(names)]
                 node = cluster.nodes[name]
                 assert node.proc is not None

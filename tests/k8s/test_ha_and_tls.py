@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import json
 import ssl
+import threading
 import time
 import urllib.request
 from typing import Any
@@ -46,15 +48,52 @@ def logs(ns: str, pod: str) -> str:
     return kube.kubectl("logs", "-n", ns, pod, check=False)
 
 
+def running_beside(ns: str, stop: threading.Event) -> list[set[str]]:
+    """Each time a standalone operator pod and one in peering were seen running together (the
+    two would both act): polled until `stop`."""
+    seen: list[set[str]] = []
+    while not stop.is_set():
+        live = {p["metadata"]["name"]: "--standalone" in p["spec"]["containers"][0]["args"]
+                for p in operator_pods(ns)
+                if p["status"].get("phase") == "Running"
+                and not p["metadata"].get("deletionTimestamp")}  # fmt: skip
+        if len(set(live.values())) == 2:
+            seen.append(set(live))
+        stop.wait(0.2)
+    return seen
+
+
 def test_two_replicas_in_peering_one_works_and_the_other_takes_over(namespace: str) -> None:
     ns = namespace
+    # The chart's default first (one standalone replica), then `helm upgrade` to two: the
+    # standalone one must be gone before a replica in peering starts, or both would act.
     kube.helm("install", "raftlog-operator", str(kube.CHART), "-n", ns,
-              "--set", "replicaCount=2", "--wait", "--timeout", "180s")  # fmt: skip
+              "--wait", "--timeout", "180s")  # fmt: skip
+    before = {p["metadata"]["name"] for p in operator_pods(ns)}
+    stop = threading.Event()
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        watch = pool.submit(running_beside, ns, stop)
+        try:
+            kube.helm("upgrade", "raftlog-operator", str(kube.CHART), "-n", ns,
+                      "--set", "replicaCount=2", "--wait", "--timeout", "180s")  # fmt: skip
+        finally:
+            stop.set()
+        assert watch.result() == [], "a standalone operator ran beside one in peering"
+    strategy = kube.get("deployment", "raftlog-operator", ns)["spec"]["strategy"]["type"]
+    assert strategy == "Recreate", strategy
+    # The next upgrade finds replicas in the same peering: a rolling one; in another peering
+    # object (renamed), a Recreate again. (`lookup` needs the server: --dry-run=server.)
+    for values, strategy in (([], "RollingUpdate"), (["--set", "peering.name=other"], "Recreate")):
+        again = kube.helm("upgrade", "raftlog-operator", str(kube.CHART), "-n", ns,
+                          "--reuse-values", *values, "--dry-run=server")  # fmt: skip
+        kinds = ("type: RollingUpdate", "type: Recreate")
+        got = [line.strip() for line in again.splitlines() if line.strip() in kinds]
+        assert got == [f"type: {strategy}"], (values, again)
     try:
         apply(ns, "h", {"replicas": 3, "partitions": 1})
         kube.until("settled at 3", lambda: settled(ns, "h", 3), 240)
         pods = {p["metadata"]["name"] for p in operator_pods(ns)}
-        assert len(pods) == 2
+        assert len(pods) == 2 and not pods & before, (pods, before)
         # Both replicas keep themselves alive in the KopfPeering's status with their priority:
         # the highest works, the other stands by (never a tie: kopf would pause both).
         peering = kube.until("both replicas in the peering", lambda: (
