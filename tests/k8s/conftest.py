@@ -136,6 +136,16 @@ def _namespace() -> str:
     # The API server enforces Pod Security "restricted" on every pod of the test: the
     # operator's (the chart's) and the members' (the operator's).
     kube.kubectl("label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted")
+    # The controller manager adds both to a new namespace. A pod made before the CA's
+    # ConfigMap fails to mount its token volume, and the kubelet's retries back off to 2 min:
+    # on a loaded machine that can read as a pod stuck in ContainerCreating.
+    kube.until(
+        f"{ns}'s default ServiceAccount and kube-root-ca.crt",
+        lambda: kube.run(["kubectl", "-n", ns, "get", "sa/default", "cm/kube-root-ca.crt"])
+        .returncode == 0,
+        60,
+        every=0.2,
+    )  # fmt: skip
     return ns
 
 
