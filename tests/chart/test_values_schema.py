@@ -73,6 +73,18 @@ BAD = [
         {"metrics": {"serviceMonitor": {"interval": "often"}}},
         "at '/metrics/serviceMonitor/interval'",
     ),
+    # From the seventeenth planted-bug round (the chart): each bound a survivor loosened.
+    # An empty peer would admit every source to the members' client port.
+    ({"networkPolicy": {"clients": [{}]}}, "at '/networkPolicy/clients/0': minProperties"),
+    ({"watch": {"namespaces": ["a", "a"]}}, "at '/watch/namespaces': items at 0 and 1 are equal"),
+    ({"replicaCount": 11}, "at '/replicaCount': maximum: got 11, want 10"),
+    ({"watch": {"namespaces": ["a" * 64]}}, "at '/watch/namespaces/0': maxLength: got 64"),
+    ({"health": {"port": 0}}, "at '/health/port': minimum: got 0, want 1"),
+    ({"resources": {"requests": {"memory": "1Gix"}}}, "at '/resources/requests/memory': '1Gix'"),
+    ({"image": {"digest": "sha256:" + "a" * 65}}, "at '/image/digest'"),
+    ({"image": {"digest": "sha256:" + "a" * 63}}, "at '/image/digest'"),
+    ({"peering": {"name": "Not_A_Name"}}, "at '/peering/name': 'Not_A_Name' does not match"),
+    ({"imagePullSecrets": [{}]}, "at '/imagePullSecrets/0': missing property 'name'"),
 ]
 
 
