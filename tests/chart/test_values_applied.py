@@ -164,10 +164,7 @@ def test_peering_asked_for_with_one_replica_runs_in_peering_with_its_object():
     args = dep["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--peering=raftlog-operator" in args and "--standalone" not in args
     assert [p["metadata"]["namespace"] for p in of_kind(objs, "KopfPeering")] == [NAMESPACE]
-    assert dep["spec"]["strategy"] == {
-        "type": "RollingUpdate",
-        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-    }
+    assert dep["spec"]["strategy"] == {"type": "Recreate"}
     assert not of_kind(objs, "PodDisruptionBudget")  # one replica: nothing to keep running
 
 

@@ -58,24 +58,6 @@ app.kubernetes.io/part-of: raftlog
 {{- if or .Values.peering.enabled (gt (int .Values.replicaCount) 1) -}}true{{- end -}}
 {{- end -}}
 
-{{/* "true" when a rolling update cannot run two working operators at once: the replicas run in
-peering, and the Deployment already in the cluster (`lookup`: an upgrade; none on an install or
-`helm template`) peers through the same object, its name and its kind (cluster mode or not).
-A standalone operator, or one peering elsewhere, would work beside the new replicas. */}}
-{{- define "raftlog-operator.rolling" -}}
-{{- if include "raftlog-operator.peering" . -}}
-{{- $previous := lookup "apps/v1" "Deployment" .Release.Namespace (include "raftlog-operator.fullname" .) -}}
-{{- if not $previous -}}true{{- else -}}
-{{- $args := list -}}
-{{- range $c := dig "spec" "template" "spec" "containers" list $previous -}}
-{{- $args = concat $args (default list $c.args) -}}
-{{- end -}}
-{{- $peering := printf "--peering=%s" .Values.peering.name -}}
-{{- if and (has $peering $args) (eq (has "--all-namespaces" $args) (eq .Values.watch.mode "cluster")) -}}true{{- end -}}
-{{- end -}}
-{{- end -}}
-{{- end -}}
-
 {{/* The namespaces a namespaced operator watches, as a JSON list. */}}
 {{- define "raftlog-operator.watchedNamespaces" -}}
 {{- default (list .Release.Namespace) .Values.watch.namespaces | toJson -}}
