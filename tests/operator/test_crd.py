@@ -88,6 +88,22 @@ def test_a_resource_that_is_no_quantity_is_refused_naming_where_it_is(where: str
         RaftClusterSpec.model_validate({"resources": {where: {"memory": "lots"}}})
 
 
+def test_a_limit_below_its_request_is_refused_before_any_member_is_touched() -> None:
+    # The pod API refused it only after a rolling restart had deleted a healthy member (found
+    # on the real cluster: 2 of 3 members left until the limit was put back).
+    with pytest.raises(
+        ValidationError, match=r"limits\.memory: 64Mi is below requests\.memory 128Mi"
+    ):
+        RaftClusterSpec.model_validate(
+            {"resources": {"requests": {"memory": "128Mi"}, "limits": {"memory": "64Mi"}}}
+        )
+    # A request above the default limit (1Gi) alone is the same pod.
+    with pytest.raises(ValidationError, match=r"limits\.memory: 1Gi is below requests\.memory 2Gi"):
+        RaftClusterSpec.model_validate({"resources": {"requests": {"memory": "2Gi"}}})
+    ok = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1000m", "memory": "1Gi"}}
+    assert RaftClusterSpec.model_validate({"resources": ok}).resources.limits["cpu"] == "1000m"
+
+
 def test_the_operators_default_image_fills_in_only_an_unset_image() -> None:
     assert RaftClusterSpec().with_image("ghcr.io/x/op:2").image == "ghcr.io/x/op:2"
     assert RaftClusterSpec(image="mine:1").with_image("ghcr.io/x/op:2").image == "mine:1"

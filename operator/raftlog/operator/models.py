@@ -12,9 +12,11 @@ defined here.
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from typing import Annotated, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
+from kubernetes.utils.quantity import parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 from pydantic.fields import FieldInfo
@@ -161,6 +163,11 @@ def _quantity_values(schema: dict[str, Any]) -> None:
     schema["additionalProperties"] = {"type": "string", "pattern": QUANTITY}
 
 
+def quantity(text: str) -> Decimal:
+    """A Kubernetes quantity ("10Gi", "500M") as a number, by the client library's rules."""
+    return Decimal(parse_quantity(text))  # type: ignore[no-untyped-call]
+
+
 class Resources(_Model):
     requests: dict[str, str] = Field(
         default_factory=lambda: {"cpu": "250m", "memory": "256Mi"},
@@ -179,6 +186,14 @@ class Resources(_Model):
             for name, q in values.items():
                 if not re.match(QUANTITY, q):
                     raise ValueError(f"{where}.{name}: {q!r} is not a Kubernetes quantity")
+        # The API server refuses such a pod, and only after the operator deleted the member it
+        # replaces (a rolling restart): refused here, before anything is touched.
+        for name in sorted(self.requests.keys() & self.limits.keys()):
+            if quantity(self.limits[name]) < quantity(self.requests[name]):
+                raise ValueError(
+                    f"limits.{name}: {self.limits[name]} is below requests.{name} "
+                    f"{self.requests[name]} (a pod's limit may not be below its request)"
+                )
         return self
 
 

@@ -20,10 +20,7 @@ import hashlib
 import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Literal
-
-from kubernetes.utils.quantity import parse_quantity
 
 from raftlog.operator.actions import (
     Action,
@@ -59,6 +56,7 @@ from raftlog.operator.models import (
     SnapshotInstall,
     Switchover,
     VolumeExpansion,
+    quantity,
 )
 from raftlog.operator.safety import (
     can_serve_snapshot,
@@ -857,7 +855,7 @@ def _expand_volumes(cluster: _ClusterPass) -> Action | None:
         seen = cluster.observed.members.get(m.name)
         if seen is None or seen.volume_size is None:
             continue
-        if _quantity(seen.volume_size) >= _quantity(wanted):
+        if quantity(seen.volume_size) >= quantity(wanted):
             continue
         if (
             failed is not None
@@ -877,7 +875,7 @@ def _expand_volumes(cluster: _ClusterPass) -> Action | None:
             for seen in cluster.observed.members.values()
             if seen.volume_size is not None
         ]
-        if all(c is not None and _quantity(c) >= _quantity(wanted) for c in sizes):
+        if all(c is not None and quantity(c) >= quantity(wanted) for c in sizes):
             expansion.state, expansion.message = "done", f"every volume has {wanted}"
             cluster.event("VolumesExpanded", f"every member's volume has {wanted}")
     return None
@@ -923,7 +921,7 @@ def _problems(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
     larger = sorted(
         f"{name}'s {seen.volume_size}"
         for name, seen in cluster.observed.members.items()
-        if seen.volume_size is not None and _quantity(seen.volume_size) > _quantity(wanted)
+        if seen.volume_size is not None and quantity(seen.volume_size) > quantity(wanted)
     )
     if larger:
         # Taken without a word, it gave a member made later a volume smaller than its peers'.
@@ -1003,11 +1001,6 @@ def _archive(cluster: _ClusterPass, previous: RaftClusterStatus) -> None:
 
 
 # ===================================================================== helpers
-def _quantity(text: str) -> Decimal:
-    """A Kubernetes quantity ("10Gi", "500M") as a number, by the client library's rules."""
-    return Decimal(parse_quantity(text))  # type: ignore[no-untyped-call]
-
-
 def _pod(cluster: _ClusterPass, name: str) -> str:
     seen = cluster.observed.members.get(name)
     return "missing" if seen is None else seen.pod
