@@ -19,7 +19,7 @@ from tests.operator.test_reconciler import T0, World, running_status
 from raftlog.node.settings import NodeSettings
 from raftlog.operator import manifests
 from raftlog.operator.actions import ChangeMembership
-from raftlog.operator.kube import KubeRuntime
+from raftlog.operator.kube import KubeRuntime, pod_stuck
 from raftlog.operator.models import MemberStatus, RaftClusterSpec
 from raftlog.operator.node_launch import node_env
 from raftlog.operator.reconciler import config_hash, decide
@@ -336,3 +336,25 @@ def test_a_learners_pod_counts_on_top_of_the_voters_majority() -> None:
     assert (
         applied_budget(RaftClusterSpec(replicas=5), status.members)["spec"]["minAvailable"] == 2 + 2
     )
+
+
+def test_a_pod_that_cannot_start_by_itself_is_told_from_one_on_its_way():
+    def pod(**status: object) -> dict[str, object]:
+        return {"metadata": {"name": "c-1"}, "status": status}
+
+    def waiting(reason: str) -> dict[str, object]:
+        return pod(phase="Pending", containerStatuses=[
+            {"name": "node", "state": {"waiting": {"reason": reason}}}])  # fmt: skip
+
+    assert pod_stuck(waiting("ImagePullBackOff")) == "ImagePullBackOff"
+    assert pod_stuck(waiting("ErrImagePull")) == "ErrImagePull"
+    assert pod_stuck(waiting("CrashLoopBackOff")) == "CrashLoopBackOff"
+    assert pod_stuck(waiting("ContainerCreating")) is None  # on its way
+    why = "0/1 nodes are available: 1 node(s) didn't match Pod's node affinity"
+    unschedulable = pod(phase="Pending", conditions=[{
+        "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+        "message": why}])  # fmt: skip
+    assert pod_stuck(unschedulable) == f"Unschedulable: {why}"
+    assert pod_stuck(pod(phase="Pending")) is None
+    assert pod_stuck(pod(phase="Running", containerStatuses=[
+        {"name": "node", "state": {"running": {}}}])) is None  # fmt: skip

@@ -83,6 +83,7 @@ class World:
         self.leaderless: set[tuple[str, int]] = set()  # (member, partition): no leader known
         self.extra: dict[str, int] = {}  # member -> more partitions it holds (a raise)
         self.pending: set[int] = set()  # partitions whose leader's change is not committed
+        self.stuck: dict[str, str] = {}  # member -> why its pod cannot start (kube.pod_stuck)
 
     def follower(self, p: int, f: FollowerView) -> None:
         self.followers[p][f.name] = f
@@ -125,6 +126,7 @@ class World:
                 self.volumes.get(name, False),
                 self.hashes.get(name),
                 node,
+                stuck=self.stuck.get(name),
             )
         return Observed(members, {n: url(n) for n in self.pods})
 
@@ -1079,6 +1081,33 @@ def test_a_stale_member_that_answers_but_knows_no_leader_is_restarted_first():
     assert [e.message for e in plan.events if e.reason == "RollingRestart"] == [
         "restarting c-2 with the new configuration, not ready"
     ]
+
+
+def test_a_member_whose_pod_cannot_start_is_restarted_once_the_spec_is_fixed():
+    """A bad image (or a node selector nothing matches) stops the roll at its first member,
+    whose pod never answers. Fixed in the spec, that member must get the fixed pod: waiting
+    for it to be ready, as for a pod that may be starting, held the roll for good (found on
+    the real cluster: only `kubectl delete pod` moved it)."""
+    bad, fixed = spec(image="raftlog:typo"), spec(image="raftlog:new")
+    w = World(MEMBERS)
+    w.hashes = {"c-0": config_hash(spec()), "c-1": config_hash(spec()), "c-2": config_hash(bad)}
+    w.pods["c-2"] = "pending"
+    plan = step(running_status(MEMBERS), w, bad)
+    assert isinstance(plan.action, Wait) and "c-2 to be ready" in plan.action.reason
+    w.stuck["c-2"] = "ImagePullBackOff"
+    plan = step(plan.status, w, bad)  # the same spec: its pod would be the same again
+    assert isinstance(plan.action, Wait) and "c-2 to be ready" in plan.action.reason
+    degraded = next(c for c in plan.status.conditions if c.type == "Degraded")
+    assert "not ready: c-2 (ImagePullBackOff)" in degraded.message
+    plan = step(plan.status, w, fixed)
+    assert plan.action == RestartMember("c-2")
+    assert [e.message for e in plan.events if e.reason == "RollingRestart"] == [
+        "restarting c-2 with the new configuration, not ready"
+    ]
+    # A pod on its way (pending, nothing stuck) is waited for, spec fixed or not.
+    del w.stuck["c-2"]
+    plan = step(running_status(MEMBERS), w, fixed)
+    assert isinstance(plan.action, Wait) and "c-2 to be ready" in plan.action.reason
 
 
 def test_during_a_raise_the_partitions_not_every_member_holds_leave_readiness_alone():

@@ -78,6 +78,7 @@ class MemberObserved:
     node: NodeView | None = None  # None: the node did not answer
     volume_size: str | None = None  # the size its claim asks for (None: not a sized volume)
     volume_capacity: str | None = None  # the size the volume has, as Kubernetes reports it
+    stuck: str | None = None  # why its pod cannot start by itself (kube.pod_stuck), or None
 
 
 @dataclass(frozen=True)

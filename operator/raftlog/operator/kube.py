@@ -100,6 +100,7 @@ class KubeRuntime:
                 (meta.get("annotations") or {}).get(manifests.ANNOTATION_HASH),
                 (p.get("status") or {}).get("podIP"),
                 *_sizes(claim),
+                pod_stuck(p),
             )
         for m in status.members:  # members whose pod is gone: is their volume still there?
             if m.name not in out:
@@ -309,6 +310,27 @@ def _sizes(claim: dict[str, Any] | None) -> tuple[str | None, str | None]:
 
 def _mine(obj: dict[str, Any], cluster: str) -> bool:
     return (obj["metadata"].get("labels") or {}).get(manifests.LABEL_CLUSTER) == cluster
+
+
+# A container waiting for one of these does not start without a change to its pod.
+STUCK_WAITING = frozenset({
+    "ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError",
+    "CreateContainerError", "CrashLoopBackOff",
+})  # fmt: skip
+
+
+def pod_stuck(p: dict[str, Any]) -> str | None:
+    """Why a pod cannot start by itself: its scheduler's refusal, or the reason a container
+    waits (an image that cannot be pulled, a crash loop). None: running, or on its way."""
+    status = p.get("status") or {}
+    for c in status.get("conditions") or []:
+        if c.get("type") == "PodScheduled" and c.get("reason") == "Unschedulable":
+            return f"Unschedulable: {c.get('message', '')}".rstrip(": ")
+    for c in status.get("containerStatuses") or []:
+        reason = ((c.get("state") or {}).get("waiting") or {}).get("reason")
+        if reason in STUCK_WAITING:
+            return str(reason)
+    return None
 
 
 def _pod_state(p: dict[str, Any]) -> PodState:

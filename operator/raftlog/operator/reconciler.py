@@ -170,6 +170,11 @@ class _ClusterPass:
         seen = self.observed.members.get(name)
         return seen is not None and seen.pod == "running" and seen.node is not None
 
+    def stuck(self, name: str) -> str | None:
+        """Why the member's pod cannot start by itself (kube.pod_stuck), or None."""
+        seen = self.observed.members.get(name)
+        return seen.stuck if seen is not None else None
+
     def running(self, name: str) -> bool:
         seen = self.observed.members.get(name)
         return seen is not None and seen.pod == "running"
@@ -685,8 +690,17 @@ def _rolling_restart(cluster: _ClusterPass) -> Action | None:
     if unready:
         # A stale member that answers but is not ready goes first: it holds up no ready
         # majority, and its restart may be what brings it back (a partition it could not
-        # start, say). One that does not answer yet may be starting: it is waited for.
-        broken = next((m for m in stale if m.name in unready and cluster.answering(m.name)), None)
+        # start, say); so does one whose pod cannot start as it is (an image that cannot be
+        # pulled, a node selector nothing matches: a spec fixed after a bad one). Any other
+        # that does not answer yet may be starting: it is waited for.
+        broken = next(
+            (
+                m
+                for m in stale
+                if m.name in unready and (cluster.answering(m.name) or cluster.stuck(m.name))
+            ),
+            None,
+        )
         if broken is None:
             return Wait(f"restart of {stale[0].name} waits for {', '.join(unready)} to be ready")
         cluster.event("RollingRestart", f"restarting {broken.name} {why}, not ready")
@@ -1181,7 +1195,8 @@ def _summarize(cluster: _ClusterPass, action: Action | None, previous: RaftClust
     unready = [n for n in unready if not cluster.stopped_on_purpose(_member(status, n))]
     fenced = [m.name for m in status.members if m.fenced]
     if unready:
-        degraded_msg.append(f"not ready: {', '.join(unready)}")
+        said = [f"{n} ({why})" if (why := cluster.stuck(n)) else n for n in unready]
+        degraded_msg.append(f"not ready: {', '.join(said)}")
     if fenced:
         degraded_msg.append(f"fenced: {', '.join(fenced)}")
     degraded_msg.extend(status.problems)

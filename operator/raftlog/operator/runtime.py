@@ -57,6 +57,8 @@ class PodInfo:
     address: str | None = None  # the pod's, as its runtime reports it (not the cluster DNS)
     volume_size: str | None = None  # what its claim asks for (a Kubernetes quantity)
     volume_capacity: str | None = None  # what the volume has
+    # Why the pod cannot start by itself ("ImagePullBackOff", "Unschedulable: ..."), or None.
+    stuck: str | None = None
 
 
 class Runtime(Protocol):
@@ -123,6 +125,7 @@ async def observe(
             views.get(name),
             info.volume_size,
             info.volume_capacity,
+            info.stuck,
         )
         for name, info in pods.items()
     }
