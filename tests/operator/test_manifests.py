@@ -14,6 +14,7 @@ from typing import Any, cast
 import kubernetes_validate
 import pytest
 from kubernetes.client import ApiClient
+from kubernetes.client.exceptions import ApiException
 from tests.operator.test_reconciler import T0, World, running_status
 
 from raftlog.node.settings import NodeSettings
@@ -358,3 +359,46 @@ def test_a_pod_that_cannot_start_by_itself_is_told_from_one_on_its_way():
     assert pod_stuck(pod(phase="Pending")) is None
     assert pod_stuck(pod(phase="Running", containerStatuses=[
         {"name": "node", "state": {"running": {}}}])) is None  # fmt: skip
+
+
+class _NoSecret(_Applied):
+    """The API server after the auth Secret was deleted: created again on request."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.created: list[dict[str, Any]] = []
+
+    def read_namespaced_secret(self, name: str, namespace: str, **_: Any) -> Any:
+        if not self.created:
+            raise ApiException(status=404)
+        token = base64.b64encode(self.created[-1]["stringData"]["token"].encode()).decode()
+        return SimpleNamespace(data=json.dumps({"data": {"token": token}}).encode())
+
+    def create_namespaced_secret(self, namespace: str, body: dict[str, Any], **_: Any) -> None:
+        self.created.append(body)
+
+
+def test_a_lost_auth_secret_is_made_again_only_with_the_token_the_members_hold():
+    members = [MemberStatus(name=f"c-{i}", ordinal=i, role="voter") for i in range(3)]
+
+    def runtime(api: _NoSecret) -> KubeRuntime:
+        r = KubeRuntime(ApiClient(), "ns", "c", adopt=lambda body: None)
+        r.core = r.policy = cast(Any, api)
+        return r
+
+    # A new cluster: a new token.
+    api = _NoSecret()
+    assert (
+        asyncio.run(runtime(api).ensure_shared(RaftClusterSpec()))
+        == (api.created[0]["stringData"]["token"])
+    )
+    # Deleted while this operator ran: made again with the token it knew.
+    known = runtime(api)
+    token = asyncio.run(known.ensure_shared(RaftClusterSpec(), members))
+    api.created.clear()
+    assert asyncio.run(known.ensure_shared(RaftClusterSpec(), members)) == token
+    assert api.created[0]["stringData"]["token"] == token
+    # Deleted while no operator ran: the token lives only in the members; a new one would split
+    # the cluster at its next restart (it did, on the real cluster), so it is asked for.
+    with pytest.raises(RuntimeError, match=r"secret c-auth is gone, with the token members c-0"):
+        asyncio.run(runtime(_NoSecret()).ensure_shared(RaftClusterSpec(), members))

@@ -129,7 +129,7 @@ class KubeRuntime:
         for body in shared if apply else []:
             self.adopt(body)
             await self._apply(body)
-        return await self._token(spec, create=apply)
+        return await self._token(spec, [m.name for m in members], create=apply)
 
     async def _apply(self, body: dict[str, Any]) -> None:
         """Server-side apply as the operator's field manager. An unchanged object is applied
@@ -182,7 +182,9 @@ class KubeRuntime:
         )
         return MemberTls(ca, cert, key)
 
-    async def _token(self, spec: RaftClusterSpec, create: bool = True) -> str:
+    async def _token(
+        self, spec: RaftClusterSpec, members: Sequence[str] = (), create: bool = True
+    ) -> str:
         name = manifests.auth_secret(self.cluster, spec)
         try:
             resp = await asyncio.to_thread(
@@ -198,7 +200,16 @@ class KubeRuntime:
                     f"spec.authSecretName: secret {name} not found in {self.namespace}"
                 ) from None
             # Deleted while the members run: made again with the token they hold (a new one
-            # would lock the operator and every restarted member out of the others).
+            # would lock the operator and every restarted member out of the others). Deleted
+            # while no operator ran, that token is known only to the members: asked for.
+            if self._known_token is None and members:
+                raise RuntimeError(
+                    f"secret {name} is gone, with the token members {', '.join(members)} run "
+                    "with (a new one would lock every restarted member out of the others): "
+                    f"put it back, e.g. `kubectl -n {self.namespace} create secret generic "
+                    f'{name} --from-literal=token="$(kubectl -n {self.namespace} exec '
+                    f'{members[0]} -- cat {manifests.TOKEN_DIR}/token)"`'
+                ) from None
             token = self._known_token or secrets.token_urlsafe(32)
             body = manifests.secret(self.cluster, self.namespace, spec, token)
             self.adopt(body)
