@@ -201,14 +201,19 @@ class KubeRuntime:
                 ) from None
             # Deleted while the members run: made again with the token they hold (a new one
             # would lock the operator and every restarted member out of the others). Deleted
-            # while no operator ran, that token is known only to the members: asked for.
+            # while no operator ran, that token is known only to the running members: asked
+            # for. With none running (hibernated, say), nobody holds it: a new one is made.
+            running: list[str] = []
             if self._known_token is None and members:
+                seen = await self.pods(spec, RaftClusterStatus())
+                running = sorted(n for n, info in seen.items() if info.pod == "running")
+            if running:
                 raise RuntimeError(
-                    f"secret {name} is gone, with the token members {', '.join(members)} run "
+                    f"secret {name} is gone, with the token members {', '.join(running)} run "
                     "with (a new one would lock every restarted member out of the others): "
                     f"put it back, e.g. `kubectl -n {self.namespace} create secret generic "
                     f'{name} --from-literal=token="$(kubectl -n {self.namespace} exec '
-                    f'{members[0]} -- cat {manifests.TOKEN_DIR}/token)"`'
+                    f'{running[0]} -- cat {manifests.TOKEN_DIR}/token)"`'
                 ) from None
             token = self._known_token or secrets.token_urlsafe(32)
             body = manifests.secret(self.cluster, self.namespace, spec, token)
