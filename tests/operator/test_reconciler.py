@@ -1110,6 +1110,29 @@ def test_a_member_whose_pod_cannot_start_is_restarted_once_the_spec_is_fixed():
     assert isinstance(plan.action, Wait) and "c-2 to be ready" in plan.action.reason
 
 
+def test_initial_voters_that_cannot_start_are_made_again_once_the_spec_is_fixed():
+    """A new cluster over retained volumes with fewer partitions than they hold: every member
+    crash-loops (its node refuses to lower the count), and raising the count again waited for
+    an election that could not come (found on the real cluster)."""
+    bad, fixed = spec(partitions=1), spec(partitions=2)
+    w = World(MEMBERS)
+    w.silent = set(MEMBERS)
+    w.hashes = dict.fromkeys(MEMBERS, config_hash(bad))
+    w.stuck = dict.fromkeys(MEMBERS, "CrashLoopBackOff")
+    status = running_status(MEMBERS)
+    status.bootstrapped = False
+    plan = step(status, w, bad)
+    assert isinstance(plan.action, Wait) and "initial voters" in plan.action.reason
+    plan = step(status, w, fixed)
+    assert plan.action == RestartMember("c-0")
+    assert [e.message for e in plan.events if e.reason == "RollingRestart"] == [
+        "restarting c-0 with the new configuration, its pod cannot start (CrashLoopBackOff)"
+    ]
+    w.stuck.clear()  # made again, starting: waited for
+    plan = step(status, w, fixed)
+    assert isinstance(plan.action, Wait) and "initial voters" in plan.action.reason
+
+
 def test_during_a_raise_the_partitions_not_every_member_holds_leave_readiness_alone():
     s = spec(partitions=3)
     w = World(MEMBERS)

@@ -351,12 +351,31 @@ def _leaders(cluster: _ClusterPass) -> Action | None:
     missing = [p for p, leader_view in cluster.leader_views.items() if leader_view is None]
     if not cluster.status.bootstrapped:
         if missing:
+            # An initial voter whose pod cannot start as it is, made before the spec changed
+            # (a fix after a bad first spec), is made again with the fix: it holds no quorum.
+            stuck = next((m for m in cluster.status.members if _stale_and_stuck(cluster, m)), None)
+            if stuck is not None:
+                why = cluster.stuck(stuck.name)
+                cluster.event("RollingRestart", f"restarting {stuck.name} with the new "
+                              f"configuration, its pod cannot start ({why})")  # fmt: skip
+                return RestartMember(stuck.name)
             return Wait(f"the initial voters have not elected a leader of partitions {missing}")
         cluster.status.bootstrapped = True
         cluster.event("Bootstrapped", "every partition has elected a leader")
     if missing:
         return Wait(f"no leader for partitions {missing}")
     return None
+
+
+def _stale_and_stuck(cluster: _ClusterPass, m: MemberStatus) -> bool:
+    """The member's pod runs an older configuration and cannot start as it is."""
+    seen = cluster.observed.members.get(m.name)
+    return (
+        seen is not None
+        and seen.config_hash is not None
+        and seen.config_hash != cluster.wanted_hash
+        and seen.stuck is not None
+    )
 
 
 def _partitions_not_lowered(cluster: _ClusterPass) -> Action | None:
