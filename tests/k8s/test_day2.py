@@ -347,3 +347,72 @@ def test_a_larger_size_is_asked_of_every_claim_where_the_class_allows_it(operato
     finally:
         kube.kubectl("delete", "raft", name, "-n", ns, "--timeout=120s", check=False)
         kube.kubectl("delete", "storageclass", EXPANDABLE, check=False)
+
+
+def test_a_bad_spec_fixed_and_a_token_lost_while_no_operator_ran(operator: str) -> None:
+    """Two ways a cluster stayed broken after the user's fix, on this cluster (a helper's
+    journeys). An image tag with a typo stops the roll at its first member (named, with why,
+    in `Degraded`); removing it again restarts that member with the fix. And an auth Secret
+    deleted while no operator ran is not made again with a new token (the restarted members
+    were locked out of the others for good): the operator says how to put it back from a
+    member, and once it is back a restarted member rejoins."""
+    ns, name = operator, "f"
+    apply(ns, name, DAY2_SPEC)
+    kube.until("settled at 3", lambda: settled(status(ns, name), 3), 240)
+    image = pods(ns, name)[f"{name}-0"]["spec"]["containers"][0]["image"]
+    started = time.monotonic()
+    patch(ns, name, {"image": f"{image}-typo"})
+
+    def named_stuck() -> str | None:
+        said = (kube.condition({"status": status(ns, name)}, "Degraded") or {}).get("message")
+        return said if said and ("ImagePullBackOff" in said or "ErrImagePull" in said) else None
+
+    said = kube.until("a member stuck on the bad image, named", named_stuck, 180)
+    kube.say(f"day-2 bad image: {said}")
+    kube.kubectl("patch", "raft", name, "-n", ns, "--type=json",
+                 "-p", json.dumps([{"op": "remove", "path": "/spec/image"}]))  # fmt: skip
+
+    def fixed() -> bool:
+        now = pods(ns, name)
+        return settled(status(ns, name), 3) and all(
+            p["spec"]["containers"][0]["image"] == image for p in now.values()
+        )
+
+    kube.until("every member back on the image, ready", fixed, 240)
+    timed("day-2 a bad image, then the spec fixed -> 3 ready on the fix", started)
+
+    # ------------------------------------------------------------- the token, lost
+    kube.helm("uninstall", kube.RELEASE, "-n", ns, "--wait", "--timeout", "120s")
+    kube.kubectl("delete", "secret", f"{name}-auth", "-n", ns)
+    kube.helm("install", kube.RELEASE, str(kube.CHART), "-n", ns, "--wait", "--timeout", "180s")
+
+    def asked() -> str | None:
+        return next(
+            (
+                e["message"]
+                for e in kube.items("events", ns)
+                if e["reason"] == "ReconcileFailed"
+                and f"secret {name}-auth is gone" in e["message"]
+            ),
+            None,
+        )
+
+    kube.say(f"day-2 lost token: {kube.until('the lost token asked for', asked, 120)[:160]}")
+    got = kube.run(["kubectl", "-n", ns, "get", "secret", f"{name}-auth"])
+    assert got.returncode != 0, "a new token was made while the members run with the old one"
+    token = kube.kubectl("-n", ns, "exec", f"{name}-0", "--", "cat", "/etc/raftlog/token/token")
+    kube.kubectl("-n", ns, "create", "secret", "generic", f"{name}-auth",
+                 f"--from-literal=token={token.strip()}")  # fmt: skip
+    gone = pods(ns, name)[f"{name}-2"]["metadata"]["uid"]
+    kube.kubectl("delete", "pod", f"{name}-2", "-n", ns)
+
+    def rejoined() -> bool:
+        pod = pods(ns, name).get(f"{name}-2")
+        return (
+            pod is not None
+            and pod["metadata"]["uid"] != gone
+            and (kube.condition(pod, "Ready") or {}).get("status") == "True"
+            and settled(status(ns, name), 3)
+        )
+
+    kube.until("f-2 restarted on the token put back, and ready", rejoined, 240)
