@@ -379,7 +379,7 @@ def test_a_bad_spec_fixed_and_a_token_lost_while_no_operator_ran(operator: str) 
         )
 
     kube.until("every member back on the image, ready", fixed, 240)
-    timed("day-2 a bad image, then the spec fixed -> 3 ready on the fix", started)
+    timed("a bad image, then the spec fixed -> 3 ready on the fix", started)
 
     # ------------------------------------------------------------- the token, lost
     kube.helm("uninstall", kube.RELEASE, "-n", ns, "--wait", "--timeout", "120s")
