@@ -169,22 +169,30 @@ async def test_snapshot_required_is_healed_by_an_install_from_a_follower(tmp_pat
     async with cluster(tmp_path, text) as h:
         st = await h.until("bootstrap", running(3), 30)
         target = max(m.name for m in st.members if m.name != st.leaders["0"])
-        h.signal(target, signal.SIGSTOP)
-        async with AsyncClient(h.op.endpoints()) as client:
-            await write(client, 1, 400, "x")
-            h.signal(target, signal.SIGCONT)
-            st = await h.until(
-                "the install completes",
-                lambda s: (
-                    any(i.state == "installed" for i in s.snapshot_installs)
-                    and s.phase == "Running"
-                ),
-            )
-        inst = next(i for i in st.snapshot_installs if i.state == "installed")
-        assert inst.member == target and inst.partition == 0
-        # follower-first: the other follower held everything the target needed.
-        assert inst.source not in ("leader", target, st.leaders["0"]), inst
-        assert "source=" in (inst.detail or "")
+        sources = []
+        # Follower-first: the other follower holds everything the target needs. It is passed
+        # over for the leader only while not ready or not answering the leader, which a loaded
+        # machine made it once in a CI run: a second round, and one of the two must be its.
+        for round_ in range(2):
+            h.signal(target, signal.SIGSTOP)
+            async with AsyncClient(h.op.endpoints()) as client:
+                await write(client, 1, 400, f"x{round_}")
+                h.signal(target, signal.SIGCONT)
+                st = await h.until(
+                    "the install completes",
+                    lambda s, n=round_ + 1: (
+                        sum(i.state == "installed" for i in s.snapshot_installs) >= n
+                        and s.phase == "Running"
+                    ),
+                )
+            done = [i for i in st.snapshot_installs if i.state == "installed"]
+            inst = max(done, key=lambda i: i.finished_at or 0.0)  # this round's
+            assert inst.member == target and inst.partition == 0
+            assert "source=" in (inst.detail or "")
+            sources.append(inst.source)
+            if inst.source not in ("leader", target, st.leaders["0"]):
+                break
+        assert any(s not in ("leader", target, st.leaders["0"]) for s in sources), sources
         assert {"SnapshotRequired", "SnapshotInstalled"} <= set(h.reasons())
 
 
