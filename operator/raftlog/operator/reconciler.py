@@ -353,7 +353,10 @@ def _leaders(cluster: _ClusterPass) -> Action | None:
         if missing:
             # An initial voter whose pod cannot start as it is, made before the spec changed
             # (a fix after a bad first spec), is made again with the fix: it holds no quorum.
-            stuck = next((m for m in cluster.status.members if _stale_and_stuck(cluster, m)), None)
+            stuck = next(
+                (m for m in cluster.status.members if _stale(cluster, m) and cluster.stuck(m.name)),
+                None,
+            )
             if stuck is not None:
                 why = cluster.stuck(stuck.name)
                 cluster.event("RollingRestart", f"restarting {stuck.name} with the new "
@@ -367,14 +370,13 @@ def _leaders(cluster: _ClusterPass) -> Action | None:
     return None
 
 
-def _stale_and_stuck(cluster: _ClusterPass, m: MemberStatus) -> bool:
-    """The member's pod runs an older configuration and cannot start as it is."""
+def _stale(cluster: _ClusterPass, m: MemberStatus) -> bool:
+    """The member's pod was made with an older configuration than the one wanted now."""
     seen = cluster.observed.members.get(m.name)
     return (
         seen is not None
         and seen.config_hash is not None
         and seen.config_hash != cluster.wanted_hash
-        and seen.stuck is not None
     )
 
 
@@ -684,13 +686,7 @@ def _scale_down(cluster: _ClusterPass) -> Action | None:
 
 
 def _rolling_restart(cluster: _ClusterPass) -> Action | None:
-    stale = [
-        m
-        for m in cluster.status.members
-        if (seen := cluster.observed.members.get(m.name)) is not None
-        and seen.config_hash is not None
-        and seen.config_hash != cluster.wanted_hash
-    ]
+    stale = [m for m in cluster.status.members if _stale(cluster, m)]
     if not stale:
         return None
     asked = cluster.controls.restart
